@@ -1,0 +1,188 @@
+"""Scoped hooks that record only the requested sites and stop the forward pass after the deepest one.
+
+:func:`record` is a context manager: it registers forward (pre-)hooks on the model, yields a
+:class:`Recorder`, and removes exactly the handles it added in ``finally``, whatever happens inside.
+:func:`capture` runs one forward pass under it and returns ``[layers, batch, tokens, width]``.
+
+Early exit: once the deepest requested site has been recorded, the hook raises an internal exception that
+unwinds the forward pass, so no later layer module (nor the pooler) runs. Nothing else is kept: each hook
+stores a tensor only when its layer was asked for.
+
+Hooks are per call, not per model: two threads must not capture on the same model object at once.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> ex = lw.Extractor()
+    >>> batch = ex.tokenizer(["I love Paris"], return_tensors="pt")
+    >>> capture(ex.loaded, batch["input_ids"], batch["attention_mask"], layers=(0, 2)).shape
+    torch.Size([2, 1, 5, 384])
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .families import layer_modules, post_layer1_override, site_module
+from .loading import LoadedModel
+
+
+class _StopForward(Exception):
+    """Raised by a hook once the deepest requested site is recorded."""
+
+
+def _first(output):
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+class Recorder:
+    """What the hooks of one forward pass recorded: ``tensors[layer_index] -> [batch, tokens, width]``."""
+
+    def __init__(self, layers: Sequence[int], site: str, chunked: bool):
+        self.wanted = set(layers)
+        self.site = site
+        self.deepest = max(layers)
+        self.chunked = chunked  # feed-forward chunking: the intermediate site fires several times per layer
+        self.current = 0  # index of the layer being run (number of layer calls so far)
+        self.tensors: dict[int, torch.Tensor] = {}
+        self._chunks: dict[int, list[torch.Tensor]] = {}
+        self.layer_calls = 0  # for tests: how many layer modules started
+
+    # ---- hooks -------------------------------------------------------------------------------------
+    def layer_pre(self, module, args, kwargs):
+        self.current += 1
+        self.layer_calls += 1
+        if self.current == 1 and 0 in self.wanted:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            self.tensors[0] = hidden
+            if self.deepest == 0:
+                raise _StopForward
+
+    def layer_post(self, module, args, output, *, overridden_first: bool = False):
+        i = self.current
+        if self.site == "block" and i in self.wanted and not (overridden_first and i == 1):
+            self.tensors[i] = _first(output)
+        if self.site == "intermediate" and self.chunked and i in self._chunks:
+            self.tensors[i] = torch.cat(self._chunks.pop(i), dim=1)
+        if i == self.deepest and not (overridden_first and i == 1):
+            raise _StopForward
+
+    def override_post(self, module, args, output):
+        """DeBERTa-v2 convolution after layer 1: its output is ``hidden_states[1]``."""
+        if self.site == "block" and 1 in self.wanted:
+            self.tensors[1] = _first(output)
+        if self.deepest == 1:
+            raise _StopForward
+
+    def site_post(self, module, args, output):
+        self._site_value(_first(output))
+
+    def site_pre(self, module, args):
+        self._site_value(args[0])
+
+    def _site_value(self, value: torch.Tensor):
+        i = self.current
+        if i not in self.wanted:
+            return
+        if self.chunked and self.site == "intermediate":
+            self._chunks.setdefault(i, []).append(value)
+            return
+        self.tensors[i] = value
+        if i == self.deepest:
+            raise _StopForward
+
+
+@contextlib.contextmanager
+def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> Iterator[Recorder]:
+    """Register the hooks for ``layers``/``site`` on ``loaded.model``; remove exactly them on exit.
+
+    Args:
+        loaded: the model to hook.
+        layers: resolved indices in ``0..L`` (see :func:`layerwise.layers.resolve_layers`).
+        site: one of :data:`layerwise.layers.SITES` (validated by the caller).
+
+    Yields:
+        The :class:`Recorder` the hooks write into.
+    """
+    model = loaded.model
+    family = loaded.family
+    chunked = int(getattr(model.config, "chunk_size_feed_forward", 0) or 0) > 0
+    rec = Recorder(layers, site, chunked)
+    override = post_layer1_override(family, model)
+    handles = []
+    try:
+        for layer in layer_modules(family, model):
+            handles.append(layer.register_forward_pre_hook(rec.layer_pre, with_kwargs=True))
+            if site == "block" or chunked:
+                post = rec.layer_post
+                if override is not None:
+                    post = lambda m, a, o, _r=rec: _r.layer_post(m, a, o, overridden_first=True)  # noqa: E731
+                handles.append(layer.register_forward_hook(post))
+            if site != "block":
+                sub, where = site_module(family, layer, site)
+                if where == "in":
+                    handles.append(sub.register_forward_pre_hook(rec.site_pre))
+                else:
+                    handles.append(sub.register_forward_hook(rec.site_post))
+        if override is not None and site == "block":
+            handles.append(override.register_forward_hook(rec.override_post))
+        yield rec
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def capture(
+    loaded: LoadedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    layers: Sequence[int],
+    site: str = "block",
+) -> torch.Tensor:
+    """One forward pass that records ``layers`` at ``site`` and stops after the deepest.
+
+    Args:
+        loaded: the model.
+        input_ids: ``[batch, tokens]`` token ids (on any device; moved to the model's).
+        attention_mask: ``[batch, tokens]``, 1 for real tokens, 0 for padding.
+        layers: resolved indices in ``0..L``, in the order wanted in the output.
+        site: the site inside each layer (``block`` = ``hidden_states``).
+
+    Returns:
+        ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
+    """
+    dev = loaded.device
+    with torch.inference_mode(), record(loaded, layers, site) as rec:
+        try:
+            loaded.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev))
+        except _StopForward:
+            pass
+    missing = [i for i in layers if i not in rec.tensors]
+    if missing:  # pragma: no cover - a family table error, not a user error
+        raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
+    return torch.stack([rec.tensors[i] for i in layers])
+
+
+def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, site="block") -> int:
+    """How many encoder layer modules ran while capturing ``layers`` (the early-exit check)."""
+    counter = {"n": 0}
+
+    def bump(module, args):
+        counter["n"] += 1
+
+    handles = [m.register_forward_pre_hook(bump) for m in layer_modules(loaded.family, loaded.model)]
+    try:
+        capture(loaded, input_ids, attention_mask, layers, site)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return counter["n"]
+
+
+def module_hook_count(model: nn.Module) -> int:
+    """Total forward (pre-)hooks registered on ``model``'s modules (tests check nothing leaks)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

@@ -1,0 +1,72 @@
+"""``layerwise encode TEXT...``: vectors for a few texts as JSON or .npy (corpora: ``layerwise extract``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from typing import List, Optional
+
+import numpy as np
+import typer
+
+from .options import (
+    AllowPickleOpt, DeviceOpt, DtypeOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, extractor, parse_layers,
+    user_errors,
+)
+
+FORMATS = ("json", "npy")
+
+
+def encode(
+    texts: List[str] = typer.Argument(..., help="Texts to encode; '-' reads one text per line from stdin."),
+    layers: str = LayersOpt,
+    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted or stack."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
+    pool: str = typer.Option("mean", "--pool", "-p", help="cls, pooler, mean, max, mean_max, last, or none (tokens)."),
+    site: str = SiteOpt,
+    skip_special: bool = typer.Option(False, "--skip-special", help="Leave special tokens out of the pool."),
+    truncate: bool = typer.Option(False, "--truncate", help="Cut long texts at the model maximum instead of windowing."),
+    fmt: str = typer.Option("json", "--format", "-f", help="json or npy."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    model: Optional[str] = ModelOpt,
+    device: Optional[str] = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    allow_pickle: bool = AllowPickleOpt,
+    trust_remote_code: bool = TrustCodeOpt,
+) -> None:
+    """Encode TEXTs with the chosen layers, combination and pooling; print JSON or write .npy."""
+    with user_errors():
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")
+        if texts == ["-"]:
+            texts = [line.rstrip("\n") for line in sys.stdin]
+        pool_mode = None if pool == "none" else pool
+        w = [float(x) for x in weights.split(",")] if weights else None
+        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code)
+        out = ex.encode(texts, layers=parse_layers(layers), combine=combine, pool=pool_mode, site=site, weights=w,
+                        skip_special_tokens=skip_special, truncate=truncate)
+        if fmt == "json":
+            vectors = [v.tolist() for v in out] if pool_mode is None else out.tolist()
+            doc = {
+                "model": ex.loaded.name,
+                "layers": list(ex._prepare(parse_layers(layers), site)[0]),
+                "site": site, "combine": combine, "pool": pool,
+                "shape": [len(out), *out[0].shape] if pool_mode is None else list(out.shape),
+                "vectors": vectors,
+            }
+            text = json.dumps(doc)
+            if output:
+                with open(output, "w", encoding="utf-8") as fh:
+                    fh.write(text + "\n")
+            else:
+                print(text)
+            return
+        if pool_mode is None:
+            raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
+        if output:
+            np.save(output, out)
+        else:
+            buf = io.BytesIO()
+            np.save(buf, out)
+            sys.stdout.buffer.write(buf.getvalue())

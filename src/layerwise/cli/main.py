@@ -1,0 +1,20 @@
+"""``layerwise`` command: subcommands are registered from their own modules."""
+
+from __future__ import annotations
+
+import typer
+
+from . import demo, encode
+
+app = typer.Typer(
+    name="layerwise",
+    help="Every hidden layer of a BERT-family encoder as features. Layer 0 is the embeddings; -1 the last layer.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(demo.demo)
+app.command("encode")(encode.encode)
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

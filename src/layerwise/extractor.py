@@ -1,0 +1,421 @@
+"""``Extractor``: the one high-level entry point (tokenise -> batch -> capture -> combine -> pool).
+
+Example::
+
+    >>> import layerwise as lw
+    >>> ex = lw.Extractor()                                   # embedded all-MiniLM-L6-v2, CPU, float32
+    >>> ex.encode(["I love Paris", "EU rejects German call"], layers="-4:", combine="concat", pool="max").shape
+    (2, 1536)
+    >>> [w.shape for w in ex.encode_words([["EU", "rejects", "German", "call"]], layers="-4:", combine="concat")]
+    [(4, 1536)]
+    >>> ex.hidden_states(["I love Paris"], layers="all").tensor.shape     # [layers, batch, tokens, hidden]
+    torch.Size([7, 1, 5, 384])
+
+Pitfalls handled for you: layer 0 is the embeddings; padding never enters a pool; long texts are windowed,
+not truncated (pass ``truncate=True`` to cut them at the model's maximum instead); results do not depend on
+batch size, order or length sorting; only the layers asked for are computed and kept.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator, Literal, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .capture import capture
+from .combine import combine as combine_layers
+from .combine import validate_combine
+from .layers import LayerSpec, resolve_layers, validate_site
+from .loading import LoadedModel, load_model
+from .pooling import pool as pool_tokens
+from .pooling import pool_words, validate_pool, validate_word_pool
+from .stack import LayerStack
+from .tokenize import Tokenized, Window, make_windows, pad_batch, plan_batches, special_template, stitch, tokenize
+
+ReturnTensors = Literal["np", "pt"]
+_CHUNK_TEXTS = 4096  # texts tokenised and length-sorted together; bounds memory on large corpora
+
+
+@dataclass
+class _Group:
+    """Finished texts of one step: ``states [K, g, T, W]`` padded, one row per text in ``texts``."""
+
+    texts: list[int]
+    states: torch.Tensor
+    lengths: list[int]
+
+
+def _check_texts(texts: object, *, words: bool = False) -> list:
+    what = "word lists" if words else "texts"
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise TypeError(
+            f"{what} must be a list of {'lists of strings' if words else 'strings'}, got {type(texts).__name__}; "
+            f"wrap a single item in a list: [{'[...]' if words else 'text'}]"
+        )
+    if len(texts) == 0:
+        raise ValueError(f"{what} is an empty list; give at least one item")
+    for i, item in enumerate(texts):
+        if words:
+            if isinstance(item, str) or not isinstance(item, Sequence):
+                raise TypeError(f"item {i} must be a list of word strings, got {type(item).__name__}: {item!r:.60}")
+            for j, w in enumerate(item):
+                if not isinstance(w, str):
+                    raise TypeError(f"word {j} of item {i} must be a string, got {type(w).__name__}: {w!r:.60}")
+        elif not isinstance(item, str):
+            raise TypeError(f"text {i} must be a string, got {type(item).__name__}: {item!r:.60}")
+    return list(texts)
+
+
+class Extractor:
+    """Hidden layers of a BERT-family encoder as features.
+
+    Args:
+        model: local model directory or hub id; ``None`` = embedded all-MiniLM-L6-v2. A
+            :class:`~layerwise.loading.LoadedModel` is used as is.
+        device: ``"cpu"``, ``"cuda"``...; ``None`` = CUDA when available, else CPU.
+        dtype: ``"float32"`` (default), ``"float16"``/``"bfloat16"`` (CUDA; slow on most CPUs).
+        batch_tokens: token budget per forward batch (``rows * longest row``), default 8192.
+        max_length: window length in tokens (special tokens included); default and maximum: the model's.
+        stride: overlap in tokens between consecutive windows of a long text; default ``max_length // 4``.
+        sort_by_length: sort rows by length before batching (faster; results are identical either way).
+        revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
+            opt-in because they run code from the checkpoint).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | LoadedModel | None = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        batch_tokens: int = 8192,
+        max_length: int | None = None,
+        stride: int | None = None,
+        sort_by_length: bool = True,
+        revision: str | None = None,
+        allow_pickle: bool = False,
+        trust_remote_code: bool = False,
+    ):
+        self.loaded = (
+            model
+            if isinstance(model, LoadedModel)
+            else load_model(
+                model,
+                device=device,
+                dtype=dtype,
+                revision=revision,
+                allow_pickle=allow_pickle,
+                trust_remote_code=trust_remote_code,
+            )
+        )
+        limit = self.loaded.max_length
+        self.max_length = limit if max_length is None else int(max_length)
+        self._template = special_template(self.loaded.tokenizer)
+        n_special = sum(self._template)
+        if not n_special < self.max_length <= limit:
+            raise ValueError(
+                f"max_length={max_length} is outside {n_special + 1}..{limit} (this model's maximum, special tokens "
+                f"included)"
+            )
+        capacity = self.max_length - n_special
+        self.stride = capacity // 4 if stride is None else int(stride)
+        if not 0 <= self.stride < capacity:
+            raise ValueError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
+        self.batch_tokens = self._check_budget(batch_tokens)
+        self.sort_by_length = bool(sort_by_length)
+
+    # ---- facts ----------------------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        return self.loaded.model
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    @property
+    def num_layers(self) -> int:
+        """``L``: valid layer indices are ``0..L`` (0 = embeddings)."""
+        return self.loaded.num_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.loaded.hidden_size
+
+    def __repr__(self) -> str:
+        lm = self.loaded
+        return (
+            f"Extractor(model={lm.name!r}, family={lm.family.name}, layers=0..{lm.num_layers}, hidden={lm.hidden_size}, "
+            f"device={lm.device}, dtype={str(lm.dtype).replace('torch.', '')})"
+        )
+
+    @staticmethod
+    def _check_budget(batch_tokens: object) -> int:
+        if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be a positive int (tokens per batch), got {batch_tokens!r}")
+        return batch_tokens
+
+    def _pooler(self):
+        fn = self.loaded.family.pooler
+        return fn(self.loaded.model) if fn is not None else None
+
+    # ---- the pipeline -----------------------------------------------------------------------------------
+    def _tokenize(self, items: list, words: bool, truncate: bool) -> list[Tokenized]:
+        toks = tokenize(self.loaded.tokenizer, items, words=words, template=self._template)
+        if truncate:
+            cap = self.max_length - sum(self._template)
+            for t in toks:
+                if t.n_content > cap:
+                    keep = list(range(t.n_prefix + cap)) + list(range(len(t.ids) - t.n_suffix, len(t.ids)))
+                    t.ids, t.offsets = [t.ids[i] for i in keep], [t.offsets[i] for i in keep]
+                    t.word_ids, t.special = [t.word_ids[i] for i in keep], [t.special[i] for i in keep]
+        return toks
+
+    def _forward(
+        self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int
+    ) -> Iterator[_Group]:
+        """Run every window of ``toks``; yield groups of finished texts (stitched when windowed)."""
+        windows: list[Window] = []
+        per_text: list[list[int]] = []
+        for i, t in enumerate(toks):
+            ws = make_windows(t, i, self.max_length, self.stride)
+            per_text.append(list(range(len(windows), len(windows) + len(ws))))
+            windows.extend(ws)
+        pending: dict[int, dict[int, torch.Tensor]] = {}
+        pad_id = self.loaded.tokenizer.pad_token_id or 0
+        for batch in plan_batches([len(w.ids) for w in windows], batch_tokens, sort=self.sort_by_length):
+            ids, mask = pad_batch([windows[j].ids for j in batch], pad_id)
+            states = capture(self.loaded, ids, mask, layers, site)  # [K, b, T, W]
+            single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]
+            if single:
+                yield _Group(
+                    texts=[windows[batch[r]].text for r in single],
+                    states=states[:, single],
+                    lengths=[len(windows[batch[r]].ids) for r in single],
+                )
+            for r, j in enumerate(batch):
+                text = windows[j].text
+                if len(per_text[text]) == 1:
+                    continue
+                got = pending.setdefault(text, {})
+                got[j] = states[:, r, : len(windows[j].ids)]
+                if len(got) == len(per_text[text]):
+                    del pending[text]
+                    order = per_text[text]
+                    full = stitch(toks[text], [windows[k] for k in order], [got[k] for k in order])
+                    yield _Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
+
+    def _prepare(
+        self, layers: LayerSpec, site: str, combine=None, weights=None, return_tensors: str = "np"
+    ) -> tuple[tuple[int, ...], str]:
+        if return_tensors not in ("np", "pt"):
+            raise ValueError(f"unknown return_tensors {return_tensors!r}. Valid values are: np, pt")
+        if isinstance(combine, nn.Module) and getattr(combine, "layers", None) is not None and layers is None:
+            layers = combine.layers
+        resolved = resolve_layers(-1 if layers is None else layers, self.num_layers)
+        validate_site(site, resolved)
+        if combine is not None:
+            validate_combine(combine, len(resolved), weights)
+        return resolved, site
+
+    def _progress(self, total: int, show: bool, unit: str = "text"):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, disable=not show, unit=unit, desc="layerwise", leave=False)
+
+    def _masks(self, toks: list[Tokenized], group: _Group) -> tuple[torch.Tensor, torch.Tensor]:
+        T = group.states.shape[2]
+        mask = torch.zeros((len(group.texts), T), dtype=torch.long)
+        special = torch.ones((len(group.texts), T), dtype=torch.bool)
+        for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
+            mask[r, :n] = 1
+            special[r, :n] = torch.tensor(toks[text].special[:n], dtype=torch.bool)
+        dev = group.states.device
+        return mask.to(dev), special.to(dev)
+
+    # ---- public API -------------------------------------------------------------------------------------
+    def hidden_states(
+        self,
+        texts: Sequence[str],
+        layers: LayerSpec = "all",
+        site: str = "block",
+        *,
+        truncate: bool = False,
+        batch_tokens: int | None = None,
+    ) -> LayerStack:
+        """Raw hidden states of ``layers`` at ``site`` for a (small) batch of texts.
+
+        Args:
+            texts: list of strings (an empty string encodes as the special tokens only).
+            layers: layer spec (``"all"``, ``-1``, ``"-4:"``, ``[0, 6]``, ``"second_to_last"``...).
+            site: ``block`` (= ``hidden_states``), ``attention``, ``intermediate`` or ``pre_ln``.
+            truncate: cut texts at ``max_length`` instead of windowing them.
+            batch_tokens: token budget per forward batch (default: the Extractor's).
+
+        Returns:
+            :class:`LayerStack` with ``tensor [layers, batch, tokens, width]`` on CPU, padded with zeros to the
+            longest text (``tokens`` may exceed ``max_length`` for windowed texts).
+        """
+        texts = _check_texts(texts)
+        resolved, site = self._prepare(layers, site)
+        budget = self._check_budget(batch_tokens or self.batch_tokens)
+        toks = self._tokenize(texts, words=False, truncate=truncate)
+        longest = max(len(t.ids) for t in toks)
+        width = self.loaded.site_width(site)
+        out = torch.zeros((len(resolved), len(texts), longest, width), dtype=self.loaded.dtype)
+        for group in self._forward(toks, resolved, site, budget):
+            for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
+                out[:, text, :n] = group.states[:, r, :n].cpu()
+        pad_id = self.loaded.tokenizer.pad_token_id or 0
+        ids = torch.full((len(texts), longest), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(texts), longest), dtype=torch.long)
+        special = torch.ones((len(texts), longest), dtype=torch.long)
+        for i, t in enumerate(toks):
+            ids[i, : len(t.ids)] = torch.tensor(t.ids)
+            mask[i, : len(t.ids)] = 1
+            special[i, : len(t.ids)] = torch.tensor(t.special, dtype=torch.long)
+        return LayerStack(
+            tensor=out,
+            layers=resolved,
+            sites=(site,) * len(resolved),
+            attention_mask=mask,
+            input_ids=ids,
+            special_tokens_mask=special,
+            word_ids=[t.word_ids for t in toks],
+            offsets=[t.offsets for t in toks],
+            num_layers=self.num_layers,
+        )
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        layers: LayerSpec | None = None,
+        combine: str | nn.Module = "concat",
+        pool: str | nn.Module | None = "mean",
+        *,
+        site: str = "block",
+        weights: Sequence[float] | None = None,
+        skip_special_tokens: bool = False,
+        truncate: bool = False,
+        return_tensors: ReturnTensors = "np",
+        batch_tokens: int | None = None,
+        show_progress: bool = False,
+    ):
+        """Sentence vectors (or token vectors with ``pool=None``) from a combination of layers.
+
+        Args:
+            texts: list of strings.
+            layers: layer spec; default ``-1`` (the last layer), or the layers a ScalarMix was built ``over``.
+            combine: ``concat | sum | mean | weighted | stack`` or a module such as :class:`ScalarMix`.
+            pool: ``cls | pooler | mean | max | mean_max | last``, a module such as :class:`AttentionPool`,
+                or ``None`` for one vector per token (special tokens included).
+            site: ``block | attention | intermediate | pre_ln``.
+            weights: fixed per-layer weights for ``combine="weighted"``.
+            skip_special_tokens: leave ``[CLS]``/``[SEP]``-like tokens out of the pool.
+            truncate: cut texts at ``max_length`` instead of windowing them.
+            return_tensors: ``"np"`` (float32 numpy) or ``"pt"`` (CPU torch tensors in the model dtype).
+            batch_tokens: token budget per forward batch (default: the Extractor's).
+            show_progress: show a progress bar.
+
+        Returns:
+            ``[n_texts, D]`` (``stack``: ``[n_texts, K, width]``) or, with ``pool=None``, a list of
+            ``[n_tokens_i, D]``. ``D = K * width`` for ``concat``, ``width`` otherwise, doubled for ``mean_max``.
+        """
+        texts = _check_texts(texts)
+        resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
+        self._check_pool_fits(pool, combine, resolved, site, skip_special_tokens)
+        budget = self._check_budget(batch_tokens or self.batch_tokens)
+        pooler = self._pooler() if pool == "pooler" else None
+        results: list = [None] * len(texts)
+        with self._progress(len(texts), show_progress) as bar:
+            for start in range(0, len(texts), _CHUNK_TEXTS):
+                toks = self._tokenize(texts[start : start + _CHUNK_TEXTS], words=False, truncate=truncate)
+                for group in self._forward(toks, resolved, site, budget):
+                    mask, special = self._masks(toks, group)
+                    with torch.inference_mode():
+                        x = combine_layers(group.states, combine, weights=weights, mask=mask)
+                        if pool is None:
+                            vecs = [x[r, :n] for r, n in enumerate(group.lengths)]
+                        else:
+                            vecs = pool_tokens(
+                                x, mask, pool, special=special, skip_special_tokens=skip_special_tokens, pooler=pooler
+                            )
+                    for r, text in enumerate(group.texts):
+                        results[start + text] = vecs[r].cpu()
+                    bar.update(len(group.texts))
+        if pool is None:
+            return [self._out(v, return_tensors) for v in results]
+        return self._out(torch.stack(results), return_tensors)
+
+    def encode_words(
+        self,
+        words: Sequence[Sequence[str]],
+        layers: LayerSpec | None = None,
+        combine: str | nn.Module = "concat",
+        subword: str = "first",
+        *,
+        site: str = "block",
+        weights: Sequence[float] | None = None,
+        truncate: bool = False,
+        return_tensors: ReturnTensors = "np",
+        batch_tokens: int | None = None,
+        show_progress: bool = False,
+    ) -> list:
+        """One vector per word of pre-tokenised input (NER/POS style), pooled from its sub-tokens.
+
+        Args:
+            words: list of word lists, e.g. ``[["EU", "rejects", "German", "call"]]``.
+            layers, combine, site, weights: as in :meth:`encode`.
+            subword: ``first | last | mean | max | first_last`` (the BERT paper uses ``first``).
+            truncate: cut at ``max_length`` instead of windowing (words past the cut get zero vectors).
+
+        Returns:
+            A list with one ``[n_words_i, D]`` array (or tensor) per item, aligned to its words. A word that
+            produced no sub-token (e.g. only a zero-width character) gets a zero vector.
+        """
+        words = _check_texts(words, words=True)
+        resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
+        validate_word_pool(subword)
+        if combine == "stack" and subword == "first_last":
+            raise ValueError("subword='first_last' concatenates features; use it with a combine mode other than 'stack'")
+        budget = self._check_budget(batch_tokens or self.batch_tokens)
+        results: list = [None] * len(words)
+        with self._progress(len(words), show_progress) as bar:
+            for start in range(0, len(words), _CHUNK_TEXTS):
+                chunk = [list(w) for w in words[start : start + _CHUNK_TEXTS]]
+                toks = self._tokenize(chunk, words=True, truncate=truncate)
+                for group in self._forward(toks, resolved, site, budget):
+                    mask, _ = self._masks(toks, group)
+                    with torch.inference_mode():
+                        x = combine_layers(group.states, combine, weights=weights, mask=mask)
+                        vecs = pool_words(
+                            x,
+                            [toks[t].word_ids[:n] for t, n in zip(group.texts, group.lengths)],
+                            [len(chunk[t]) for t in group.texts],
+                            subword,
+                        )
+                    for r, text in enumerate(group.texts):
+                        results[start + text] = vecs[r].cpu()
+                    bar.update(len(group.texts))
+        return [self._out(v, return_tensors) for v in results]
+
+    # ---- helpers ----------------------------------------------------------------------------------------
+    def _check_pool_fits(self, pool, combine, layers, site, skip_special_tokens) -> None:
+        if pool is None:
+            return
+        validate_pool(pool, skip_special_tokens=skip_special_tokens, has_pooler=self._pooler() is not None)
+        if pool == "pooler":
+            widens = combine == "stack" or (combine == "concat" and len(layers) > 1) or site == "intermediate"
+            if widens:
+                raise ValueError(
+                    "pool='pooler' applies the model's pooler, which takes hidden_size features; use one layer, or "
+                    "combine='sum'|'mean'|'weighted' or a ScalarMix, at site 'block'/'attention'/'pre_ln'"
+                )
+
+    @staticmethod
+    def _out(t: torch.Tensor, return_tensors: str):
+        return t if return_tensors == "pt" else t.float().numpy()

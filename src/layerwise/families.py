@@ -1,0 +1,161 @@
+"""Supported model families and where each site lives in their modules.
+
+One table maps the site names of :mod:`layerwise.layers` to each family's modules (paths are relative to
+the module that implements one encoder layer; ``out`` means the module's output, or its first element when
+the module returns a tuple; ``in`` means the first input of the module, read by a forward pre-hook):
+
+============  =======================================  ================  ========================  ===========================
+family        layer module (``hidden_states`` class)   ``attention``     ``intermediate``          ``pre_ln``
+============  =======================================  ================  ========================  ===========================
+bert          ``encoder.layer[i]`` (BertLayer)         ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
+roberta       ``encoder.layer[i]`` (RobertaLayer)      ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
+xlm-roberta   ``encoder.layer[i]`` (XLMRobertaLayer)   ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
+electra       ``encoder.layer[i]`` (ElectraLayer)      ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
+deberta-v2    ``encoder.layer[i]`` (DebertaV2Layer)    ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
+distilbert    ``transformer.layer[i]`` (TransformerBlock) ``sa_layer_norm`` out ``ffn.activation`` out ``output_layer_norm`` in
+albert        ``encoder.albert_layer_groups[g].albert_layers[j]`` (AlbertLayer, shared: called once per layer)
+                                                       ``attention`` out ``activation`` out        ``full_layer_layer_norm`` in
+============  =======================================  ================  ========================  ===========================
+
+Layer ``0`` (``block`` site only) is the input of the first layer call, and layer ``i`` is the output of the
+``i``-th call of a layer module, exactly as transformers records ``hidden_states``. This also covers ALBERT,
+whose single shared layer module runs ``L`` times. DeBERTa-v2 checkpoints with a convolution after the first
+layer (``conv_kernel_size > 0``) record ``encoder.conv``'s output as layer 1, as transformers does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to find layers, sites and the pooler in one model family."""
+
+    name: str
+    model_types: tuple[str, ...]
+    layer_paths: tuple[str, ...]  # module paths (may contain '*') holding the layer modules
+    sites: dict[str, tuple[str, str]] = field(default_factory=dict)  # site -> (relative path, "out"|"in")
+    position_offset: int = 0  # positions reserved before the first token (RoBERTa: padding_idx + 1)
+    pooler: Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor] | None] | None = None
+
+    def num_layers(self, config) -> int:
+        """``L``: the number of layer calls (``hidden_states`` has ``L + 1`` entries)."""
+        if self.name == "albert":
+            return int(config.num_hidden_layers) * int(getattr(config, "inner_group_num", 1))
+        return int(getattr(config, "num_hidden_layers", getattr(config, "n_layers", 0)))
+
+    def max_positions(self, config) -> int:
+        """Longest input (special tokens included) the position embeddings allow."""
+        return int(config.max_position_embeddings) - self.position_offset
+
+
+def _bert_pooler(model: nn.Module):
+    pooler = getattr(model, "pooler", None)
+    if pooler is None:
+        return None
+    return lambda cls: pooler.activation(pooler.dense(cls))
+
+
+def _albert_pooler(model: nn.Module):
+    pooler = getattr(model, "pooler", None)
+    if pooler is None:
+        return None
+    return lambda cls: model.pooler_activation(pooler(cls))
+
+
+_BERT_SITES = {
+    "attention": ("attention", "out"),
+    "intermediate": ("intermediate", "out"),
+    "pre_ln": ("output.LayerNorm", "in"),
+}
+
+FAMILIES: tuple[Family, ...] = (
+    Family("bert", ("bert",), ("encoder.layer",), _BERT_SITES, 0, _bert_pooler),
+    Family("roberta", ("roberta", "camembert"), ("encoder.layer",), _BERT_SITES, 2, _bert_pooler),
+    Family("xlm-roberta", ("xlm-roberta",), ("encoder.layer",), _BERT_SITES, 2, _bert_pooler),
+    Family("electra", ("electra",), ("encoder.layer",), _BERT_SITES, 0, None),
+    Family("deberta-v2", ("deberta-v2",), ("encoder.layer",), _BERT_SITES, 0, None),
+    Family(
+        "distilbert",
+        ("distilbert",),
+        ("transformer.layer",),
+        {
+            "attention": ("sa_layer_norm", "out"),
+            "intermediate": ("ffn.activation", "out"),
+            "pre_ln": ("output_layer_norm", "in"),
+        },
+        0,
+        None,
+    ),
+    Family(
+        "albert",
+        ("albert",),
+        ("encoder.albert_layer_groups.*.albert_layers",),
+        {
+            "attention": ("attention", "out"),
+            "intermediate": ("activation", "out"),
+            "pre_ln": ("full_layer_layer_norm", "in"),
+        },
+        0,
+        _albert_pooler,
+    ),
+)
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.model_types)
+
+
+def family_for(model_type: str) -> Family:
+    """The family of a config's ``model_type``; ``ValueError`` naming the supported ones otherwise."""
+    for fam in FAMILIES:
+        if model_type in fam.model_types:
+            return fam
+    raise ValueError(
+        f"model_type {model_type!r} is not a supported encoder family. Supported model types are: "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)}. Point layerwise at a BERT-family encoder checkpoint."
+    )
+
+
+def _resolve(root: nn.Module, path: str) -> list[nn.Module]:
+    mods = [root]
+    for part in path.split("."):
+        nxt: list[nn.Module] = []
+        for m in mods:
+            if part == "*":
+                nxt.extend(m.children())
+            elif part.isdigit():
+                nxt.append(m[int(part)])  # type: ignore[index]
+            else:
+                child = getattr(m, part, None)
+                if child is None:
+                    raise ValueError(f"module path {path!r} not found in {type(root).__name__} (missing {part!r})")
+                nxt.append(child)
+        mods = nxt
+    return mods
+
+
+def layer_modules(family: Family, model: nn.Module) -> list[nn.Module]:
+    """Distinct modules that implement one encoder layer, in order (ALBERT: the shared ones)."""
+    out: list[nn.Module] = []
+    for path in family.layer_paths:
+        for container in _resolve(model, path):
+            out.extend(container.children() if isinstance(container, nn.ModuleList) else [container])
+    seen: set[int] = set()
+    return [m for m in out if not (id(m) in seen or seen.add(id(m)))]
+
+
+def site_module(family: Family, layer: nn.Module, site: str) -> tuple[nn.Module, str]:
+    """The sub-module realising ``site`` inside one layer module, and whether to read its output or input."""
+    path, where = family.sites[site]
+    return _resolve(layer, path)[0], where
+
+
+def post_layer1_override(family: Family, model: nn.Module) -> nn.Module | None:
+    """DeBERTa-v2's convolution applied after layer 1: its output is ``hidden_states[1]``."""
+    if family.name != "deberta-v2":
+        return None
+    return getattr(getattr(model, "encoder", None), "conv", None)

@@ -1,0 +1,103 @@
+"""``LayerStack``: the typed result of a capture.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> stack = lw.Extractor().hidden_states(["I love Paris", "Hi"], layers="all")
+    >>> stack.tensor.shape                    # [layers, batch, tokens, hidden]
+    torch.Size([7, 2, 5, 384])
+    >>> stack.labels[:2], stack["last"].shape, stack[-2].shape
+    (('embeddings', 'layer_1'), torch.Size([2, 5, 384]), torch.Size([2, 5, 384]))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .layers import LayerSpec, layer_label, resolve_layers
+
+
+@dataclass
+class LayerStack:
+    """Hidden states of the requested layers for a batch of texts, padded to the longest text.
+
+    Attributes:
+        tensor: ``[layers, batch, tokens, width]`` (float, on CPU). Padded positions hold the model's
+            states for padding tokens of the longest window; read them through ``attention_mask``.
+        layers: resolved layer indices in ``0..num_layers``, in the order of ``tensor``'s first axis.
+        sites: the site recorded for each layer (all equal today).
+        attention_mask: ``[batch, tokens]``, 1 for real tokens.
+        input_ids: ``[batch, tokens]``; padding uses the tokenizer's pad id.
+        special_tokens_mask: ``[batch, tokens]``, 1 for the model's special tokens (and padding).
+        word_ids: per text, per real token, the word index or ``None`` for special tokens.
+        offsets: per text, per real token, ``(start, end)`` character offsets into the text.
+        num_layers: the model's ``L`` (to resolve specs such as ``-1`` or ``"last"``).
+    """
+
+    tensor: torch.Tensor
+    layers: tuple[int, ...]
+    sites: tuple[str, ...]
+    attention_mask: torch.Tensor
+    input_ids: torch.Tensor
+    special_tokens_mask: torch.Tensor
+    word_ids: list[list[int | None]]
+    offsets: list[list[tuple[int, int]]]
+    num_layers: int
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """``"embeddings"``, ``"layer_1"``, ... for each entry of ``layers``."""
+        return tuple(layer_label(i) for i in self.layers)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.tensor.shape
+
+    def _position(self, key) -> int:
+        if isinstance(key, str) and key.startswith("layer_") and key[6:].isdigit():
+            index = int(key[6:])
+        else:
+            (index,) = resolve_layers(key, self.num_layers)
+        if index not in self.layers:
+            raise KeyError(
+                f"layer {key!r} (index {index}) was not captured; this stack holds {list(self.labels)}"
+            )
+        return self.layers.index(index)
+
+    def layer(self, key: int | str) -> torch.Tensor:
+        """``[batch, tokens, width]`` of one layer, addressed like a spec (``-1``, ``"last"``, ``4``, ``"layer_4"``)."""
+        return self.tensor[self._position(key)]
+
+    __getitem__ = layer
+
+    def select(self, spec: LayerSpec) -> "LayerStack":
+        """A stack holding only the layers of ``spec`` (resolved against the model), in spec order."""
+        wanted = resolve_layers(spec, self.num_layers)
+        pos = [self._position(i) for i in wanted]
+        return LayerStack(
+            tensor=self.tensor[pos],
+            layers=wanted,
+            sites=tuple(self.sites[p] for p in pos),
+            attention_mask=self.attention_mask,
+            input_ids=self.input_ids,
+            special_tokens_mask=self.special_tokens_mask,
+            word_ids=self.word_ids,
+            offsets=self.offsets,
+            num_layers=self.num_layers,
+        )
+
+    def numpy(self) -> np.ndarray:
+        """``tensor`` as a float32 numpy array ``[layers, batch, tokens, width]``."""
+        return self.tensor.float().cpu().numpy()
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return (
+            f"LayerStack(layers={list(self.labels)}, site={self.sites[0]!r}, "
+            f"tensor={tuple(self.tensor.shape)} [layers, batch, tokens, width], dtype={self.tensor.dtype})"
+        )
