@@ -50,12 +50,10 @@ class Recorder:
         self.current = 0  # index of the layer being run (number of layer calls so far)
         self.tensors: dict[int, torch.Tensor] = {}
         self._chunks: dict[int, list[torch.Tensor]] = {}
-        self.layer_calls = 0  # for tests: how many layer modules started
 
     # ---- hooks -------------------------------------------------------------------------------------
     def layer_pre(self, module, args, kwargs):
         self.current += 1
-        self.layer_calls += 1
         if self.current == 1 and 0 in self.wanted:
             hidden = args[0] if args else kwargs["hidden_states"]
             self.tensors[0] = hidden
@@ -136,6 +134,14 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> I
             handle.remove()
 
 
+def _forward(loaded: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    dev = loaded.device
+    try:
+        loaded.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev))
+    except _StopForward:
+        pass
+
+
 def capture(
     loaded: LoadedModel,
     input_ids: torch.Tensor,
@@ -155,12 +161,8 @@ def capture(
     Returns:
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
     """
-    dev = loaded.device
     with torch.inference_mode(), record(loaded, layers, site) as rec:
-        try:
-            loaded.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev))
-        except _StopForward:
-            pass
+        _forward(loaded, input_ids, attention_mask)
     missing = [i for i in layers if i not in rec.tensors]
     if missing:  # pragma: no cover - a family table error, not a user error
         raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
@@ -168,18 +170,23 @@ def capture(
 
 
 def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, site="block") -> int:
-    """How many encoder layer modules ran while capturing ``layers`` (the early-exit check)."""
+    """How many encoder layer modules ran (entered their forward) while capturing ``layers``.
+
+    The counting hooks are registered after the capture hooks, so a layer stopped by the early exit before
+    its forward body starts is not counted. Used to prove the early exit.
+    """
     counter = {"n": 0}
 
     def bump(module, args):
         counter["n"] += 1
 
-    handles = [m.register_forward_pre_hook(bump) for m in layer_modules(loaded.family, loaded.model)]
-    try:
-        capture(loaded, input_ids, attention_mask, layers, site)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with torch.inference_mode(), record(loaded, layers, site):
+        handles = [m.register_forward_pre_hook(bump) for m in layer_modules(loaded.family, loaded.model)]
+        try:
+            _forward(loaded, input_ids, attention_mask)
+        finally:
+            for handle in handles:
+                handle.remove()
     return counter["n"]
 
 

@@ -58,7 +58,7 @@ _INT_RE = re.compile(r"^\s*-?\d+\s*$")
 
 
 def _example(num_layers: int) -> str:
-    return f'e.g. layers=-1, layers=[0, {num_layers // 2}], layers="-4:", layers="all"'
+    return f'e.g. layers=-1, layers=[0, {num_layers // 2}], layers="-{min(4, max(num_layers, 1))}:", layers="all"'
 
 
 def _range_text(num_layers: int) -> str:

@@ -1,0 +1,119 @@
+"""Tiny random models (hidden 32, 2 layers) of every supported family, with tokenizers trained in-process.
+
+Each is saved to a directory (safetensors) and loaded back through layerwise's real loading path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    AlbertConfig, AutoModel, BertConfig, DebertaV2Config, DistilBertConfig, ElectraConfig,
+    PreTrainedTokenizerFast, RobertaConfig, XLMRobertaConfig,
+)
+
+CORPUS = [
+    "EU rejects German call to boycott British lamb .",
+    "Peter Blackburn went to Brussels on Monday.",
+    "The quick brown fox jumps over the lazy dog!",
+    "I love Paris in the springtime, said the tourist.",
+    "Layer-wise probing shows which layer knows what about syntax and meaning.",
+    "Numbers like 1996 and 2,000 tokens appear too; so do émigrés and naïve cafés.",
+] * 20
+
+FAMILIES = ("bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", "xlm-roberta")
+HIDDEN, LAYERS, HEADS, INTER, MAXPOS = 32, 2, 2, 37, 64
+
+
+def _wordpiece() -> tuple[Tokenizer, dict]:
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
+    return tok, dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+
+
+def _bytelevel_bpe() -> tuple[Tokenizer, dict]:
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+    return tok, dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
+                     unk_token="<unk>", mask_token="<mask>")
+
+
+def _unigram(cls: str, sep: str, pad: str, unk: str, first: list[str]) -> tuple[Tokenizer, dict]:
+    specials = first
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=specials, unk_token=unk))
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
+    )
+    return tok, dict(cls_token=cls, sep_token=sep, pad_token=pad, unk_token=unk, mask_token="[MASK]" if cls == "[CLS]" else "<mask>")
+
+
+def build(family: str, directory: Path, seed: int = 0) -> Path:
+    """Save a tiny random ``family`` model with a matching tokenizer into ``directory``."""
+    common = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=INTER)
+    if family in ("bert", "electra", "distilbert"):
+        tok, special = _wordpiece()
+    elif family == "roberta":
+        tok, special = _bytelevel_bpe()
+    elif family == "xlm-roberta":
+        tok, special = _unigram("<s>", "</s>", "<pad>", "<unk>", ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    else:  # albert, deberta-v2
+        tok, special = _unigram("[CLS]", "[SEP]", "<pad>", "<unk>", ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"])
+    vocab = tok.get_vocab_size()
+    pad_id = tok.token_to_id(special["pad_token"])
+    if family == "bert":
+        config = BertConfig(vocab_size=vocab, max_position_embeddings=MAXPOS, pad_token_id=pad_id, **common)
+    elif family == "electra":
+        config = ElectraConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=MAXPOS, pad_token_id=pad_id,
+                               **common)
+    elif family == "distilbert":
+        config = DistilBertConfig(vocab_size=vocab, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTER,
+                                  max_position_embeddings=MAXPOS, pad_token_id=pad_id)
+    elif family == "roberta":
+        config = RobertaConfig(vocab_size=vocab, max_position_embeddings=MAXPOS + 2, pad_token_id=1, bos_token_id=0,
+                               eos_token_id=2, type_vocab_size=1, **common)
+    elif family == "xlm-roberta":
+        config = XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=MAXPOS + 2, pad_token_id=pad_id,
+                                  bos_token_id=0, eos_token_id=2, type_vocab_size=1, **common)
+    elif family == "albert":
+        config = AlbertConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=MAXPOS, pad_token_id=pad_id,
+                              num_hidden_groups=1, inner_group_num=1, hidden_act="gelu_new", **common)
+    elif family == "deberta-v2":
+        config = DebertaV2Config(vocab_size=vocab, max_position_embeddings=MAXPOS, pad_token_id=pad_id,
+                                 relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
+                                 max_relative_positions=-1, position_biased_input=False, type_vocab_size=0,
+                                 norm_rel_ebd="layer_norm", conv_kernel_size=3, hidden_act="gelu", **common)
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(config)
+    with torch.no_grad():  # larger than the default init so layers differ visibly and errors cannot hide
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=MAXPOS, **special)
+    hf_tok.save_pretrained(directory)
+    return directory
