@@ -1,0 +1,126 @@
+"""Long inputs: no silent truncation; strided windows stitched so each token gets its best-context window."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import layerwise as lw
+from layerwise.tokenize import plan_batches, window_starts
+
+LONG = " ".join(
+    f"Sentence {i} says that layer {i % 12} of the encoder knows something about token {i * 7 % 101}." for i in range(140)
+)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_2000_token_text_default_model(default_extractor):
+    ex = default_extractor
+    n_tokens = len(ex.tokenizer(LONG, verbose=False)["input_ids"])
+    assert n_tokens >= 2000
+    handler = _Records()
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            stack = ex.hidden_states([LONG, "short"], layers=[2, -1])
+            vec = ex.encode([LONG], layers=-1, pool="mean")
+            words = ex.encode_words([LONG.split()], layers=-1)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [m for m in handler.messages if "longer than" in m or "truncat" in m.lower()], handler.messages
+    assert stack.tensor.shape == (2, 2, n_tokens, 384)
+    assert int(stack.attention_mask[0].sum()) == n_tokens
+    assert vec.shape == (1, 384) and np.isfinite(vec).all()
+    assert words[0].shape == (len(LONG.split()), 384)
+    # the pooled vector is the mean over all stitched tokens
+    np.testing.assert_allclose(vec[0], stack.tensor[1, 0].mean(0).numpy(), atol=1e-5)
+
+
+def _best_window_reference(n, windows):
+    best = []
+    for t in range(n):
+        scores = []
+        for s, e in windows:
+            if s <= t < e:
+                left = t - s if s > 0 else float("inf")
+                right = e - 1 - t if e < n else float("inf")
+                scores.append(min(left, right))
+            else:
+                scores.append(-1)
+        best.append(int(np.argmax(scores)))  # first maximum = earliest window
+    return best
+
+
+@pytest.mark.parametrize("fam", ["bert", "roberta", "deberta-v2"])
+@pytest.mark.parametrize("stride", [0, 3, 5])
+def test_window_stitching_small_max_length(tiny_dirs, fam, stride):
+    ex = lw.Extractor(str(tiny_dirs[fam]), device="cpu", max_length=12, stride=stride)
+    text = "The quick brown fox jumps over the lazy dog while EU rejects German call to boycott British lamb ."
+    enc = ex.tokenizer(text, verbose=False)
+    ids = enc["input_ids"]
+    prefix, suffix, content = ids[:1], ids[-1:], ids[1:-1]
+    n = len(content)
+    cap = 10
+    assert n > 2 * cap
+    starts = list(range(0, n - cap, cap - stride)) + [n - cap]
+    windows = [(s, s + cap) for s in sorted(set(starts))]
+    with torch.inference_mode():
+        runs = []
+        for s, e in windows:
+            row = torch.tensor([prefix + content[s:e] + suffix])
+            out = ex.model(input_ids=row, attention_mask=torch.ones_like(row), output_hidden_states=True)
+            runs.append(out.hidden_states)
+    best = _best_window_reference(n, windows)
+    stack = ex.hidden_states([text, "short"], layers="all")
+    assert stack.tensor.shape[2] == len(ids)
+    for layer in range(ex.num_layers + 1):
+        got = stack.tensor[layer, 0]
+        torch.testing.assert_close(got[0], runs[0][layer][0, 0], atol=1e-5, rtol=0)  # [CLS] from the first window
+        torch.testing.assert_close(got[-1], runs[-1][layer][0, -1], atol=1e-5, rtol=0)  # [SEP] from the last
+        for t in range(n):
+            w = best[t]
+            want = runs[w][layer][0, 1 + t - windows[w][0]]
+            torch.testing.assert_close(got[1 + t], want, atol=1e-5, rtol=0)
+    # batching cannot change the stitched result
+    again = ex.encode([text] * 3 + ["short"], layers="all", combine="mean", pool="mean", batch_tokens=12)
+    np.testing.assert_allclose(again[0], again[2], atol=1e-5)
+    np.testing.assert_allclose(again[0], stack.select("all").tensor[:, 0].mean(0).mean(0).numpy(), atol=1e-5)
+
+
+def test_truncate_only_when_asked(tiny_dirs):
+    ex = lw.Extractor(str(tiny_dirs["bert"]), device="cpu", max_length=12)
+    text = "The quick brown fox jumps over the lazy dog while EU rejects German call"
+    full = ex.hidden_states([text], layers=-1)
+    cut = ex.hidden_states([text], layers=-1, truncate=True)
+    assert full.tensor.shape[2] > 12 and cut.tensor.shape[2] == 12
+    enc = ex.tokenizer([text], truncation=True, max_length=12, return_tensors="pt")
+    with torch.inference_mode():
+        ref = ex.model(**{k: enc[k] for k in ("input_ids", "attention_mask")}, output_hidden_states=True)
+    torch.testing.assert_close(cut.tensor[0, 0], ref.hidden_states[-1][0], atol=1e-5, rtol=0)
+    assert cut.word_ids[0][-1] is None  # the final [SEP] is kept
+
+
+def test_window_and_batch_planning():
+    assert window_starts(10, 10, 2) == [0]
+    assert window_starts(25, 10, 0) == [0, 10, 15]
+    assert window_starts(1000, 510, 128) == [0, 382, 490]
+    lengths = [5, 50, 7, 49, 3]
+    batches = plan_batches(lengths, batch_tokens=100)
+    assert sorted(i for b in batches for i in b) == list(range(5))
+    assert all(len(b) * max(lengths[i] for i in b) <= 100 or len(b) == 1 for b in batches)
+    assert batches[0][0] == 1  # longest first
+    assert plan_batches(lengths, batch_tokens=1) == [[1], [3], [2], [0], [4]]
+    assert plan_batches(lengths, batch_tokens=1000, sort=False) == [[0, 1, 2, 3, 4]]
