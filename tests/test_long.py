@@ -124,3 +124,17 @@ def test_window_and_batch_planning():
     assert batches[0][0] == 1  # longest first
     assert plan_batches(lengths, batch_tokens=1) == [[1], [3], [2], [0], [4]]
     assert plan_batches(lengths, batch_tokens=1000, sort=False) == [[0, 1, 2, 3, 4]]
+
+
+def test_roberta_words_get_a_prefix_space(tiny_extractors):
+    """Byte-level BPE sees each pre-tokenised word as word-initial (HF's add_prefix_space=True behaviour)."""
+    from layerwise.tokenize import needs_prefix_space, tokenize
+
+    ex = tiny_extractors["roberta"]
+    assert needs_prefix_space(ex.tokenizer) and not needs_prefix_space(tiny_extractors["bert"].tokenizer)
+    tok = tokenize(ex.tokenizer, [["EU", "rejects", "German"]], words=True, template=(1, 1))[0]
+    pieces = ex.tokenizer.convert_ids_to_tokens(tok.ids)
+    starts = [pieces[i] for i in range(1, len(pieces) - 1) if tok.word_ids[i] != tok.word_ids[i - 1]]
+    assert all(p.startswith("Ġ") for p in starts), pieces
+    same = ex.tokenizer(" EU rejects German", verbose=False)["input_ids"]
+    assert tok.ids == same  # identical to the running text with a leading space

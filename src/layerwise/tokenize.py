@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -64,14 +65,32 @@ def special_template(tokenizer) -> tuple[int, int]:
     return n_prefix, n_suffix
 
 
+def needs_prefix_space(tokenizer) -> bool:
+    """Whether pre-tokenised words must get a leading space (byte-level BPE without ``add_prefix_space``).
+
+    RoBERTa-style tokenizers mark word starts with a space ("Ġ"); fed word by word without one, every word
+    would be encoded as if glued to the previous one. Hugging Face's advice is ``add_prefix_space=True`` for
+    pre-tokenised input; layerwise applies the same effect by prefixing each word with a space.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    spec = json.loads(backend.to_str()).get("pre_tokenizer") or {}
+    parts = spec.get("pretokenizers", [spec]) if spec.get("type") == "Sequence" else [spec]
+    return any(p.get("type") == "ByteLevel" and not p.get("add_prefix_space", False) for p in parts)
+
+
 def tokenize(tokenizer, items: Sequence, *, words: bool, template: tuple[int, int]) -> list[Tokenized]:
     """Tokenise texts (``words=False``) or pre-tokenised word lists (``words=True``) without truncation.
 
     Returns one :class:`Tokenized` per item; ``word_ids`` index the words of the item (for texts: the
     tokenizer's own pre-tokenised words).
     """
+    items = list(items)
+    if words and needs_prefix_space(tokenizer):
+        items = [[" " + w for w in ws] for ws in items]
     enc = tokenizer(
-        list(items),
+        items,
         add_special_tokens=True,
         truncation=False,
         is_split_into_words=words,
