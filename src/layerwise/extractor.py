@@ -202,7 +202,7 @@ class Extractor:
                 if len(per_text[text]) == 1:
                     continue
                 got = pending.setdefault(text, {})
-                got[j] = states[:, r, : len(windows[j].ids)]
+                got[j] = states[:, r, : len(windows[j].ids)].clone()  # do not pin the whole batch
                 if len(got) == len(per_text[text]):
                     del pending[text]
                     order = per_text[text]
@@ -339,7 +339,7 @@ class Extractor:
                     with torch.inference_mode():
                         x = combine_layers(group.states, combine, weights=weights, mask=mask)
                         if pool is None:
-                            vecs = [x[r, :n] for r, n in enumerate(group.lengths)]
+                            vecs = [x[r, :n].clone() for r, n in enumerate(group.lengths)]
                         else:
                             vecs = pool_tokens(
                                 x, mask, pool, special=special, skip_special_tokens=skip_special_tokens, pooler=pooler
