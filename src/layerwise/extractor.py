@@ -329,24 +329,15 @@ class Extractor:
         resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
         self._check_pool_fits(pool, combine, resolved, site, skip_special_tokens)
         budget = self._check_budget(batch_tokens or self.batch_tokens)
-        pooler = self._pooler() if pool == "pooler" else None
         results: list = [None] * len(texts)
         with self._progress(len(texts), show_progress) as bar:
-            for start in range(0, len(texts), _CHUNK_TEXTS):
-                toks = self._tokenize(texts[start : start + _CHUNK_TEXTS], words=False, truncate=truncate)
-                for group in self._forward(toks, resolved, site, budget):
-                    mask, special = self._masks(toks, group)
-                    with torch.inference_mode():
-                        x = combine_layers(group.states, combine, weights=weights, mask=mask)
-                        if pool is None:
-                            vecs = [x[r, :n].clone() for r, n in enumerate(group.lengths)]
-                        else:
-                            vecs = pool_tokens(
-                                x, mask, pool, special=special, skip_special_tokens=skip_special_tokens, pooler=pooler
-                            )
-                    for r, text in enumerate(group.texts):
-                        results[start + text] = vecs[r].cpu()
-                    bar.update(len(group.texts))
+            stream = self._stream(
+                texts, words=False, layers=resolved, site=site, combine=combine, weights=weights,
+                reduce=self._sentence_reducer(pool, skip_special_tokens), truncate=truncate, batch_tokens=budget,
+            )
+            for index, vec, _ in stream:
+                results[index] = vec.cpu()
+                bar.update(1)
         if pool is None:
             return [self._out(v, return_tensors) for v in results]
         return self._out(torch.stack(results), return_tensors)
@@ -379,29 +370,77 @@ class Extractor:
         """
         words = _check_texts(words, words=True)
         resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
-        validate_word_pool(subword)
-        if combine == "stack" and subword == "first_last":
-            raise ValueError("subword='first_last' concatenates features; use it with a combine mode other than 'stack'")
+        self._check_subword(subword, combine)
         budget = self._check_budget(batch_tokens or self.batch_tokens)
         results: list = [None] * len(words)
         with self._progress(len(words), show_progress) as bar:
-            for start in range(0, len(words), _CHUNK_TEXTS):
-                chunk = [list(w) for w in words[start : start + _CHUNK_TEXTS]]
-                toks = self._tokenize(chunk, words=True, truncate=truncate)
-                for group in self._forward(toks, resolved, site, budget):
-                    mask, _ = self._masks(toks, group)
-                    with torch.inference_mode():
-                        x = combine_layers(group.states, combine, weights=weights, mask=mask)
-                        vecs = pool_words(
-                            x,
-                            [toks[t].word_ids[:n] for t, n in zip(group.texts, group.lengths)],
-                            [len(chunk[t]) for t in group.texts],
-                            subword,
-                        )
-                    for r, text in enumerate(group.texts):
-                        results[start + text] = vecs[r].cpu()
-                    bar.update(len(group.texts))
+            stream = self._stream(
+                [list(w) for w in words], words=True, layers=resolved, site=site, combine=combine, weights=weights,
+                reduce=self._word_reducer(subword), truncate=truncate, batch_tokens=budget,
+            )
+            for index, vec, _ in stream:
+                results[index] = vec.cpu()
+                bar.update(1)
         return [self._out(v, return_tensors) for v in results]
+
+    # ---- streaming core (also used by the feature store) -------------------------------------------------
+    def _sentence_reducer(self, pool, skip_special_tokens: bool):
+        """``(x, mask, special, rows) -> per-row vectors``: a sentence pool, or token vectors for ``pool=None``."""
+        pooler = self._pooler() if pool == "pooler" else None
+
+        def reduce(x, mask, special, rows):
+            if pool is None:
+                return [x[r, : len(t.ids)].clone() for r, t in enumerate(rows)]
+            return pool_tokens(x, mask, pool, special=special, skip_special_tokens=skip_special_tokens, pooler=pooler)
+
+        return reduce
+
+    @staticmethod
+    def _word_reducer(subword: str):
+        """``(x, mask, special, rows) -> per-row [n_words, D]``, pooled from each word's sub-tokens."""
+
+        def reduce(x, mask, special, rows):
+            return pool_words(x, [t.word_ids for t in rows], [t.n_words for t in rows], subword)
+
+        return reduce
+
+    @staticmethod
+    def _check_subword(subword: object, combine) -> None:
+        validate_word_pool(subword)
+        if combine == "stack" and subword == "first_last":
+            raise ValueError("subword='first_last' concatenates features; use it with a combine mode other than 'stack'")
+
+    def _stream(
+        self,
+        items: list,
+        *,
+        words: bool,
+        layers: tuple[int, ...],
+        site: str,
+        combine,
+        weights,
+        reduce,
+        truncate: bool,
+        batch_tokens: int,
+    ) -> Iterator[tuple[int, torch.Tensor, Tokenized]]:
+        """Yield ``(index, vector, tokenized)`` for every item, in completion order (not input order).
+
+        Items are tokenised and length-sorted ``_CHUNK_TEXTS`` at a time, so memory stays bounded. ``vector`` is
+        whatever ``reduce`` makes of the row (on the model's device); arguments are already validated.
+        """
+        for start in range(0, len(items), _CHUNK_TEXTS):
+            chunk = items[start : start + _CHUNK_TEXTS]
+            toks = self._tokenize(chunk, words=words, truncate=truncate)
+            for t, item in zip(toks, chunk):
+                t.n_words = len(item) if words else 0
+            for group in self._forward(toks, layers, site, batch_tokens):
+                mask, special = self._masks(toks, group)
+                rows = [toks[i] for i in group.texts]  # group.lengths[r] == len(rows[r].ids)
+                with torch.inference_mode():
+                    x = combine_layers(group.states, combine, weights=weights, mask=mask)
+                    vecs = reduce(x, mask, special, rows)
+                for r, i in enumerate(group.texts):
+                    yield start + i, vecs[r], toks[i]
 
     # ---- helpers ----------------------------------------------------------------------------------------
     def _check_pool_fits(self, pool, combine, layers, site, skip_special_tokens) -> None:

@@ -40,6 +40,7 @@ class Tokenized:
     special: list[bool]
     n_prefix: int
     n_suffix: int
+    n_words: int = 0  # pre-tokenised input: how many words the item has (some may produce no token)
 
     @property
     def n_content(self) -> int:
