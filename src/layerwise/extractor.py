@@ -70,6 +70,12 @@ def _check_texts(texts: object, *, words: bool = False) -> list:
     return list(texts)
 
 
+def _int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int (tokens), got {value!r}")
+    return value
+
+
 class Extractor:
     """Hidden layers of a BERT-family encoder as features.
 
@@ -113,7 +119,7 @@ class Extractor:
             )
         )
         limit = self.loaded.max_length
-        self.max_length = limit if max_length is None else int(max_length)
+        self.max_length = limit if max_length is None else _int(max_length, "max_length")
         self._template = special_template(self.loaded.tokenizer)
         n_special = sum(self._template)
         if not n_special < self.max_length <= limit:
@@ -122,7 +128,7 @@ class Extractor:
                 f"included)"
             )
         capacity = self.max_length - n_special
-        self.stride = capacity // 4 if stride is None else int(stride)
+        self.stride = capacity // 4 if stride is None else _int(stride, "stride")
         if not 0 <= self.stride < capacity:
             raise ValueError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
         self.batch_tokens = self._check_budget(batch_tokens)
@@ -262,7 +268,7 @@ class Extractor:
         """
         texts = _check_texts(texts)
         resolved, site = self._prepare(layers, site)
-        budget = self._check_budget(batch_tokens or self.batch_tokens)
+        budget = self._check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         toks = self._tokenize(texts, words=False, truncate=truncate)
         longest = max(len(t.ids) for t in toks)
         width = self.loaded.site_width(site)
@@ -328,7 +334,7 @@ class Extractor:
         texts = _check_texts(texts)
         resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
         self._check_pool_fits(pool, combine, resolved, site, skip_special_tokens)
-        budget = self._check_budget(batch_tokens or self.batch_tokens)
+        budget = self._check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         results: list = [None] * len(texts)
         with self._progress(len(texts), show_progress) as bar:
             stream = self._stream(
@@ -371,7 +377,7 @@ class Extractor:
         words = _check_texts(words, words=True)
         resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
         self._check_subword(subword, combine)
-        budget = self._check_budget(batch_tokens or self.batch_tokens)
+        budget = self._check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         results: list = [None] * len(words)
         with self._progress(len(words), show_progress) as bar:
             stream = self._stream(

@@ -201,7 +201,10 @@ def load_model(
             f"--local-dir ./models/{source.split('/')[-1]}`) and pass that directory: "
             f"Extractor('./models/{source.split('/')[-1]}'). Original error: {str(exc).splitlines()[0]}"
         ) from exc
-    family = family_for(getattr(config, "model_type", ""))
+    try:
+        family = family_for(getattr(config, "model_type", ""))
+    except ValueError as exc:
+        raise ModelLoadError(f"{source!r}: {exc}") from None
     try:
         with _quiet_transformers():
             net = AutoModel.from_pretrained(

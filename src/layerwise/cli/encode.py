@@ -12,7 +12,7 @@ import typer
 
 from .options import (
     AllowPickleOpt, DeviceOpt, DtypeOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, extractor, parse_layers,
-    user_errors,
+    parse_weights,    user_errors,
 )
 
 FORMATS = ("json", "npy")
@@ -42,7 +42,7 @@ def encode(
         if texts == ["-"]:
             texts = [line.rstrip("\n") for line in sys.stdin]
         pool_mode = None if pool == "none" else pool
-        w = [float(x) for x in weights.split(",")] if weights else None
+        w = parse_weights(weights)
         ex = extractor(model, device, dtype, allow_pickle, trust_remote_code)
         out = ex.encode(texts, layers=parse_layers(layers), combine=combine, pool=pool_mode, site=site, weights=w,
                         skip_special_tokens=skip_special, truncate=truncate)
@@ -52,7 +52,7 @@ def encode(
                 "model": ex.loaded.name,
                 "layers": list(ex._prepare(parse_layers(layers), site)[0]),
                 "site": site, "combine": combine, "pool": pool,
-                "shape": [len(out), *out[0].shape] if pool_mode is None else list(out.shape),
+                "shape": [[*v.shape] for v in out] if pool_mode is None else list(out.shape),
                 "vectors": vectors,
             }
             text = json.dumps(doc)

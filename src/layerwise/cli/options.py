@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 ModelOpt = typer.Option(None, "--model", "-m", help="Local model directory or hub id (default: embedded all-MiniLM-L6-v2).")
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu).")
@@ -27,10 +29,26 @@ def parse_layers(text: str):
     """CLI layer text -> spec: '0,2,4' -> [0, 2, 4]; '-1' -> -1; slices and names stay strings."""
     text = text.strip()
     if "," in text:
-        return [int(p) if p.strip().lstrip("-").isdigit() else p.strip() for p in text.split(",") if p.strip()]
-    if text.lstrip("-").isdigit():
-        return int(text)
-    return text
+        return [_int_or_text(p) for p in text.split(",") if p.strip()]
+    return _int_or_text(text)
+
+
+def _int_or_text(part: str):
+    part = part.strip()
+    return int(part) if re.fullmatch(r"-?\d+", part) else part
+
+
+def parse_weights(text: Optional[str]) -> Optional[list[float]]:
+    """'0.1,0.2,0.7' -> [0.1, 0.2, 0.7]; ``ValueError`` naming the bad item."""
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise ValueError(f"--weights item {part!r} is not a number; give e.g. --weights 0.25,0.25,0.5") from None
+    return out
 
 
 @contextlib.contextmanager
@@ -39,7 +57,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (ValueError, TypeError, OSError, KeyError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
