@@ -19,6 +19,7 @@ from .layers import SITES, resolve_layers
 from .loading import LoadedModel, ModelLoadError, default_model_path, load_model
 from .pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
 from .stack import LayerStack
+from .store import ExtractError, FeatureStore, extract, open_store
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,10 @@ __all__ = [
     "SITES",
     "SUPPORTED_MODEL_TYPES",
     "ScalarMix",
+    "ExtractError",
+    "FeatureStore",
+    "extract",
+    "open_store",
     "WORD_POOL_MODES",
     "__version__",
     "capture",

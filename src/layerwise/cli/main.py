@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, encode
+from . import demo, encode, export, extract, inspect
 
 app = typer.Typer(
     name="layerwise",
@@ -15,6 +15,9 @@ app = typer.Typer(
 )
 app.command("demo")(demo.demo)
 app.command("encode")(encode.encode)
+app.command("extract")(extract.extract)
+app.command("inspect")(inspect.inspect)
+app.command("export")(export.export)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,61 @@
+"""``layerwise extract INPUT -o STORE``: corpus-scale, resumable extraction into a feature store."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from .options import (
+    AllowPickleOpt, DeviceOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, err_console, extractor, parse_layers,
+    parse_weights, user_errors,
+)
+
+
+def extract(
+    input: str = typer.Argument(..., help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, CoNLL-2003, .conllu, or - (stdin)."),
+    output: str = typer.Option(..., "--output", "-o", help="Store directory (created; resumed if it holds this run)."),
+    layers: str = LayersOpt,
+    site: str = SiteOpt,
+    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted or stack."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
+    pool: str = typer.Option("mean", "--pool", "-p", help="Sentence pool: cls, pooler, mean, max, mean_max, last."),
+    level: str = typer.Option("sentence", "--level", help="sentence (one vector a record), token or word (ragged)."),
+    subword: str = typer.Option("first", "--subword", help="Word level: first, last, mean, max or first_last."),
+    skip_special: bool = typer.Option(False, "--skip-special", help="Leave special tokens out of the sentence pool."),
+    truncate: bool = typer.Option(False, "--truncate", help="Cut long texts at the model maximum instead of windowing."),
+    dtype: str = typer.Option("float32", "--dtype", help="Store dtype: float32 or float16."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="Input format if the suffix does not tell: txt, jsonl, csv, tsv, parquet, conll, conllu."),
+    text_field: Optional[str] = typer.Option(None, "--text-field", "--text-column", help="Column/field with the text (default: text, else sentence)."),
+    keep: List[str] = typer.Option([], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Token budget per forward batch (default 8192)."),
+    max_records: Optional[int] = typer.Option(None, "--max-records", help="Stop after this many records in the store."),
+    shard_records: Optional[int] = typer.Option(None, "--shard-records", help="Records per shard (default: ~64 MB of features)."),
+    strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of logging and skipping it."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a store made with other options."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary line."),
+    model: Optional[str] = ModelOpt,
+    device: Optional[str] = DeviceOpt,
+    compute_dtype: Optional[str] = typer.Option(None, "--compute-dtype", help="Model dtype: float32 (default), float16/bfloat16 (CUDA)."),
+    allow_pickle: bool = AllowPickleOpt,
+    trust_remote_code: bool = TrustCodeOpt,
+) -> None:
+    """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
+    from ..store import extract as run_extract
+
+    with user_errors():
+        kept = [k.strip() for item in keep for k in item.split(",") if k.strip()]
+        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code)
+        summary = run_extract(
+            input, output, model=ex, layers=parse_layers(layers), site=site, combine=combine,
+            weights=parse_weights(weights), pool=pool, level=level, subword=subword, skip_special_tokens=skip_special,
+            truncate=truncate, dtype=dtype, format=fmt, text_field=text_field, keep=kept, batch_tokens=batch_tokens,
+            max_records=max_records, shard_records=shard_records, strict=strict, overwrite=overwrite,
+            progress=False if quiet else None,
+        )
+    if not quiet:
+        err_console.print(summary.line(), highlight=False, soft_wrap=True)
+    if summary.skipped and not quiet:
+        err_console.print(f"{summary.skipped} skipped records are listed in {output}/errors.jsonl", highlight=False)
+    sys.stderr.flush()

@@ -1,0 +1,55 @@
+"""``layerwise inspect STORE``: manifest, counts, sizes and a sample of a feature store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .options import user_errors
+
+
+def inspect(
+    store: str = typer.Argument(..., help="A store directory written by layerwise extract."),
+    sample: int = typer.Option(3, "--sample", help="How many records to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON only."),
+) -> None:
+    """Print a store's provenance, counts, sizes and a few records."""
+    from ..store import open_store
+
+    with user_errors():
+        st = open_store(store)
+    if as_json:
+        print(json.dumps(st.manifest, indent=2))
+        return
+    console = Console()
+    o, src, counts = st.options, st.manifest["input"], st.manifest.get("counts", {})
+    table = Table(title=f"layerwise store {store}", show_header=False)
+    rows = [
+        ("status", st.manifest.get("status")),
+        ("model", f"{o['model']} ({o['family']}, {o['num_layers']} layers) sha256 {str(o.get('model_sha256'))[:12]}"),
+        ("layers / site", f"{o['layers']} / {o['site']}"),
+        ("combine", o["combine"] + (f" {o['weights']}" if o.get("weights") else "")),
+        ("level", o["level"] + (f", pool {o['pool']}" if o["pool"] else "") + (f", subword {o['subword']}" if o["subword"] else "")),
+        ("features", f"{list(st.feature_shape)} {o['dtype']}"),
+        ("input", f"{src['path']} ({src['format']}) sha256 {str(src.get('sha256'))[:12]}"),
+        ("kept columns", ", ".join(st.columns) or "-"),
+        ("records", f"{len(st)} ({counts.get('skipped', 0)} skipped)"),
+        ("rows / tokens", f"{st.num_rows} / {counts.get('tokens', 0)}"),
+        ("shards / bytes", f"{st.num_shards} / {st.nbytes:,}"),
+        ("layerwise", f"{st.manifest.get('layerwise_version')} (created {st.manifest.get('created')})"),
+    ]
+    for k, v in rows:
+        table.add_row(k, str(v))
+    console.print(table)
+    for i in range(min(sample, len(st))):
+        x = np.asarray(st[i], dtype=np.float32)
+        extra = ""
+        if st.level == "word":
+            extra = " words " + " ".join(st.words(i))[:60]
+        cols = {c: st.column(c)[i] for c in st.columns}
+        console.print(f"record {i} (line {int(st.lines[i])}): shape {list(x.shape)} mean {x.mean():+.4f} "
+                      f"norm {np.linalg.norm(x.reshape(-1)):.3f}{extra} {cols if cols else ''}", highlight=False)

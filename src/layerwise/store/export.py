@@ -1,0 +1,152 @@
+"""Export a feature store to files that other tools read without layerwise (streamed shard by shard).
+
+==========  ==================================================================================================
+format      what is written
+==========  ==================================================================================================
+``npy``     a directory: ``features.npy`` (``[records, *F]``, or flat ``[N, *F]`` rows for token/word level),
+            ``offsets.npy`` (token/word level, ``[records + 1]``), ``lines.npy``, one ``<column>.npy`` per kept
+            column (numbers, or fixed-width unicode; lists are stored as JSON strings), ``manifest.json``
+``hdf5``    one file: datasets ``features``, ``offsets``, ``lines``, ``columns/<name>``; the manifest as the
+            JSON attribute ``manifest``
+``parquet`` one file, one row per record: ``line``, the kept columns and ``features`` (a list of floats, or
+            a list of per-token lists at token/word level)
+==========  ==================================================================================================
+
+Example::
+
+    >>> from layerwise.store import open_store, export
+    >>> export(open_store("feats"), "feats.h5", to="hdf5")          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .reader import FeatureStore
+
+ExportFormat = Literal["npy", "hdf5", "parquet"]
+EXPORT_FORMATS = ("npy", "hdf5", "parquet")
+
+
+def _column_array(values: list) -> np.ndarray:
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return np.asarray(values)
+    text = [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in values]
+    return np.asarray(text, dtype=str)
+
+
+def _flat_rows(store: FeatureStore) -> int:
+    return len(store) if store.level == "sentence" else store.num_rows
+
+
+def _chunks(store: FeatureStore):
+    """``(rows [n, *F] flat, lengths or None)`` per shard-sized chunk, in record order."""
+    for batch in store.iter_chunks(size=4096):
+        if store.level == "sentence":
+            yield np.asarray(batch), None
+        else:
+            lengths = [b.shape[0] for b in batch]
+            rows = np.concatenate(batch) if batch else np.zeros((0,) + store.feature_shape, store.dtype)
+            yield rows, lengths
+
+
+def _to_npy(store: FeatureStore, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    feats = np.lib.format.open_memmap(out / "features.npy", mode="w+", dtype=store.dtype,
+                                      shape=(_flat_rows(store),) + store.feature_shape)
+    offsets = [0]
+    pos = 0
+    for rows, lengths in _chunks(store):
+        feats[pos : pos + len(rows)] = rows
+        pos += len(rows)
+        if lengths is not None:
+            offsets.extend(np.cumsum(lengths) + offsets[-1])
+    feats.flush()
+    del feats
+    if store.level != "sentence":
+        np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    np.save(out / "lines.npy", store.lines)
+    for name in store.columns:
+        np.save(out / f"{name}.npy", _column_array(store.column(name)), allow_pickle=False)
+    (out / "manifest.json").write_text(json.dumps(store.manifest, indent=2), encoding="utf-8")
+
+
+def _to_hdf5(store: FeatureStore, out: Path) -> None:
+    try:
+        import h5py
+    except ImportError as exc:  # pragma: no cover - h5py is a dependency
+        raise ValueError("export to hdf5 needs h5py: pip install h5py") from exc
+    with h5py.File(out, "w") as f:
+        feats = f.create_dataset("features", shape=(_flat_rows(store),) + store.feature_shape, dtype=store.dtype,
+                                 chunks=True)
+        offsets = [0]
+        pos = 0
+        for rows, lengths in _chunks(store):
+            feats[pos : pos + len(rows)] = rows
+            pos += len(rows)
+            if lengths is not None:
+                offsets.extend(np.cumsum(lengths) + offsets[-1])
+        if store.level != "sentence":
+            f.create_dataset("offsets", data=np.asarray(offsets, dtype=np.int64))
+        f.create_dataset("lines", data=store.lines)
+        group = f.create_group("columns")
+        for name in store.columns:
+            arr = _column_array(store.column(name))
+            if arr.dtype.kind == "U":
+                group.create_dataset(name, data=arr.astype(object), dtype=h5py.string_dtype())
+            else:
+                group.create_dataset(name, data=arr)
+        f.attrs["manifest"] = json.dumps(store.manifest)
+        f.attrs["level"] = store.level
+
+
+def _to_parquet(store: FeatureStore, out: Path) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise ValueError("export to parquet needs pyarrow: pip install pyarrow") from exc
+    columns = {name: store.column(name) for name in store.columns}
+    lines = store.lines
+    writer = None
+    start = 0
+    try:
+        for batch in store.iter_chunks(size=4096):
+            n = len(batch)
+            if store.level == "sentence":
+                arr = np.asarray(batch).reshape(n, -1)
+                feats = pa.FixedSizeListArray.from_arrays(pa.array(arr.ravel()), arr.shape[1])
+            else:
+                feats = pa.array([b.reshape(b.shape[0], -1).tolist() for b in batch])
+            data = {"line": pa.array(lines[start : start + n])}
+            data.update({k: pa.array([_plain(v) for v in vals[start : start + n]]) for k, vals in columns.items()})
+            data["features"] = feats
+            table = pa.table(data)
+            if writer is None:
+                meta = {b"layerwise_manifest": json.dumps(store.manifest).encode()}
+                writer = pq.ParquetWriter(out, table.schema.with_metadata(meta))
+            writer.write_table(table)
+            start += n
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _plain(value):
+    return value if isinstance(value, (str, int, float, bool, list)) or value is None else json.dumps(value)
+
+
+def export(store: FeatureStore | str | os.PathLike, out: str | os.PathLike, *, to: str) -> Path:
+    """Write ``store`` to ``out`` as ``npy`` (a directory), ``hdf5`` or ``parquet``; returns ``out``."""
+    if not isinstance(store, FeatureStore):
+        store = FeatureStore(store)
+    if to not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
+    out = Path(out)
+    {"npy": _to_npy, "hdf5": _to_hdf5, "parquet": _to_parquet}[to](store, out)
+    return out

@@ -1,0 +1,520 @@
+"""Corpus-scale extraction into a crash-safe, resumable feature store (the engine of ``layerwise extract``).
+
+The run reads the input as a stream, encodes ``shard_records`` records at a time and writes each batch as one
+shard (atomic rename), so memory is bounded by one shard whatever the corpus size, and an interruption loses
+at most the shard in progress. The manifest is written before the first shard with the run's options and
+provenance; a rerun of the same command resumes after the last finished shard, a rerun with other options is
+refused (naming the option) unless ``overwrite=True``, and a finished store is left as it is.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> summary = lw.extract("corpus.txt", "feats", layers="-4:", combine="concat", pool="mean")  # doctest: +SKIP
+    >>> store = lw.open_store("feats"); store.to_numpy().shape                                   # doctest: +SKIP
+    (20000, 1536)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Callable, Literal, Sequence
+
+import numpy as np
+import torch
+
+from ..extractor import Extractor
+from ..readers import BadRecord, Record, detect_format, read_records
+from .shards import ERRORS, MANIFEST, list_shards, read_json, remove_temporaries, shard_name, write_json, write_shard
+
+Level = Literal["sentence", "token", "word"]
+LEVELS = ("sentence", "token", "word")
+STORE_DTYPES = {"float32": np.float32, "float16": np.float16}
+FORMAT_VERSION = 1
+_SHARD_BYTES = 64 << 20  # target shard size; bounds memory per shard
+
+
+class ExtractError(ValueError):
+    """A run that cannot start or must stop (bad options, a store mismatch, a bad record under ``strict``)."""
+
+
+@dataclass
+class ExtractSummary:
+    """What one run did. ``records``/``tokens``/``skipped`` count this run; ``total_records`` the whole store."""
+
+    store: str
+    records: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    write_seconds: float = 0.0
+    bytes_written: int = 0
+    shards_written: int = 0
+    total_records: int = 0
+    resumed_from: int = 0
+    status: str = "complete"  # complete | partial (stopped at max_records) | already_complete
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        """The one-line summary the command prints."""
+        if self.status == "already_complete":
+            return f"{self.store}: already complete ({self.total_records} records); nothing to do"
+        resumed = f", resumed after {self.resumed_from}" if self.resumed_from else ""
+        return (
+            f"{self.records} records, {self.tokens} tokens in {self.seconds:.1f}s ({self.tokens_per_second:,.0f} "
+            f"tokens/s), {self.bytes_written / 1e6:.1f} MB written in {self.shards_written} shards, "
+            f"{self.skipped} skipped{resumed} -> {self.store} ({self.total_records} records)"
+        )
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_sha256(model_dir: str) -> str | None:
+    """One hash over the model's weight files (safetensors, else pickle checkpoints); ``None`` for hub ids."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        return None
+    files = sorted(root.glob("*.safetensors")) or sorted(root.glob("pytorch_model*.bin"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(file_sha256(f).encode())
+    return h.hexdigest() if files else None
+
+
+def _model_dir(ex: Extractor) -> str:
+    path = getattr(ex.model, "name_or_path", "") or ex.loaded.name
+    return str(getattr(ex.model.config, "_name_or_path", "") or path)
+
+
+def _count_records(path: str, fmt: str) -> int | None:
+    """A quick estimate of the number of records (for the progress bar's ETA); ``None`` when unknown."""
+    if path == "-":
+        return None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    n = blocks = 0
+    prev_blank = True
+    with open(path, "rb") as fh:
+        for line in fh:
+            blank = not line.strip()
+            n += not blank
+            blocks += (not blank) and prev_blank
+            prev_blank = blank
+    if fmt in ("conll", "conllu"):
+        return blocks
+    return n - 1 if fmt in ("csv", "tsv") else n
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out.append(f"{prefix}{key} (store: {json.dumps(a)}, now: {json.dumps(b)})")
+    return out
+
+
+@dataclass
+class _Plan:
+    """Validated options of a run: what is compared on resume lives in ``options`` and ``input``."""
+
+    options: dict
+    input: dict
+    feature_shape: list[int]
+    layers: tuple[int, ...]
+    kwargs: dict = field(default_factory=dict)
+
+
+def _plan(
+    ex: Extractor, input_path: str, fmt: str, *, layers, site, combine, weights, pool, level, subword,
+    skip_special_tokens, truncate, dtype, text_field, keep,
+) -> _Plan:
+    if level not in LEVELS:
+        raise ExtractError(f"unknown level {level!r}. Valid levels are: {', '.join(LEVELS)}")
+    if dtype not in STORE_DTYPES:
+        raise ExtractError(f"unknown store dtype {dtype!r}. Valid dtypes are: {', '.join(STORE_DTYPES)}")
+    if not isinstance(combine, str):
+        raise ExtractError("the store needs a named combine mode (concat, sum, mean, weighted, stack), not a module")
+    resolved, site = ex._prepare(layers, site, combine, weights)
+    if level == "sentence":
+        if pool is None or not isinstance(pool, str):
+            raise ExtractError("level 'sentence' needs a named pool (cls, pooler, mean, max, mean_max, last)")
+        ex._check_pool_fits(pool, combine, resolved, site, skip_special_tokens)
+    elif level == "word":
+        ex._check_subword(subword, combine)
+    width = ex.loaded.site_width(site)
+    k = len(resolved)
+    shape = [k * width] if combine == "concat" else ([k, width] if combine == "stack" else [width])
+    if level == "sentence" and pool == "mean_max":
+        shape[-1] *= 2
+    if level == "word" and subword == "first_last":
+        shape[-1] *= 2
+    tok = ex.tokenizer
+    options = {
+        "model": ex.loaded.name,
+        "model_sha256": weights_sha256(_model_dir(ex)),
+        "family": ex.loaded.family.name,
+        "num_layers": ex.num_layers,
+        "layers": list(resolved),
+        "site": site,
+        "combine": combine,
+        "weights": None if weights is None else [float(w) for w in weights],
+        "level": level,
+        "pool": pool if level == "sentence" else None,
+        "skip_special_tokens": bool(skip_special_tokens) if level == "sentence" else None,
+        "subword": subword if level == "word" else None,
+        "dtype": dtype,
+        "truncate": bool(truncate),
+        "tokenizer": {
+            "class": type(tok).__name__,
+            "vocab_size": len(tok),
+            "max_length": ex.max_length,
+            "stride": ex.stride,
+            "do_lower_case": getattr(tok, "do_lower_case", None),
+        },
+    }
+    source = {
+        "path": os.path.abspath(input_path) if input_path != "-" else "-",
+        "format": fmt,
+        "sha256": file_sha256(input_path) if input_path != "-" else None,
+        "text_field": text_field,
+        "keep": list(keep),
+    }
+    return _Plan(options, source, shape, resolved)
+
+
+class _Run:
+    """State of one extraction run into ``store``."""
+
+    def __init__(self, ex: Extractor, store: Path, plan: _Plan, batch_tokens: int):
+        self.ex, self.store, self.plan, self.budget = ex, store, plan, batch_tokens
+        self.dtype = STORE_DTYPES[plan.options["dtype"]]
+        self.level = plan.options["level"]
+        self.manifest: dict = {}
+        self.shards: list[dict] = []
+
+    # ---- store state -----------------------------------------------------------------------------------
+    def open(self, overwrite: bool) -> str:
+        """Prepare the directory; returns ``new``, ``resume`` or ``complete``."""
+        store = self.store
+        mpath = store / MANIFEST
+        if store.exists() and not store.is_dir():
+            raise ExtractError(f"store path {str(store)!r} is a file; give a directory (new or a layerwise store)")
+        if store.is_dir() and any(store.iterdir()) and not mpath.exists():
+            raise ExtractError(
+                f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); choose a new or "
+                f"empty directory (layerwise never deletes files it did not write)"
+            )
+        if mpath.exists():
+            old = read_json(mpath)
+            diffs = _differences(
+                {"options": old.get("options", {}), "input": old.get("input", {})},
+                {"options": self.plan.options, "input": self.plan.input},
+            )
+            if diffs and not overwrite:
+                raise ExtractError(
+                    f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the "
+                    f"store's options to resume, pick another output directory, or pass --overwrite to replace it"
+                )
+            if diffs or overwrite:
+                self._wipe()
+            else:
+                self.manifest = old
+                remove_temporaries(store)
+                self._load_shards()
+                return "complete" if old.get("status") == "complete" else "resume"
+        store.mkdir(parents=True, exist_ok=True)
+        self.manifest = {
+            "format": "layerwise-store",
+            "format_version": FORMAT_VERSION,
+            "layerwise_version": _version(),
+            "created": _now(),
+            "status": "running",
+            "options": self.plan.options,
+            "input": self.plan.input,
+            "feature_shape": self.plan.feature_shape,
+            "counts": {},
+            "shards": [],
+        }
+        write_json(store / MANIFEST, self.manifest)
+        (store / ERRORS).write_bytes(b"")
+        return "new"
+
+    def _wipe(self) -> None:
+        for p in list_shards(self.store):
+            p.unlink()
+        remove_temporaries(self.store)
+        for name in (MANIFEST, ERRORS):
+            (self.store / name).unlink(missing_ok=True)
+
+    def _load_shards(self) -> None:
+        from .shards import ShardFile
+
+        self.shards = []
+        for p in list_shards(self.store):
+            sf = ShardFile(p)
+            lines = sf.array("lines")
+            self.shards.append(
+                {"file": p.name, "records": int(lines.shape[0]), "rows": int(sf.shape("features")[0]),
+                 "tokens": int(sf.metadata.get("tokens", 0)), "first_line": int(lines[0]),
+                 "last_line": int(lines[-1]), "bytes": p.stat().st_size}
+            )
+
+    @property
+    def done_records(self) -> int:
+        return sum(s["records"] for s in self.shards)
+
+    @property
+    def resume_line(self) -> int:
+        return self.shards[-1]["last_line"] if self.shards else 0
+
+    def trim_errors(self) -> int:
+        """Keep the logged errors up to the resume point (later ones are met again); returns how many are kept."""
+        path = self.store / ERRORS
+        kept = []
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by the interruption
+                if entry.get("line", 0) <= self.resume_line:
+                    kept.append(line)
+        from .shards import atomic_write_bytes
+
+        atomic_write_bytes(path, "".join(k + "\n" for k in kept).encode("utf-8"))
+        return len(kept)
+
+    def write_manifest(self, status: str, skipped_total: int) -> None:
+        m = self.manifest
+        m["status"] = status
+        m["updated"] = _now()
+        m["shards"] = self.shards
+        m["counts"] = {
+            "records": self.done_records,
+            "rows": sum(s["rows"] for s in self.shards),
+            "tokens": sum(s["tokens"] for s in self.shards),
+            "skipped": skipped_total,
+            "shards": len(self.shards),
+            "bytes": sum(s["bytes"] for s in self.shards),
+        }
+        write_json(self.store / MANIFEST, m)
+
+    # ---- encoding -----------------------------------------------------------------------------------------
+    def encode(self, records: list[Record]) -> tuple[dict[str, np.ndarray], dict[str, str], int]:
+        """Features of ``records`` as shard tensors + metadata, and the number of tokens run."""
+        o, ex = self.plan.options, self.ex
+        words = self.level == "word"
+        items = [r.words if r.words is not None else r.text.split() for r in records] if words else [r.text for r in records]
+        if words:
+            reduce = ex._word_reducer(o["subword"])
+        else:
+            reduce = ex._sentence_reducer(o["pool"] if self.level == "sentence" else None, bool(o["skip_special_tokens"]))
+        out: list = [None] * len(records)
+        ids: list = [None] * len(records)
+        tokens = 0
+        for index, vec, tok in ex._stream(
+            items, words=words, layers=self.plan.layers, site=o["site"], combine=o["combine"], weights=o["weights"],
+            reduce=reduce, truncate=o["truncate"], batch_tokens=self.budget,
+        ):
+            out[index] = vec.to("cpu", torch.float32).numpy().astype(self.dtype, copy=False)
+            ids[index] = tok.ids
+            tokens += len(tok.ids)
+        d = int(np.prod(self.plan.feature_shape))
+        tensors: dict[str, np.ndarray] = {"lines": np.array([r.line for r in records], dtype=np.int64)}
+        if self.level == "sentence":
+            tensors["features"] = np.stack(out).reshape(len(records), d)
+        else:
+            lengths = [v.shape[0] for v in out]
+            tensors["features"] = np.concatenate([v.reshape(-1, d) for v in out]) if out else np.zeros((0, d), self.dtype)
+            tensors["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            if self.level == "token":
+                tensors["token_ids"] = np.concatenate([np.asarray(i, dtype=np.int32) for i in ids])
+        meta = {"tokens": str(tokens)}
+        keep = self.plan.input["keep"]
+        if keep:
+            meta["columns"] = json.dumps({k: [r.fields.get(k) for r in records] for k in keep}, ensure_ascii=False)
+        if words:
+            meta["words"] = json.dumps(items, ensure_ascii=False)
+        return tensors, meta, tokens
+
+    def flush(self, records: list[Record]) -> tuple[int, int, float]:
+        """Encode and write one shard; returns (tokens, bytes, seconds spent writing)."""
+        tensors, meta, tokens = self.encode(records)
+        t0 = time.perf_counter()
+        name = shard_name(len(self.shards))
+        size = write_shard(self.store / name, tensors, meta)
+        self.shards.append(
+            {"file": name, "records": len(records), "rows": int(tensors["features"].shape[0]), "tokens": tokens,
+             "first_line": records[0].line, "last_line": records[-1].line, "bytes": size}
+        )
+        return tokens, size, time.perf_counter() - t0
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def extract(
+    input: str | os.PathLike,
+    store: str | os.PathLike,
+    *,
+    model: str | os.PathLike | Extractor | None = None,
+    layers=-1,
+    site: str = "block",
+    combine: str = "concat",
+    weights: Sequence[float] | None = None,
+    pool: str | None = "mean",
+    level: Level = "sentence",
+    subword: str = "first",
+    skip_special_tokens: bool = False,
+    truncate: bool = False,
+    dtype: str = "float32",
+    format: str | None = None,
+    text_field: str | None = None,
+    keep: Sequence[str] = (),
+    batch_tokens: int | None = None,
+    max_records: int | None = None,
+    shard_records: int | None = None,
+    strict: bool = False,
+    overwrite: bool = False,
+    device: str | None = None,
+    progress: bool | None = None,
+    stdin: IO[bytes] | None = None,
+    on_shard: Callable[[int], None] | None = None,
+) -> ExtractSummary:
+    """Extract features for every record of ``input`` into the store directory ``store``.
+
+    Args:
+        input: a corpus file (txt, jsonl, csv, tsv, parquet, CoNLL-2003, CoNLL-U) or ``"-"`` for stdin.
+        store: output directory; created, resumed, or (``overwrite``) replaced.
+        model: model directory / hub id / an :class:`Extractor` (default: embedded all-MiniLM-L6-v2).
+        layers, site, combine, weights: as in :meth:`Extractor.encode` (combine must be a named mode).
+        pool: sentence pool (``level="sentence"``).
+        level: ``sentence`` (``[records, D]``), ``token`` (one row per token, special tokens included) or
+            ``word`` (one row per word: CoNLL words, else whitespace-split words; pooled with ``subword``).
+        dtype: ``float32`` or ``float16`` on disk (compute stays in the model's dtype).
+        format, text_field, keep: see :func:`layerwise.readers.read_records`.
+        max_records: stop after this many records in the store.
+        shard_records: records per shard (default: about 64 MB of features per shard).
+        strict: stop at the first bad record (``ExtractError`` with its line and reason) instead of skipping it.
+        progress: show a progress bar (default: when stderr is a terminal).
+        on_shard: called with the shard count after each shard is written (tests, monitoring).
+
+    Returns:
+        An :class:`ExtractSummary`.
+
+    Raises:
+        ExtractError (a ValueError): bad options, a store made with other options, a non-store directory,
+            a bad record under ``strict``.
+    """
+    input_path = os.fspath(input)
+    fmt = detect_format(input_path, format)
+    if max_records is not None and (isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1):
+        raise ExtractError(f"max_records must be a positive int, got {max_records!r}")
+    if shard_records is not None and (not isinstance(shard_records, int) or shard_records < 1):
+        raise ExtractError(f"shard_records must be a positive int, got {shard_records!r}")
+    if input_path != "-" and not Path(input_path).is_file():
+        raise ExtractError(f"input file {input_path!r} does not exist (or is not a file)")
+    ex = model if isinstance(model, Extractor) else Extractor(model, device=device)
+    budget = ex._check_budget(batch_tokens or ex.batch_tokens)
+    plan = _plan(
+        ex, input_path, fmt, layers=layers, site=site, combine=combine, weights=weights, pool=pool, level=level,
+        subword=subword, skip_special_tokens=skip_special_tokens, truncate=truncate, dtype=dtype,
+        text_field=text_field, keep=keep,
+    )
+    # Start reading before touching the store: header and --keep problems must not leave a store behind.
+    items = read_records(input_path, fmt, text_field=text_field, keep=keep, stdin=stdin)
+    first = next(items, None)
+    items = itertools.chain([first] if first is not None else [], items)
+    run = _Run(ex, Path(store), plan, budget)
+    state = run.open(overwrite)
+    summary = ExtractSummary(store=os.fspath(store), resumed_from=run.done_records)
+    if state == "complete" or (state == "resume" and max_records is not None and run.done_records >= max_records):
+        summary.status, summary.total_records = "already_complete", run.done_records
+        return summary
+    skipped_before = run.trim_errors()
+    t_start = time.perf_counter()
+    per_shard = shard_records or max(16, _SHARD_BYTES // (int(np.prod(plan.feature_shape)) * np.dtype(run.dtype).itemsize * (1 if level == "sentence" else 48)))
+    show = sys.stderr.isatty() if progress is None else progress
+    total = _count_records(input_path, fmt) if show else None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=run.done_records, disable=not show, unit="rec", desc="extract", file=sys.stderr,
+               dynamic_ncols=True)
+    buffer: list[Record] = []
+    limit = max_records
+    errors_fh = open(run.store / ERRORS, "a", encoding="utf-8")
+
+    def flush() -> None:
+        tokens, size, wsec = run.flush(buffer)
+        summary.records += len(buffer)
+        summary.tokens += tokens
+        summary.bytes_written += size
+        summary.write_seconds += wsec
+        summary.shards_written += 1
+        run.write_manifest("running", skipped_before + summary.skipped)
+        bar.update(len(buffer))
+        elapsed = time.perf_counter() - t_start
+        bar.set_postfix_str(f"{summary.tokens / max(elapsed, 1e-9):,.0f} tok/s, {summary.skipped} skipped")
+        buffer.clear()
+        if on_shard is not None:
+            on_shard(len(run.shards))
+
+    try:
+        if limit is None or run.done_records < limit:
+            for item in items:
+                if item.line <= run.resume_line:
+                    continue  # finished before the interruption
+                if isinstance(item, BadRecord):
+                    if strict:
+                        if buffer:
+                            flush()
+                        raise ExtractError(f"bad record at line {item.line} of {input_path}: {item.reason} (--strict)")
+                    errors_fh.write(json.dumps({"line": item.line, "reason": item.reason}, ensure_ascii=False) + "\n")
+                    errors_fh.flush()
+                    summary.skipped += 1
+                    continue
+                buffer.append(item)
+                if len(buffer) >= per_shard:
+                    flush()
+                if limit is not None and run.done_records + len(buffer) >= limit:
+                    break
+            if buffer:
+                flush()
+    finally:
+        bar.close()
+        errors_fh.close()
+    exhausted = limit is None or run.done_records < limit
+    summary.status = "complete" if exhausted else "partial"
+    run.write_manifest(summary.status, skipped_before + summary.skipped)
+    summary.seconds = time.perf_counter() - t_start
+    summary.total_records = run.done_records
+    return summary

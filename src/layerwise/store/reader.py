@@ -1,0 +1,202 @@
+"""Reading a feature store: ``lw.open_store(path)``, memory-mapped, record by record or in chunks.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> store = lw.open_store("feats")                       # doctest: +SKIP
+    >>> len(store), store.level, store.feature_shape          # doctest: +SKIP
+    (20000, 'sentence', (1536,))
+    >>> X = store.to_numpy()                                  # [records, D]            # doctest: +SKIP
+    >>> y = store.column("label")                             # kept with --keep label  # doctest: +SKIP
+    >>> store[3].shape                                        # token/word level: [n_tokens_3, D]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .shards import ERRORS, MANIFEST, ShardFile, list_shards, read_json
+
+
+class FeatureStore:
+    """A finished (or partly written) feature store, opened read-only.
+
+    Attributes:
+        path: the store directory.
+        manifest: the parsed ``manifest.json`` (options, provenance, counts).
+        level: ``sentence``, ``token`` or ``word``.
+        feature_shape: ``(D,)``, or ``(K, width)`` for ``combine="stack"``.
+
+    Indexing: ``store[i]`` is record ``i``'s features: ``[*feature_shape]`` at sentence level, else
+    ``[n_i, *feature_shape]`` (tokens or words of record ``i``). Arrays are read-only memory maps.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        mpath = self.path / MANIFEST
+        if not mpath.is_file():
+            raise ValueError(f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST}); create one with layerwise extract")
+        self.manifest: dict[str, Any] = read_json(mpath)
+        if self.manifest.get("format") != "layerwise-store":
+            raise ValueError(f"{mpath} is not a layerwise store manifest")
+        options = self.manifest["options"]
+        self.level: str = options["level"]
+        self.feature_shape: tuple[int, ...] = tuple(self.manifest["feature_shape"])
+        self._shards = [ShardFile(p) for p in list_shards(self.path)]
+        counts = [int(s.shape("lines")[0]) for s in self._shards]
+        self._starts = list(np.concatenate([[0], np.cumsum(counts)]).astype(int)) if counts else [0]
+
+    # ---- sizes and facts ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.get("status") == "complete"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.manifest["options"]["dtype"])
+
+    @property
+    def options(self) -> dict:
+        return self.manifest["options"]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._shards)
+
+    @property
+    def num_rows(self) -> int:
+        """Feature rows on disk: records (sentence level), tokens or words."""
+        return sum(s.shape("features")[0] for s in self._shards)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.path.stat().st_size for s in self._shards)
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (
+            f"FeatureStore({str(self.path)!r}, records={len(self)}, level={self.level!r}, "
+            f"feature_shape={self.feature_shape}, layers={o['layers']}, combine={o['combine']!r}, dtype={o['dtype']})"
+        )
+
+    # ---- access -----------------------------------------------------------------------------------------
+    def _locate(self, i: int) -> tuple[ShardFile, int]:
+        n = len(self)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"store index must be an int, got {type(i).__name__}; use iter_chunks() for ranges")
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range: the store holds {n} records")
+        i = int(i) % n
+        s = bisect.bisect_right(self._starts, i) - 1
+        return self._shards[s], i - self._starts[s]
+
+    def _rows(self, shard: ShardFile, lo: int, hi: int) -> np.ndarray:
+        """Features of records ``lo:hi`` of one shard: ``[hi - lo, *F]`` or flat rows of those records."""
+        feats = shard.array("features")
+        if self.level == "sentence":
+            return feats[lo:hi].reshape((hi - lo,) + self.feature_shape)
+        off = shard.array("offsets")
+        return feats[off[lo] : off[hi]].reshape((-1,) + self.feature_shape)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        shard, j = self._locate(i)
+        return self._rows(shard, j, j + 1)[0] if self.level == "sentence" else self._rows(shard, j, j + 1)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for batch in self.iter_chunks():
+            yield from batch
+
+    def iter_chunks(self, size: int = 4096) -> Iterator[np.ndarray | list[np.ndarray]]:
+        """Records in order, ``size`` at a time: ``[n, *F]`` arrays (sentence) or lists of ``[n_i, *F]``."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"chunk size must be a positive int, got {size!r}")
+        for shard in self._shards:
+            n = int(shard.shape("lines")[0])
+            for lo in range(0, n, size):
+                hi = min(n, lo + size)
+                if self.level == "sentence":
+                    yield self._rows(shard, lo, hi)
+                else:
+                    off = shard.array("offsets")
+                    feats = shard.array("features")
+                    yield [feats[off[r] : off[r + 1]].reshape((-1,) + self.feature_shape) for r in range(lo, hi)]
+
+    def to_numpy(self) -> np.ndarray:
+        """All sentence vectors as one in-memory array ``[records, *F]`` (sentence level only)."""
+        if self.level != "sentence":
+            raise ValueError(
+                f"to_numpy() gives one row per record, but this store is {self.level}-level (ragged); use "
+                f"store[i], iter_chunks(), or ragged() for (flat rows [N, *F], offsets [records + 1])"
+            )
+        if not self._shards:
+            return np.zeros((0,) + self.feature_shape, dtype=self.dtype)
+        return np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._shards])
+
+    def ragged(self) -> tuple[np.ndarray, np.ndarray]:
+        """Token/word level: ``(rows [N, *F], offsets [records + 1])``; record ``i`` is ``rows[offsets[i]:offsets[i+1]]``."""
+        if self.level == "sentence":
+            raise ValueError("ragged() is for token- and word-level stores; use to_numpy() at sentence level")
+        rows, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
+        for s in self._shards:
+            off = s.array("offsets")
+            rows.append(s.array("features").reshape((-1,) + self.feature_shape))
+            offsets.append(off[1:] + base)
+            base += int(off[-1])
+        flat = np.concatenate(rows) if rows else np.zeros((0,) + self.feature_shape, dtype=self.dtype)
+        return flat, np.concatenate(offsets)
+
+    @property
+    def lines(self) -> np.ndarray:
+        """``[records]``: the input line each record came from."""
+        return np.concatenate([s.array("lines") for s in self._shards]) if self._shards else np.zeros(0, np.int64)
+
+    @property
+    def columns(self) -> list[str]:
+        """Names of the columns kept with ``--keep``."""
+        return list(self.manifest["input"].get("keep", []))
+
+    def column(self, name: str) -> list:
+        """The values of a kept column, one per record."""
+        if name not in self.columns:
+            raise KeyError(f"column {name!r} was not kept; this store kept {self.columns} (extract with --keep {name})")
+        out: list = []
+        for s in self._shards:
+            out.extend(s.json_meta("columns", {})[name])
+        return out
+
+    def token_ids(self, i: int) -> np.ndarray:
+        """Token level: the tokenizer ids of record ``i``'s rows (special tokens included)."""
+        if self.level != "token":
+            raise ValueError("token_ids() exists for token-level stores only")
+        shard, j = self._locate(i)
+        off = shard.array("offsets")
+        return shard.array("token_ids")[off[j] : off[j + 1]]
+
+    def words(self, i: int) -> list[str]:
+        """Word level: the words of record ``i`` (one feature row each)."""
+        if self.level != "word":
+            raise ValueError("words() exists for word-level stores only")
+        shard, j = self._locate(i)
+        return shard.json_meta("words")[j]
+
+    @property
+    def errors(self) -> list[dict]:
+        """Records skipped during extraction: ``[{"line": ..., "reason": ...}, ...]``."""
+        path = self.path / ERRORS
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def open_store(path: str | os.PathLike) -> FeatureStore:
+    """Open the feature store at ``path`` (see :class:`FeatureStore`)."""
+    return FeatureStore(path)

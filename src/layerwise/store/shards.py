@@ -1,0 +1,144 @@
+"""On-disk pieces of a feature store: atomic files, the manifest, and safetensors shards read by memory map.
+
+A store is a directory::
+
+    STORE/
+      manifest.json             provenance and options (written first, rewritten atomically after every shard)
+      shard-000000.safetensors  features of consecutive records (written to a temporary name, then renamed)
+      shard-000001.safetensors
+      errors.jsonl              skipped records: {"line": 12, "reason": "empty text ..."} one per line
+
+Each shard holds (``R`` records, ``N`` rows; ``N == R`` at sentence level, the records' token or word count
+otherwise, stored flat and never padded):
+
+===============  ===============  =================================================================
+tensor           shape, dtype     meaning
+===============  ===============  =================================================================
+``features``     ``[N, D]`` f32/f16  one row per record (sentence) or per token / word
+``offsets``      ``[R + 1]`` i64  record ``r`` owns rows ``offsets[r]:offsets[r+1]`` (token/word only)
+``lines``        ``[R]`` i64      the line of the input each record came from
+``token_ids``    ``[N]`` i32      the tokenizer's ids of the rows (token level only)
+===============  ===============  =================================================================
+
+and string metadata ``columns`` (JSON: kept column name -> list of R values) and, at word level, ``words``
+(JSON: R word lists). No pickle anywhere: safetensors' header is JSON and its data raw little-endian arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"
+SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64}
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}.safetensors"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:
+    """Save one shard atomically as safetensors; returns its size in bytes."""
+    from safetensors.numpy import save
+
+    data = save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=metadata)
+    atomic_write_bytes(path, data)
+    return len(data)
+
+
+class ShardFile:
+    """A safetensors shard opened for reading: header parsed once, tensors memory-mapped on demand."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size))
+        self._base = 8 + size
+        self.metadata: dict[str, str] = header.pop("__metadata__", {}) or {}
+        self._entries: dict[str, dict] = header
+        self._cache: dict[str, np.ndarray] = {}
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entries[name]["shape"])
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a read-only ``np.memmap`` (no copy)."""
+        if name not in self._cache:
+            entry = self._entries[name]
+            dtype = _ST_DTYPES[entry["dtype"]]
+            begin, end = entry["data_offsets"]
+            shape = tuple(entry["shape"])
+            if end == begin:
+                arr = np.zeros(shape, dtype=dtype)
+            else:
+                arr = np.memmap(self.path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r",
+                                offset=self._base + begin, shape=shape)
+            self._cache[name] = arr
+        return self._cache[name]
+
+    def json_meta(self, key: str, default: Any = None) -> Any:
+        value = self.metadata.get(key)
+        return default if value is None else json.loads(value)
+
+
+def list_shards(store: Path) -> list[Path]:
+    """The finished shards of a store, in order (temporary files of an interrupted write are not listed)."""
+    if not store.is_dir():
+        return []
+    return sorted(p for p in store.iterdir() if SHARD_RE.match(p.name))
+
+
+def remove_temporaries(store: Path) -> int:
+    """Delete half-written files an interrupted run left (``.NAME.tmp-PID``); returns how many."""
+    n = 0
+    for p in store.iterdir():
+        if p.name.startswith(".") and ".tmp-" in p.name:
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
