@@ -5,7 +5,7 @@ See :mod:`layerwise.store.shards` for the on-disk layout, :func:`extract` to wri
 """
 
 from .export import EXPORT_FORMATS, export
-from .extract import LEVELS, ExtractError, ExtractSummary, extract
+from .writer import LEVELS, ExtractError, ExtractSummary, extract
 from .reader import FeatureStore, open_store
 
 __all__ = ["EXPORT_FORMATS", "LEVELS", "ExtractError", "ExtractSummary", "FeatureStore", "export", "extract", "open_store"]

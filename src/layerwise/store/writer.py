@@ -71,9 +71,10 @@ class ExtractSummary:
             return f"{self.store}: already complete ({self.total_records} records); nothing to do"
         resumed = f", resumed after {self.resumed_from}" if self.resumed_from else ""
         return (
-            f"{self.records} records, {self.tokens} tokens in {self.seconds:.1f}s ({self.tokens_per_second:,.0f} "
-            f"tokens/s), {self.bytes_written / 1e6:.1f} MB written in {self.shards_written} shards, "
-            f"{self.skipped} skipped{resumed} -> {self.store} ({self.total_records} records)"
+            f"{self.records:,} records, {self.tokens:,} tokens in {self.seconds:.1f}s ({self.tokens_per_second:,.0f} "
+            f"tokens/s), {self.bytes_written / 1e6:,.1f} MB in {self.shards_written} shard"
+            f"{'' if self.shards_written == 1 else 's'}, {self.skipped:,} skipped{resumed} -> {self.store} "
+            f"({self.total_records:,} records)"
         )
 
 

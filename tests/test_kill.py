@@ -1,0 +1,172 @@
+"""Crash safety: SIGKILL an extraction at several points of a multi-shard run, rerun, compare with a clean run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
+
+# Killer script: runs one extraction in a fresh process and SIGKILLs itself at the named point.
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import layerwise.store.writer as ex_mod
+    import layerwise.store.shards as shards
+    import layerwise.extractor as extractor_mod
+    from layerwise.store import extract
+
+    point, k, model, corpus, store = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    calls = {"n": 0}
+
+    def counting(fn, on):
+        def wrapped(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == k and on == "before":
+                die()
+            out = fn(*a, **kw)
+            if calls["n"] == k and on == "after":
+                die()
+            return out
+        return wrapped
+
+    if point == "mid_encode":        # inside the forward passes of shard k's batch
+        extractor_mod.capture = counting(extractor_mod.capture, "before")
+    elif point == "shard_tmp":       # shard k written to its temporary name, not yet renamed
+        real_replace = os.replace
+        def replace(src, dst):
+            if str(dst).endswith(".safetensors"):
+                calls["n"] += 1
+                if calls["n"] == k:
+                    die()
+            return real_replace(src, dst)
+        shards.os.replace = replace
+    elif point == "before_manifest":  # shard k renamed, manifest not yet updated
+        ex_mod.write_json = counting(ex_mod.write_json, "before")
+    on_shard = (lambda n: die() if n == k else None) if point == "after_shard" else None
+    extract(corpus, store, model=model, device="cpu", layers=[1, 2], combine="concat", level=sys.argv[6],
+            shard_records=4, batch_tokens=64, on_shard=on_shard, progress=False)
+    """
+)
+
+
+def _corpus(path) -> list[str]:
+    rng = np.random.default_rng(0)
+    words = "eu rejects german call to boycott british lamb peter blackburn went brussels monday".split()
+    lines: list[bytes] = []
+    texts = []
+    for i in range(41):
+        if i in (5, 17):
+            lines.append(b"   ")  # empty after stripping: skipped and logged
+        elif i == 23:
+            lines.append(b"caf\xe9 latin-1")  # invalid UTF-8
+        else:
+            t = " ".join(rng.choice(words, size=int(rng.integers(1, 12))))
+            lines.append(t.encode())
+            texts.append(t)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return texts
+
+
+def _snapshot(store_path, level):
+    st = lw.open_store(store_path)
+    feats = st.to_numpy() if level == "sentence" else st.ragged()
+    return st, feats
+
+
+def _same(a, b, level):
+    (sa, fa), (sb, fb) = a, b
+    assert len(sa) == len(sb) and sa.complete and sb.complete
+    np.testing.assert_array_equal(sa.lines, sb.lines)
+    assert sa.errors == sb.errors
+    assert sa.manifest["counts"]["records"] == sb.manifest["counts"]["records"]
+    assert sa.manifest["counts"]["skipped"] == sb.manifest["counts"]["skipped"]
+    if level == "sentence":
+        np.testing.assert_allclose(fa, fb, atol=1e-6, rtol=0)
+    else:
+        np.testing.assert_array_equal(fa[1], fb[1])
+        np.testing.assert_allclose(fa[0], fb[0], atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_dirs):
+    root = tmp_path_factory.mktemp("kill")
+    corpus = root / "corpus.txt"
+    texts = _corpus(corpus)
+    script = root / "killer.py"
+    script.write_text(KILLER)
+    return root, corpus, texts, script, str(tiny_dirs["bert"])
+
+
+@pytest.mark.parametrize(
+    "level,point,k",
+    [
+        ("sentence", "after_shard", 1),
+        ("sentence", "after_shard", 5),
+        ("sentence", "mid_encode", 3),
+        ("sentence", "shard_tmp", 2),
+        ("token", "before_manifest", 4),  # manifest writes: 1 = creation, 2..: after shards 1, 2, ...
+        ("word", "shard_tmp", 7),
+    ],
+)
+def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, point, k):
+    root, corpus, texts, script, model = setup
+    clean = root / f"clean-{level}"
+    if not clean.exists():
+        lw.extract(corpus, clean, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
+                   shard_records=4, batch_tokens=64, progress=False)
+    store = root / f"killed-{level}-{point}-{k}"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, str(script), point, str(k), model, str(corpus), str(store), level],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    before = lw.open_store(store)
+    assert not before.complete and len(before) < len(texts)  # the kill left an unfinished store
+    done_before = len(before)
+    summary = lw.extract(corpus, store, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
+                         shard_records=4, batch_tokens=64, progress=False)
+    assert summary.status == "complete" and summary.resumed_from == done_before
+    assert summary.records == len(texts) - done_before  # finished shards were not redone
+    _same(_snapshot(store, level), _snapshot(clean, level), level)
+    assert not [p for p in store.iterdir() if ".tmp-" in p.name]  # no half-written file survives the resume
+    assert [e["line"] for e in lw.open_store(store).errors] == [6, 18, 24]
+
+
+def test_external_sigkill_of_the_command(setup, tiny_extractors):
+    """A real `layerwise extract` process killed from outside once its first shards exist, then rerun."""
+    root, corpus, texts, _, model = setup
+    big = root / "big.txt"
+    big.write_text("\n".join(texts * 40) + "\n")
+    store = root / "external"
+    cmd = [sys.executable, "-m", "layerwise.cli.main", "extract", str(big), "-o", str(store), "--model", model,
+           "--device", "cpu", "--layers", "1,2", "--shard-records", "8", "--batch-tokens", "64", "--quiet"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(list(store.glob("shard-*.safetensors"))) >= 3:
+            break
+        time.sleep(0.005)
+    if proc.poll() is not None:
+        pytest.skip("the run finished before it could be killed (machine too fast for this check)")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not lw.open_store(store).complete
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    st = lw.open_store(store)
+    assert st.complete and len(st) == len(texts) * 40
+    want = tiny_extractors["bert"].encode(texts * 40, layers=[1, 2], combine="concat", pool="mean")
+    np.testing.assert_allclose(st.to_numpy(), want, atol=1e-5, rtol=0)
+    assert json.loads((store / "manifest.json").read_text())["counts"]["records"] == len(want)
