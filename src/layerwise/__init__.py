@@ -11,6 +11,7 @@ Example::
     (1, 1536)
 """
 
+from . import heads
 from .capture import capture, record
 from .combine import COMBINE_MODES, ScalarMix, combine
 from .extractor import Extractor
@@ -41,6 +42,7 @@ __all__ = [
     "WORD_POOL_MODES",
     "__version__",
     "capture",
+    "heads",
     "combine",
     "default_model_path",
     "load_model",

@@ -148,6 +148,8 @@ def capture(
     attention_mask: torch.Tensor,
     layers: Sequence[int],
     site: str = "block",
+    *,
+    grad: bool = False,
 ) -> torch.Tensor:
     """One forward pass that records ``layers`` at ``site`` and stops after the deepest.
 
@@ -157,11 +159,12 @@ def capture(
         attention_mask: ``[batch, tokens]``, 1 for real tokens, 0 for padding.
         layers: resolved indices in ``0..L``, in the order wanted in the output.
         site: the site inside each layer (``block`` = ``hidden_states``).
+        grad: keep the autograd graph (fine-tuning); default runs under ``torch.inference_mode``.
 
     Returns:
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
     """
-    with torch.inference_mode(), record(loaded, layers, site) as rec:
+    with (contextlib.nullcontext() if grad else torch.inference_mode()), record(loaded, layers, site) as rec:
         _forward(loaded, input_ids, attention_mask)
     missing = [i for i in layers if i not in rec.tensors]
     if missing:  # pragma: no cover - a family table error, not a user error

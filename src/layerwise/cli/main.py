@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, encode, export, extract, inspect
+from . import demo, encode, evaluate, export, extract, inspect, predict, train
 
 app = typer.Typer(
     name="layerwise",
@@ -18,6 +18,9 @@ app.command("encode")(encode.encode)
 app.command("extract")(extract.extract)
 app.command("inspect")(inspect.inspect)
 app.command("export")(export.export)
+app.command("train")(train.train)
+app.command("evaluate")(evaluate.evaluate)
+app.command("predict")(predict.predict)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -111,30 +111,38 @@ def _to_parquet(store: FeatureStore, out: Path) -> None:
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
         raise ValueError("export to parquet needs pyarrow: pip install pyarrow") from exc
-    columns = {name: store.column(name) for name in store.columns}
+    columns = {}
+    for name in store.columns:  # one type per column over all records (a null-only shard must not fix it)
+        values = [_plain(v) for v in store.column(name)]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            columns[name] = pa.array([None if v is None else str(v) for v in values])
+    value = pa.float16() if store.dtype == np.float16 else pa.float32()
+    width = int(np.prod(store.feature_shape))
+    feat_type = pa.list_(value, width) if store.level == "sentence" else pa.list_(pa.list_(value, width))
+    schema = pa.schema(
+        [("line", pa.int64()), *[(k, a.type) for k, a in columns.items()], ("features", feat_type)],
+        metadata={b"layerwise_manifest": json.dumps(store.manifest).encode()},
+    )
     lines = store.lines
-    writer = None
     start = 0
-    try:
+    with pq.ParquetWriter(out, schema) as writer:
         for batch in store.iter_chunks(size=4096):
             n = len(batch)
             if store.level == "sentence":
-                arr = np.asarray(batch).reshape(n, -1)
-                feats = pa.FixedSizeListArray.from_arrays(pa.array(arr.ravel()), arr.shape[1])
+                flat = np.asarray(batch).reshape(n, width)
+                feats = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel(), type=value), width)
             else:
-                feats = pa.array([b.reshape(b.shape[0], -1).tolist() for b in batch])
-            data = {"line": pa.array(lines[start : start + n])}
-            data.update({k: pa.array([_plain(v) for v in vals[start : start + n]]) for k, vals in columns.items()})
-            data["features"] = feats
-            table = pa.table(data)
-            if writer is None:
-                meta = {b"layerwise_manifest": json.dumps(store.manifest).encode()}
-                writer = pq.ParquetWriter(out, table.schema.with_metadata(meta))
-            writer.write_table(table)
+                rows = [b.reshape(b.shape[0], width) for b in batch]
+                inner = pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.concatenate(rows).ravel() if rows else np.zeros(0), type=value), width)
+                offsets = pa.array(np.concatenate([[0], np.cumsum([r.shape[0] for r in rows])]).astype(np.int32))
+                feats = pa.ListArray.from_arrays(offsets, inner)
+            data = [pa.array(lines[start : start + n], type=pa.int64())]
+            data += [a.slice(start, n) for a in columns.values()]
+            writer.write_table(pa.Table.from_arrays(data + [feats], schema=schema))
             start += n
-    finally:
-        if writer is not None:
-            writer.close()
 
 
 def _plain(value):

@@ -1,0 +1,34 @@
+"""``layerwise evaluate MODEL_DIR FILE``: accuracy, macro-F1, per-class scores and the confusion matrix."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from .options import DeviceOpt, user_errors
+
+
+def evaluate(
+    model_dir: str = typer.Argument(..., help="A model directory written by layerwise train."),
+    data: str = typer.Argument(..., help="Labelled file (.tsv, .csv, .jsonl, .parquet) with text and label columns."),
+    text_field: Optional[str] = typer.Option(None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."),
+    label_field: str = typer.Option("label", "--label-column", "--label-field"),
+    fmt: Optional[str] = typer.Option(None, "--format"),
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
+    batch_size: int = typer.Option(256, "--batch-size"),
+    device: Optional[str] = DeviceOpt,
+) -> None:
+    """Score a trained model on a labelled file."""
+    from ..heads import classification_scores, format_scores, load
+    from ..heads.data import encode_labels, read_labelled
+
+    with user_errors():
+        clf = load(model_dir, device=device)
+        gold = read_labelled(data, text_field=text_field, label_field=label_field, format=fmt)
+        encode_labels(gold.labels, clf.labels, f"{data!r}")  # unknown labels: a clear error before any compute
+        pred = clf.predict(gold.texts, batch_size=batch_size)
+        scores = classification_scores(gold.labels, pred, clf.labels)
+        scores["skipped"] = gold.skipped
+    print(json.dumps(scores, indent=2) if as_json else format_scores(scores))

@@ -1,0 +1,62 @@
+"""``layerwise predict MODEL_DIR FILE|-``: one JSON line per record (label and probabilities), streamed in order."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from .options import DeviceOpt, user_errors
+
+
+def predict(
+    model_dir: str = typer.Argument(..., help="A model directory written by layerwise train."),
+    data: str = typer.Argument(..., help="Texts: .txt (one per line), .jsonl, .csv, .tsv, .parquet, or - for stdin."),
+    text_field: Optional[str] = typer.Option(None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
+    batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    device: Optional[str] = DeviceOpt,
+) -> None:
+    """Predict every record of FILE; bad records get {"line": N, "error": "..."} lines, order kept."""
+    from tqdm.auto import tqdm
+
+    from ..heads import load
+    from ..readers import BadRecord, read_records
+
+    with user_errors():
+        clf = load(model_dir, device=device)
+        records = read_records(data, fmt, text_field=text_field)
+        out = open(output, "w", encoding="utf-8") if output else sys.stdout
+        bar = tqdm(disable=quiet or not sys.stderr.isatty(), unit="rec", desc="predict", file=sys.stderr)
+        try:
+            pending: list = []
+
+            def flush() -> None:
+                good = [r for r in pending if not isinstance(r, BadRecord)]
+                results = iter(zip(*next(clf.iter_predict([r.text for r in good], batch_size=len(good))))) if good else iter(())
+                for r in pending:
+                    if isinstance(r, BadRecord):
+                        doc = {"line": r.line, "error": r.reason}
+                    else:
+                        label, probs = next(results)
+                        doc = {"line": r.line, "label": label,
+                               "probs": {n: round(float(p), 6) for n, p in zip(clf.labels, probs)}}
+                    out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+                out.flush()
+                bar.update(len(pending))
+                pending.clear()
+
+            for rec in records:
+                pending.append(rec)
+                if len(pending) >= batch_size:
+                    flush()
+            if pending:
+                flush()
+        finally:
+            bar.close()
+            if output:
+                out.close()

@@ -1,0 +1,63 @@
+"""``layerwise train``: a classifier head on hidden layers, with early stopping on dev; saved to a directory."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from .options import DeviceOpt, LayersOpt, ModelOpt, SiteOpt, err_console, parse_layers, user_errors
+
+
+def train(
+    train_file: str = typer.Option(..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with text and label."),
+    dev_file: str = typer.Option(..., "--dev", help="Dev file (early stopping and model selection)."),
+    test_file: Optional[str] = typer.Option(None, "--test", help="Optional test file, scored once with the best model."),
+    output: str = typer.Option(..., "--output", "-o", help="Model directory to write."),
+    text_field: Optional[str] = typer.Option(None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."),
+    label_field: str = typer.Option("label", "--label-column", "--label-field", help="Label column (labels may be strings)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell: tsv, csv, jsonl, parquet."),
+    layers: str = LayersOpt,
+    site: str = SiteOpt,
+    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, scalar_mix (learned) or attention (over layers)."),
+    pool: str = typer.Option("mean", "--pool", "-p", help="cls, mean, max, mean_max, last (per layer) or attention (learned, over tokens)."),
+    head: str = typer.Option("linear", "--head", help="linear, mlp or per_layer (one classifier per layer + learned weights)."),
+    hidden: str = typer.Option("256", "--hidden", help="MLP hidden sizes, comma-separated, e.g. 512,128."),
+    activation: str = typer.Option("relu", "--activation", help="relu, gelu or tanh."),
+    dropout: float = typer.Option(0.1, "--dropout", help="Dropout before each linear layer of the head."),
+    mode: str = typer.Option("frozen", "--mode", help="frozen (cached features, encoder fixed) or finetune (encoder updated)."),
+    epochs: int = typer.Option(10, "--epochs"),
+    lr: float = typer.Option(1e-3, "--lr", help="Head learning rate (AdamW)."),
+    encoder_lr: float = typer.Option(2e-5, "--encoder-lr", help="Encoder learning rate in finetune mode."),
+    batch_size: int = typer.Option(32, "--batch-size"),
+    seed: int = typer.Option(0, "--seed", help="Same seed, same model."),
+    patience: int = typer.Option(3, "--patience", help="Epochs without a better dev score before stopping."),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy or macro_f1 (model selection)."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Frozen feature cache (default ~/.cache/layerwise/features)."),
+    model: Optional[str] = ModelOpt,
+    device: Optional[str] = DeviceOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
+    from ..heads import HeadConfig
+    from ..heads import train as run_train
+    from ..heads.metrics import format_scores
+
+    with user_errors():
+        sizes = [int(h) for h in hidden.split(",") if h.strip()] if head == "mlp" else []
+        config = HeadConfig(model=model, layers=parse_layers(layers), site=site, pool=pool, combine=combine,
+                            classifier=head, hidden=sizes or [256], activation=activation, dropout=dropout, mode=mode)
+        result = run_train(
+            config, train_file, dev_file, test_file, text_field=text_field, label_field=label_field, format=fmt,
+            epochs=epochs, lr=lr, encoder_lr=encoder_lr, batch_size=batch_size, seed=seed, patience=patience,
+            metric=metric, device=device, cache_dir=cache_dir, output=output, progress=False if quiet else None,
+            log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
+        )
+    print(format_scores(result.dev, title=f"dev (best epoch {result.best_epoch}): "))
+    if result.test is not None:
+        print()
+        print(format_scores(result.test, title="test: "))
+    if result.layers:
+        print("\nlearned layer weights: " + json.dumps(result.layers))
+    err_console.print(f"saved to {output} in {result.seconds:.1f}s (features {result.feature_seconds:.1f}s)", highlight=False)

@@ -1,0 +1,159 @@
+"""Labelled data for heads: reading text+label files, label maps, and frozen features cached in a feature store.
+
+Frozen mode extracts features once and reuses them: sentence pools are cached for *every* layer
+(``layers="all", combine="stack"``, one store per pool), so any layer choice of a later run is a slice of the same
+cache; ``pool="attention"`` caches token-level features of the selected layers. The cache is a normal feature
+store under ``cache_dir`` (default ``~/.cache/layerwise/features``), keyed by the input file's hash and the
+options, and resumable like any store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..extractor import Extractor
+from ..readers import BadRecord, read_records
+from ..store import FeatureStore, extract, open_store
+from ..store.writer import file_sha256, weights_sha256
+
+
+@dataclass
+class Labelled:
+    """Texts and their string labels (bad records skipped, counted in ``skipped``)."""
+
+    texts: list[str]
+    labels: list[str]
+    lines: list[int]
+    skipped: int = 0
+
+
+def read_labelled(
+    path: str | os.PathLike, *, text_field: str | None = None, label_field: str = "label", format: str | None = None
+) -> Labelled:
+    """Read a TSV/CSV/JSONL (or parquet) file with a text and a label column; labels become strings.
+
+    Raises:
+        ValueError: missing file or column, or no usable record (an empty file).
+    """
+    texts, labels, lines, skipped = [], [], [], 0
+    for item in read_records(path, format, text_field=text_field, keep=[label_field]):
+        if isinstance(item, BadRecord):
+            skipped += 1
+            continue
+        label = item.fields.get(label_field)
+        if label is None or (isinstance(label, str) and not label.strip()):
+            skipped += 1
+            continue
+        texts.append(item.text)
+        labels.append(str(label).strip())
+        lines.append(item.line)
+    if not texts:
+        raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
+    return Labelled(texts, labels, lines, skipped)
+
+
+def label_map(labels: Sequence[str]) -> list[str]:
+    """The sorted distinct labels of a training set; ``ValueError`` if there is only one class."""
+    names = sorted(set(labels), key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+    if len(names) < 2:
+        raise ValueError(f"the training data has a single class ({names[0]!r}); a classifier needs at least two")
+    return names
+
+
+def encode_labels(labels: Sequence[str], names: Sequence[str], where: str) -> torch.Tensor:
+    """Label strings -> indices; ``ValueError`` listing labels the model does not know."""
+    index = {n: i for i, n in enumerate(names)}
+    unknown = sorted(set(labels) - set(index))
+    if unknown:
+        raise ValueError(
+            f"{where} has label(s) {unknown[:10]} that the model was not trained on; known labels are: {list(names)}"
+        )
+    return torch.tensor([index[label] for label in labels], dtype=torch.long)
+
+
+def cache_root(cache_dir: str | os.PathLike | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "layerwise" / "features"
+
+
+def cached_store(
+    ex: Extractor,
+    path: str | os.PathLike,
+    *,
+    pool: str,
+    layers: Sequence[int],
+    site: str,
+    text_field: str | None,
+    label_field: str,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool | None = None,
+) -> FeatureStore:
+    """The feature store for ``path`` under the cache (extracted now if absent or unfinished)."""
+    token_level = pool == "attention"
+    spec = {
+        "input": file_sha256(path),
+        "model": ex.loaded.name,
+        "weights": weights_sha256(str(getattr(ex.model.config, "_name_or_path", ""))),
+        "site": site,
+        "pool": pool,
+        "layers": list(layers) if token_level else "all",
+        "max_length": ex.max_length,
+        "text_field": text_field,
+        "label_field": label_field,
+    }
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+    store = cache_root(cache_dir) / f"{Path(path).name}-{key}"
+    extract(
+        path, store, model=ex, layers=list(layers) if token_level else "all", site=site, combine="stack",
+        pool=None if token_level else pool, level="token" if token_level else "sentence", text_field=text_field,
+        keep=[label_field], progress=progress,
+    )
+    return open_store(store)
+
+
+@dataclass
+class FrozenFeatures:
+    """Cached features of one split, in memory: sentence ``x [n, K, W]``, or token rows + offsets."""
+
+    x: torch.Tensor
+    labels: list[str]
+    offsets: torch.Tensor | None = None  # token level: record i owns rows offsets[i]:offsets[i+1] of x [N, K, W]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Features of records ``index``: ``[b, K, W]``, or ``([b, T, K, W], mask [b, T])`` padded at token level."""
+        if self.offsets is None:
+            return self.x[index], None
+        starts, ends = self.offsets[index], self.offsets[index + 1]
+        longest = int((ends - starts).max())
+        out = torch.zeros((len(index), longest) + tuple(self.x.shape[1:]), dtype=self.x.dtype)
+        mask = torch.zeros((len(index), longest), dtype=torch.long)
+        for r, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+            out[r, : e - s] = self.x[s:e]
+            mask[r, : e - s] = 1
+        return out, mask
+
+
+def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str) -> FrozenFeatures:
+    """Load a cached store into memory, keeping the layers ``layers`` (resolved indices) in that order."""
+    labels = [str(v).strip() for v in store.column(label_field)]
+    stored = store.options["layers"]
+    pos = [stored.index(i) for i in layers]
+    if store.level == "sentence":  # chunk by chunk: never hold all layers of the corpus at once
+        x = np.concatenate([np.asarray(c[:, pos], dtype=np.float32) for c in store.iter_chunks(8192)])
+        return FrozenFeatures(torch.from_numpy(x), labels)
+    rows, offsets = store.ragged()
+    x = np.asarray(rows[:, pos], dtype=np.float32)
+    return FrozenFeatures(torch.from_numpy(x), labels, torch.from_numpy(np.asarray(offsets, dtype=np.int64)))

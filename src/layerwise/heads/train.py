@@ -1,0 +1,254 @@
+"""Training a head: frozen (features cached once in a store, cheap epochs) or fine-tuned; early stopping on dev.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> cfg = lw.heads.HeadConfig(layers="-4:", pool="max", combine="concat", classifier="mlp", dropout=0.2)
+    >>> result = lw.heads.train(cfg, "train.tsv", "dev.tsv", text_field="sentence", output="sst2-head")  # doctest: +SKIP
+    >>> result.dev["accuracy"], result.best_epoch                                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..extractor import Extractor
+from .classifier import SequenceClassifier
+from .config import HeadConfig
+from .data import FrozenFeatures, cached_store, encode_labels, frozen_features, label_map, read_labelled
+from .metrics import classification_scores
+
+METRICS = ("accuracy", "macro_f1")
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` did: the best model, the epoch log, its dev (and test) scores, learned layer weights."""
+
+    classifier: SequenceClassifier
+    log: list[dict]
+    best_epoch: int
+    dev: dict
+    test: dict | None = None
+    layers: list[dict] = field(default_factory=list)  # per layer: index, learned weight, own dev score (per_layer)
+    seconds: float = 0.0
+    feature_seconds: float = 0.0
+    output: Path | None = None
+
+
+class _Split:
+    """One labelled split: frozen features or raw texts, with label indices."""
+
+    def __init__(self, y: torch.Tensor, feats: FrozenFeatures | None = None, texts: list[str] | None = None):
+        self.y, self.feats, self.texts = y, feats, texts
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def _seed(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _check_positive(name: str, value, kind=int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
+        raise ValueError(f"{name} must be a positive {'number' if kind is float else 'int'}, got {value!r}")
+
+
+def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress) -> tuple[dict, list[str]]:
+    """Read every split (frozen: through the feature cache); fix the label list from train."""
+    layers, _ = ex._prepare(clf_config.layers, clf_config.site)
+    raw: dict[str, tuple[list[str], FrozenFeatures | None, list[str] | None]] = {}
+    for name, path in paths.items():
+        if clf_config.mode == "frozen":
+            store = cached_store(ex, path, pool=clf_config.pool, layers=layers, site=clf_config.site,
+                                 text_field=kw["text_field"], label_field=kw["label_field"], cache_dir=kw["cache_dir"],
+                                 progress=progress)
+            if len(store) == 0:
+                raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
+            feats = frozen_features(store, layers, kw["label_field"])
+            raw[name] = (feats.labels, feats, None)
+        else:
+            data = read_labelled(path, text_field=kw["text_field"], label_field=kw["label_field"], format=kw["format"])
+            raw[name] = (data.labels, None, data.texts)
+    names = label_map(raw["train"][0])
+    splits = {
+        name: _Split(encode_labels(labels, names, f"the {name} file {os.fspath(paths[name])!r}"), feats, texts)
+        for name, (labels, feats, texts) in raw.items()
+    }
+    return splits, names
+
+
+def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train: bool):
+    dev = clf.extractor.loaded.device
+    if split.feats is not None:
+        x, mask = split.feats.batch(index)
+    elif train:
+        x, mask = clf.train_features([split.texts[i] for i in index.tolist()])
+    else:
+        x, mask = clf.features([split.texts[i] for i in index.tolist()])
+    return x.to(dev).float(), None if mask is None else mask.to(dev)
+
+
+def _predict(clf: SequenceClassifier, split: _Split, per_layer: bool = False, batch: int = 512) -> torch.Tensor:
+    """Predicted indices ``[n]`` (``per_layer=True``: ``[n, K]``, each layer's own classifier)."""
+    clf.head.eval()
+    clf.extractor.model.eval()
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(split), batch):
+            index = torch.arange(start, min(start + batch, len(split)))
+            x, mask = _batches(clf, split, index, train=False)
+            logits = clf.head.per_layer_logits(x) if per_layer else clf.head(x, mask)
+            out.append(logits.argmax(-1).cpu())
+    return torch.cat(out)
+
+
+def _scores(clf: SequenceClassifier, split: _Split) -> dict:
+    names = clf.labels
+    pred = _predict(clf, split)
+    return classification_scores([names[i] for i in split.y.tolist()], [names[i] for i in pred.tolist()], names)
+
+
+def train(
+    config: HeadConfig,
+    train_path: str | os.PathLike,
+    dev_path: str | os.PathLike,
+    test_path: str | os.PathLike | None = None,
+    *,
+    text_field: str | None = None,
+    label_field: str = "label",
+    format: str | None = None,
+    epochs: int = 10,
+    lr: float = 1e-3,
+    encoder_lr: float = 2e-5,
+    batch_size: int = 32,
+    weight_decay: float = 0.01,
+    seed: int = 0,
+    patience: int = 3,
+    metric: str = "accuracy",
+    device: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
+    extractor: Extractor | None = None,
+    progress: bool | None = None,
+    log: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train the head of ``config`` on ``train_path``, pick the epoch with the best dev ``metric``, save to ``output``.
+
+    Args:
+        config: the head (its ``labels`` are filled from the training data).
+        train_path, dev_path, test_path: TSV/CSV/JSONL (or parquet) files with a text and a label column.
+        text_field, label_field, format: column names (default text: ``text`` else ``sentence``) and file format.
+        epochs, lr, batch_size, weight_decay: AdamW training; ``encoder_lr`` for the encoder in ``finetune`` mode.
+        seed: seeds Python, numpy and torch and the batch order: the same seed gives the same model.
+        patience: stop after this many epochs without a better dev score.
+        metric: ``accuracy`` or ``macro_f1`` (early stopping and model selection).
+        cache_dir: where frozen features are cached (default ``~/.cache/layerwise/features``).
+        output: model directory to write (weights, config, labels, log, metrics).
+        extractor: an already loaded encoder to use (frozen mode shares it; finetune mode updates it in place).
+        progress: progress bars (default: when stderr is a terminal).
+        log: receives one line per epoch (default: print to stderr).
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    from tqdm.auto import tqdm
+
+    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("patience", patience)):
+        _check_positive(name, value)
+    for name, value in (("lr", lr), ("encoder_lr", encoder_lr)):
+        _check_positive(name, value, float)
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}. Valid metrics are: {', '.join(METRICS)}")
+    config.validate()
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    show = sys.stderr.isatty() if progress is None else progress
+    t0 = time.perf_counter()
+    gen = _seed(seed)
+    ex = extractor or Extractor(config.model, device=device, max_length=config.max_length)
+    paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
+    kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": cache_dir}
+    splits, names = _load_splits(config, ex, paths, kw, show)
+    feature_seconds = time.perf_counter() - t0
+    config.labels = names
+    clf = SequenceClassifier(config, ex)
+    params = [{"params": list(clf.head.parameters()), "lr": lr}]
+    if config.mode == "finetune":
+        params.append({"params": list(ex.model.parameters()), "lr": encoder_lr})
+    opt = torch.optim.AdamW(params, weight_decay=weight_decay)
+    tr = splits["train"]
+    history: list[dict] = []
+    best, best_epoch, best_state, stale = -1.0, 0, None, 0
+    for epoch in range(1, epochs + 1):
+        t_epoch = time.perf_counter()
+        clf.head.train()
+        ex.model.train(config.mode == "finetune")
+        order = torch.randperm(len(tr), generator=gen)
+        total, seen = 0.0, 0
+        for start in tqdm(range(0, len(tr), batch_size), disable=not show, leave=False, desc=f"epoch {epoch}", file=sys.stderr):
+            index = order[start : start + batch_size]
+            x, mask = _batches(clf, tr, index, train=True)
+            loss = clf.head.loss(x, tr.y[index].to(x.device), mask)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(index)
+            seen += len(index)
+        scores = _scores(clf, splits["dev"])
+        improved = scores[metric] > best
+        entry = {"epoch": epoch, "loss": total / seen, "dev_accuracy": scores["accuracy"],
+                 "dev_macro_f1": scores["macro_f1"], "seconds": round(time.perf_counter() - t_epoch, 3), "best": improved}
+        history.append(entry)
+        say(f"epoch {epoch}/{epochs}  loss {entry['loss']:.4f}  dev accuracy {scores['accuracy']:.4f}  "
+            f"macro-F1 {scores['macro_f1']:.4f}  {entry['seconds']:.1f}s{'  *best' if improved else ''}")
+        if improved:
+            best, best_epoch, stale = scores[metric], epoch, 0
+            best_state = (copy.deepcopy(clf.head.state_dict()),
+                          copy.deepcopy(ex.model.state_dict()) if config.mode == "finetune" else None)
+        else:
+            stale += 1
+            if stale >= patience:
+                say(f"early stop: no better dev {metric} for {patience} epochs; keeping epoch {best_epoch}")
+                break
+    clf.head.load_state_dict(best_state[0])
+    if best_state[1] is not None:
+        ex.model.load_state_dict(best_state[1])
+    ex.model.eval()
+    clf.head.eval()
+    result = TrainResult(clf, history, best_epoch, _scores(clf, splits["dev"]), feature_seconds=feature_seconds)
+    if "test" in splits:
+        result.test = _scores(clf, splits["test"])
+    result.layers = _layer_report(clf, splits["dev"])
+    result.seconds = time.perf_counter() - t0
+    if output is not None:
+        metrics = {"dev": result.dev, "test": result.test, "best_epoch": best_epoch, "layers": result.layers,
+                   "seconds": result.seconds, "feature_seconds": feature_seconds, "metric": metric, "seed": seed}
+        result.output = clf.save(output, log=history, metrics=metrics)
+    return result
+
+
+def _layer_report(clf: SequenceClassifier, dev: _Split) -> list[dict]:
+    """Learned layer weights (``per_layer`` / ``scalar_mix``) and, for ``per_layer``, each layer's own dev accuracy."""
+    weights = clf.head.layer_weights()
+    if weights is None:
+        return []
+    report = [{"layer": int(i), "weight": float(w)} for i, w in zip(clf.layers, weights.tolist())]
+    if clf.config.classifier == "per_layer":
+        own = _predict(clf, dev, per_layer=True)  # [n, K]
+        for k, entry in enumerate(report):
+            entry["dev_accuracy"] = float((own[:, k] == dev.y).float().mean())
+    return report
