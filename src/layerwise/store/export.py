@@ -55,10 +55,8 @@ def _chunks(store: FeatureStore):
             yield rows, lengths
 
 
-def _to_npy(store: FeatureStore, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    feats = np.lib.format.open_memmap(out / "features.npy", mode="w+", dtype=store.dtype,
-                                      shape=(_flat_rows(store),) + store.feature_shape)
+def _fill(store: FeatureStore, feats) -> np.ndarray:
+    """Copy every feature row into the array-like ``feats`` chunk by chunk; returns the record offsets."""
     offsets = [0]
     pos = 0
     for rows, lengths in _chunks(store):
@@ -66,10 +64,18 @@ def _to_npy(store: FeatureStore, out: Path) -> None:
         pos += len(rows)
         if lengths is not None:
             offsets.extend(np.cumsum(lengths) + offsets[-1])
+    return np.asarray(offsets, dtype=np.int64)
+
+
+def _to_npy(store: FeatureStore, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    feats = np.lib.format.open_memmap(out / "features.npy", mode="w+", dtype=store.dtype,
+                                      shape=(_flat_rows(store),) + store.feature_shape)
+    offsets = _fill(store, feats)
     feats.flush()
     del feats
     if store.level != "sentence":
-        np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+        np.save(out / "offsets.npy", offsets)
     np.save(out / "lines.npy", store.lines)
     for name in store.columns:
         np.save(out / f"{name}.npy", _column_array(store.column(name)), allow_pickle=False)
@@ -84,15 +90,9 @@ def _to_hdf5(store: FeatureStore, out: Path) -> None:
     with h5py.File(out, "w") as f:
         feats = f.create_dataset("features", shape=(_flat_rows(store),) + store.feature_shape, dtype=store.dtype,
                                  chunks=True)
-        offsets = [0]
-        pos = 0
-        for rows, lengths in _chunks(store):
-            feats[pos : pos + len(rows)] = rows
-            pos += len(rows)
-            if lengths is not None:
-                offsets.extend(np.cumsum(lengths) + offsets[-1])
+        offsets = _fill(store, feats)
         if store.level != "sentence":
-            f.create_dataset("offsets", data=np.asarray(offsets, dtype=np.int64))
+            f.create_dataset("offsets", data=offsets)
         f.create_dataset("lines", data=store.lines)
         group = f.create_group("columns")
         for name in store.columns:

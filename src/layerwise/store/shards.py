@@ -57,15 +57,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _commit(tmp: Path, path: Path) -> None:
+    """fsync ``tmp``, rename it over ``path`` and fsync the directory: the file appears whole or not at all."""
+    with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    _commit(tmp, path)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -77,12 +86,16 @@ def read_json(path: Path) -> Any:
 
 
 def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:
-    """Save one shard atomically as safetensors; returns its size in bytes."""
-    from safetensors.numpy import save
+    """Save one shard atomically as safetensors (straight to a temporary file, no copy in memory); returns its size."""
+    from safetensors.numpy import save_file
 
-    data = save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=metadata)
-    atomic_write_bytes(path, data)
-    return len(data)
+    tmp = _tmp_name(path)
+    with open(tmp, "wb"):
+        mode = os.stat(tmp).st_mode & 0o777  # the permissions the user's umask gives a new file
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.chmod(tmp, mode)  # safetensors writes 0600 files; a store is shared like any other output
+    _commit(tmp, path)
+    return path.stat().st_size
 
 
 class ShardFile:

@@ -38,7 +38,7 @@ Level = Literal["sentence", "token", "word"]
 LEVELS = ("sentence", "token", "word")
 STORE_DTYPES = {"float32": np.float32, "float16": np.float16}
 FORMAT_VERSION = 1
-_SHARD_BYTES = 64 << 20  # target shard size; bounds memory per shard
+_SHARD_BYTES = 32 << 20  # target shard size; bounds memory per shard
 
 
 class ExtractError(ValueError):
@@ -332,6 +332,9 @@ class _Run:
             reduce = ex._word_reducer(o["subword"])
         else:
             reduce = ex._sentence_reducer(o["pool"] if self.level == "sentence" else None, bool(o["skip_special_tokens"]))
+        d = int(np.prod(self.plan.feature_shape))
+        sentence = self.level == "sentence"
+        feats = np.empty((len(records), d), dtype=self.dtype) if sentence else None  # filled in place
         out: list = [None] * len(records)
         ids: list = [None] * len(records)
         tokens = 0
@@ -339,16 +342,19 @@ class _Run:
             items, words=words, layers=self.plan.layers, site=o["site"], combine=o["combine"], weights=o["weights"],
             reduce=reduce, truncate=o["truncate"], batch_tokens=self.budget,
         ):
-            out[index] = vec.to("cpu", torch.float32).numpy().astype(self.dtype, copy=False)
-            ids[index] = tok.ids
+            if sentence:
+                feats[index] = vec.reshape(d).to("cpu", torch.float32).numpy()
+            else:
+                out[index] = vec.reshape(-1, d).to("cpu", torch.float32).numpy().astype(self.dtype, copy=False)
+                ids[index] = tok.ids
             tokens += len(tok.ids)
-        d = int(np.prod(self.plan.feature_shape))
         tensors: dict[str, np.ndarray] = {"lines": np.array([r.line for r in records], dtype=np.int64)}
-        if self.level == "sentence":
-            tensors["features"] = np.stack(out).reshape(len(records), d)
+        if sentence:
+            tensors["features"] = feats
         else:
             lengths = [v.shape[0] for v in out]
-            tensors["features"] = np.concatenate([v.reshape(-1, d) for v in out]) if out else np.zeros((0, d), self.dtype)
+            tensors["features"] = np.concatenate(out) if out else np.zeros((0, d), self.dtype)
+            del out
             tensors["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             if self.level == "token":
                 tensors["token_ids"] = np.concatenate([np.asarray(i, dtype=np.int32) for i in ids])
