@@ -11,7 +11,7 @@ Example::
     (1, 1536)
 """
 
-from . import heads
+from . import heads, probe
 from .capture import capture, record
 from .combine import COMBINE_MODES, ScalarMix, combine
 from .extractor import Extractor
@@ -43,6 +43,7 @@ __all__ = [
     "__version__",
     "capture",
     "heads",
+    "probe",
     "combine",
     "default_model_path",
     "load_model",

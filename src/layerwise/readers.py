@@ -60,12 +60,15 @@ class Record:
         text: the text to encode (never empty).
         words: pre-tokenised words (CoNLL formats), else ``None``.
         fields: the kept columns (``keep=``), per-word lists for the CoNLL formats.
+        context: with ``document_context``, the neighbouring words of the same document to encode around
+            ``words`` (their features are not kept).
     """
 
     line: int
     text: str
     words: list[str] | None = None
     fields: dict[str, object] = field(default_factory=dict)
+    context: tuple[list[str], list[str]] | None = None  # words before / after (CoNLL-2003 document context)
 
 
 @dataclass
@@ -304,6 +307,53 @@ def _read_conll2003(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
             yield Record(start, " ".join(words), words=words, fields=fields)
 
 
+def with_document_context(items: Iterator[Item], max_words: int = 250) -> Iterator[Item]:
+    """Give each CoNLL-2003 sentence its neighbours from the same document as context (BERT paper, section 5.3).
+
+    Sentences of one document (same ``doc`` field) are buffered; each gets the nearest previous and next sentences,
+    alternately, while the total stays within ``max_words`` words (so the window fits the model). Bad records pass
+    through in order.
+    """
+    doc: list[Item] = []
+    current = None
+
+    def flush():
+        good = [r for r in doc if isinstance(r, Record)]
+        where = {id(r): i for i, r in enumerate(good)}
+        for item in doc:
+            if isinstance(item, Record):
+                i = where[id(item)]
+                left: list[str] = []
+                right: list[str] = []
+                total, lo, hi = len(item.words), i - 1, i + 1
+                while lo >= 0 or hi < len(good):
+                    grew = False
+                    if lo >= 0 and total + len(good[lo].words) <= max_words:
+                        left = good[lo].words + left
+                        total += len(good[lo].words)
+                        lo -= 1
+                        grew = True
+                    if hi < len(good) and total + len(good[hi].words) <= max_words:
+                        right = right + good[hi].words
+                        total += len(good[hi].words)
+                        hi += 1
+                        grew = True
+                    if not grew:
+                        break
+                item.context = (left, right)
+            yield item
+
+    for item in items:
+        d = item.fields.get("doc") if isinstance(item, Record) else current
+        if d != current and doc:
+            yield from flush()
+            doc = []
+        current = d
+        doc.append(item)
+    if doc:
+        yield from flush()
+
+
 def _read_conllu(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     allowed = set(CONLLU_COLUMNS[2:]) | {"sent_id", "sent_text"}
     unknown = [k for k in keep if k not in allowed]
@@ -357,6 +407,7 @@ def read_records(
     text_field: str | None = None,
     keep: Sequence[str] = (),
     stdin: IO[bytes] | None = None,
+    document_context: bool = False,
 ) -> Iterator[Item]:
     """Stream the records of ``path`` (``"-"`` = stdin) as :class:`Record` / :class:`BadRecord`.
 
@@ -366,6 +417,7 @@ def read_records(
         text_field: column holding the text (jsonl/csv/tsv/parquet); default ``text``, else ``sentence``.
         keep: other columns to carry along (CoNLL: ``pos``/``chunk``/``ner``/``doc``; CoNLL-U: ``upos``...).
         stdin: a binary stream to read instead of ``sys.stdin`` (tests).
+        document_context: CoNLL-2003 only: attach neighbouring sentences of the same document as ``context``.
 
     Raises:
         ValueError: missing file, unknown format, a header without the text or a kept column. Problems of one
@@ -373,6 +425,15 @@ def read_records(
     """
     fmt = detect_format(path, format)
     keep = list(keep)
+    if document_context:
+        if fmt != "conll":
+            raise ValueError(f"document context needs CoNLL-2003 input with -DOCSTART- documents, not {fmt}")
+        inner = read_records(path, fmt, keep=list(dict.fromkeys([*keep, "doc"])), stdin=stdin)
+        for item in with_document_context(inner):
+            if isinstance(item, Record) and "doc" not in keep:
+                item.fields.pop("doc", None)
+            yield item
+        return
     if fmt == "parquet":
         if os.fspath(path) == "-":
             raise ValueError("parquet cannot be read from stdin; pass the file path")

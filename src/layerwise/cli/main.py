@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, encode, evaluate, export, extract, inspect, predict, train
+from . import demo, encode, evaluate, export, extract, inspect, predict, probe, train
 
 app = typer.Typer(
     name="layerwise",
@@ -21,6 +21,7 @@ app.command("export")(export.export)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
 app.command("predict")(predict.predict)
+app.command("probe")(probe.probe)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -149,7 +149,7 @@ class _Plan:
 
 def _plan(
     ex: Extractor, input_path: str, fmt: str, *, layers, site, combine, weights, pool, level, subword,
-    skip_special_tokens, truncate, dtype, text_field, keep,
+    skip_special_tokens, truncate, dtype, text_field, keep, context=None,
 ) -> _Plan:
     if level not in LEVELS:
         raise ExtractError(f"unknown level {level!r}. Valid levels are: {', '.join(LEVELS)}")
@@ -187,6 +187,7 @@ def _plan(
         "subword": subword if level == "word" else None,
         "dtype": dtype,
         "truncate": bool(truncate),
+        "context": context,
         "tokenizer": {
             "class": type(tok).__name__,
             "vocab_size": len(tok),
@@ -328,6 +329,9 @@ class _Run:
         o, ex = self.plan.options, self.ex
         words = self.level == "word"
         items = [r.words if r.words is not None else r.text.split() for r in records] if words else [r.text for r in records]
+        contexts = [r.context for r in records] if words else []
+        if any(c is not None for c in contexts):  # encode with the neighbours; keep the record's own words
+            items = [c[0] + w + c[1] if c else w for w, c in zip(items, contexts)]
         if words:
             reduce = ex._word_reducer(o["subword"])
         else:
@@ -345,6 +349,9 @@ class _Run:
             if sentence:
                 feats[index] = vec.reshape(d).to("cpu", torch.float32).numpy()
             else:
+                if words and contexts and contexts[index]:
+                    left = len(contexts[index][0])
+                    vec = vec[left : left + len(records[index].words)]
                 out[index] = vec.reshape(-1, d).to("cpu", torch.float32).numpy().astype(self.dtype, copy=False)
                 ids[index] = tok.ids
             tokens += len(tok.ids)
@@ -363,7 +370,8 @@ class _Run:
         if keep:
             meta["columns"] = json.dumps({k: [r.fields.get(k) for r in records] for k in keep}, ensure_ascii=False)
         if words:
-            meta["words"] = json.dumps(items, ensure_ascii=False)
+            meta["words"] = json.dumps([r.words if r.words is not None else r.text.split() for r in records],
+                                       ensure_ascii=False)
         return tensors, meta, tokens
 
     def flush(self, records: list[Record]) -> tuple[int, int, float]:
@@ -416,6 +424,7 @@ def extract(
     progress: bool | None = None,
     stdin: IO[bytes] | None = None,
     on_shard: Callable[[int], None] | None = None,
+    context: str | None = None,
 ) -> ExtractSummary:
     """Extract features for every record of ``input`` into the store directory ``store``.
 
@@ -434,6 +443,8 @@ def extract(
         strict: stop at the first bad record (``ExtractError`` with its line and reason) instead of skipping it.
         progress: show a progress bar (default: when stderr is a terminal).
         on_shard: called with the shard count after each shard is written (tests, monitoring).
+        context: ``"document"`` (CoNLL-2003, word level): encode each sentence with its neighbours from the same
+            document and keep its own words' features (the BERT paper's NER setting).
 
     Returns:
         An :class:`ExtractSummary`.
@@ -455,10 +466,15 @@ def extract(
     plan = _plan(
         ex, input_path, fmt, layers=layers, site=site, combine=combine, weights=weights, pool=pool, level=level,
         subword=subword, skip_special_tokens=skip_special_tokens, truncate=truncate, dtype=dtype,
-        text_field=text_field, keep=keep,
+        text_field=text_field, keep=keep, context=context,
     )
     # Start reading before touching the store: header and --keep problems must not leave a store behind.
-    items = read_records(input_path, fmt, text_field=text_field, keep=keep, stdin=stdin)
+    if context not in (None, "document"):
+        raise ExtractError(f"unknown context {context!r}. Valid values are: document (or None)")
+    if context == "document" and level != "word":
+        raise ExtractError("context='document' gives word features: use it with level='word'")
+    items = read_records(input_path, fmt, text_field=text_field, keep=keep, stdin=stdin,
+                         document_context=context == "document")
     first = next(items, None)
     items = itertools.chain([first] if first is not None else [], items)
     run = _Run(ex, Path(store), plan, budget)

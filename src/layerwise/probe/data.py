@@ -1,0 +1,105 @@
+"""Probe data: every layer of every split extracted once into feature stores, then loaded as probe inputs.
+
+Tagging (``task="tagging"``): CoNLL-2003 (``column`` = ``ner`` | ``chunk`` | ``pos``) or CoNLL-U (``upos`` | ``xpos``)
+sentences become one feature row per word of the file (``level="word"``, sub-tokens pooled with ``subword``,
+default ``first`` as in the BERT paper), with every layer kept (``layers="all"``, ``combine="stack"``).
+Sentence tasks (``task="sentence"``): TSV/CSV/JSONL text+label, one row per record, each layer pooled (``pool``).
+
+Stores live in ``OUTPUT/features/<split>`` and are float16 on disk (probing does not need more); a rerun finds
+them complete and skips extraction. CoNLL-2003 ``document_context=True`` encodes each sentence together with its
+neighbours from the same ``-DOCSTART-`` document and keeps the features of the sentence's own words only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ..extractor import Extractor
+from ..readers import detect_format
+from ..store import FeatureStore, extract, open_store
+
+Task = Literal["sentence", "tagging"]
+TASKS = ("sentence", "tagging")
+TAG_COLUMNS = {"conll": ("ner", "chunk", "pos"), "conllu": ("upos", "xpos")}
+
+
+@dataclass
+class ProbeSplit:
+    """Features of one split in memory: ``x [rows, L + 1, W]`` (float16), string labels, and sentence offsets.
+
+    For tagging, rows are words and ``offsets [sentences + 1]`` delimits sentences; for sentence tasks rows are
+    records and ``offsets`` is ``None``.
+    """
+
+    x: torch.Tensor
+    labels: list[str]
+    offsets: np.ndarray | None
+    store: FeatureStore
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def sentences(self) -> list[list[str]]:
+        """Tagging: the gold tags sentence by sentence."""
+        off = self.offsets
+        return [self.labels[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+
+
+def check_task(task: str, path: str | os.PathLike, column: str | None, fmt: str | None) -> tuple[str, str]:
+    """Validate the task against the file format; returns ``(format, column)``."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}. Valid tasks are: {', '.join(TASKS)}")
+    fmt = detect_format(path, fmt)
+    if task == "tagging":
+        if fmt not in TAG_COLUMNS:
+            raise ValueError(f"task 'tagging' reads CoNLL-2003 (.conll) or CoNLL-U (.conllu) files; {os.fspath(path)!r} is {fmt}")
+        column = column or TAG_COLUMNS[fmt][0]
+        if column not in TAG_COLUMNS[fmt]:
+            raise ValueError(f"column {column!r} is not a tag column of {fmt}. Valid columns are: {', '.join(TAG_COLUMNS[fmt])}")
+    else:
+        if fmt in TAG_COLUMNS:
+            raise ValueError(f"task 'sentence' reads text+label files (tsv, csv, jsonl, parquet); {os.fspath(path)!r} is {fmt}")
+        column = column or "label"
+    return fmt, column
+
+
+def split_features(
+    ex: Extractor,
+    path: str | os.PathLike,
+    store_dir: Path,
+    *,
+    task: str,
+    fmt: str,
+    column: str,
+    subword: str = "first",
+    pool: str = "mean",
+    text_field: str | None = None,
+    document_context: bool = False,
+    progress: bool | None = None,
+) -> ProbeSplit:
+    """Extract (or find cached) all-layer features of one split and load them."""
+    if task == "tagging":
+        keep = [column] + (["doc"] if fmt == "conll" else [])
+        extract(path, store_dir, model=ex, layers="all", combine="stack", level="word", subword=subword,
+                format=fmt, keep=keep, dtype="float16", progress=progress,
+                context="document" if document_context else None)
+    else:
+        extract(path, store_dir, model=ex, layers="all", combine="stack", pool=pool, level="sentence",
+                format=fmt, text_field=text_field, keep=[column], dtype="float16", progress=progress)
+    store = open_store(store_dir)
+    if len(store) == 0:
+        raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
+    values = store.column(column)
+    if task == "tagging":
+        rows, offsets = store.ragged()
+        labels = [str(t) for tags in values for t in tags]
+        return ProbeSplit(torch.from_numpy(np.ascontiguousarray(rows)), labels, np.asarray(offsets), store)
+    x = np.concatenate(list(store.iter_chunks(8192)))
+    return ProbeSplit(torch.from_numpy(np.ascontiguousarray(x)), [str(v).strip() for v in values], None, store)

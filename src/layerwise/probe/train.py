@@ -1,0 +1,167 @@
+"""Training one probe on cached features and scoring it (dev and test), with restarts over seeds."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .data import ProbeSplit
+from .metrics import sentence_scores, tagging_scores
+from .models import ProbeSpec, SequenceProbe, word_head
+
+
+@dataclass
+class ProbeOptions:
+    """Training settings shared by every probe of a run."""
+
+    probe: str = "linear"  # linear | mlp | bilstm
+    crf: bool = False
+    hidden: int = 256  # MLP hidden size / BiLSTM hidden size per direction
+    dropout: float = 0.1
+    epochs: int = 8
+    patience: int = 2
+    lr: float = 1e-3
+    batch_size: int = 256  # rows (linear/MLP) or 32 sentences (BiLSTM)
+    device: str = "cpu"
+
+
+@dataclass
+class ProbeRun:
+    """Scores of one probe with one seed."""
+
+    dev: dict
+    test: dict | None
+    epochs: int
+    weights: list[float] | None = None  # learned layer weights (scalar mixes)
+    extra: dict = field(default_factory=dict)
+
+
+def _seed(seed: int) -> torch.Generator:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _main(scores: dict) -> float:
+    return scores.get("f1", scores["accuracy"])
+
+
+class _Scorer:
+    """Turns predicted label indices into the task's scores."""
+
+    def __init__(self, task: str, labels: list[str], scheme: str):
+        self.task, self.labels, self.scheme = task, labels, scheme
+
+    def __call__(self, split: ProbeSplit, pred: list[int]) -> dict:
+        names = [self.labels[i] if 0 <= i < len(self.labels) else "O" for i in pred]
+        if self.task == "sentence":
+            return sentence_scores(split.labels, names, self.labels)
+        off = split.offsets
+        pred_s = [names[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+        return tagging_scores(split.sentences, pred_s, self.scheme)
+
+
+def _targets(split: ProbeSplit, index: dict[str, int]) -> torch.Tensor:
+    # labels unseen in training get -100 (ignored in the loss, always wrong in the scores)
+    return torch.tensor([index.get(label, -100) for label in split.labels], dtype=torch.long)
+
+
+def _row_predict(head, split: ProbeSplit, pos: list[int], dev: str) -> list[int]:
+    head.eval()
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(split), 4096):
+            out.append(head(split.x[s : s + 4096][:, pos].float().to(dev)).argmax(-1).cpu())
+    return torch.cat(out).tolist()
+
+
+def _sentence_batch(split: ProbeSplit, sents: list[int], pos: list[int], y: torch.Tensor | None):
+    off = split.offsets
+    lengths = [int(off[i + 1] - off[i]) for i in sents]
+    T = max(lengths)
+    x = torch.zeros((len(sents), T, len(pos), split.x.shape[-1]))
+    mask = torch.zeros((len(sents), T), dtype=torch.long)
+    tags = torch.zeros((len(sents), T), dtype=torch.long)
+    for r, (i, n) in enumerate(zip(sents, lengths)):
+        x[r, :n] = split.x[off[i] : off[i + 1]][:, pos].float()
+        mask[r, :n] = 1
+        if y is not None:
+            tags[r, :n] = y[off[i] : off[i + 1]].clamp_min(0)
+    return x, mask, tags
+
+
+def _seq_predict(model: SequenceProbe, split: ProbeSplit, pos: list[int], dev: str) -> list[int]:
+    model.eval()
+    out: list[int] = []
+    n = len(split.offsets) - 1
+    with torch.inference_mode():
+        for s in range(0, n, 64):
+            x, mask, _ = _sentence_batch(split, list(range(s, min(n, s + 64))), pos, None)
+            for seq in model.predict(x.to(dev), mask.to(dev)):
+                out.extend(seq)
+    return out
+
+
+def fit_probe(
+    spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str, labels: list[str],
+    scheme: str, opts: ProbeOptions, seed: int,
+) -> ProbeRun:
+    """Train ``spec`` on ``train``; keep the epoch with the best dev score; score dev (and test) with it."""
+    gen = _seed(seed)
+    index = {label: i for i, label in enumerate(labels)}
+    pos = list(spec.layers)
+    width = train.x.shape[-1]
+    score = _Scorer(task, labels, scheme)
+    y = _targets(train, index)
+    sequence = opts.probe == "bilstm"
+    if sequence:
+        model = SequenceProbe(spec, len(labels), width, hidden=opts.hidden, crf=opts.crf, dropout=opts.dropout)
+        predict = lambda split: _seq_predict(model, split, pos, opts.device)  # noqa: E731
+        n_items = len(train.offsets) - 1
+        batch = 32
+    else:
+        model = word_head(spec, labels, width, opts.probe, opts.hidden, opts.dropout if opts.probe == "mlp" else 0.0)
+        predict = lambda split: _row_predict(model, split, pos, opts.device)  # noqa: E731
+        n_items = len(train)
+        batch = opts.batch_size
+    model.to(opts.device)
+    optim = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    best, best_state, best_epoch, stale = -1.0, None, 0, 0
+    for epoch in range(1, opts.epochs + 1):
+        model.train()
+        order = torch.randperm(n_items, generator=gen)
+        for s in range(0, n_items, batch):
+            idx = order[s : s + batch]
+            if sequence:
+                x, mask, tags = _sentence_batch(train, idx.tolist(), pos, y)
+                loss = model.loss(x.to(opts.device), tags.to(opts.device), mask.to(opts.device))
+            else:
+                target = y[idx]
+                keep = target >= 0
+                if not bool(keep.any()):
+                    continue
+                x = train.x[idx][:, pos].float().to(opts.device)
+                loss = torch.nn.functional.cross_entropy(model(x)[keep.to(opts.device)], target[keep].to(opts.device))
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+        dev_scores = score(dev, predict(dev))
+        if _main(dev_scores) > best:
+            best, best_epoch, stale = _main(dev_scores), epoch, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            stale += 1
+            if stale >= opts.patience:
+                break
+    model.load_state_dict(best_state)
+    run = ProbeRun(dev=score(dev, predict(dev)), test=score(test, predict(test)) if test is not None else None,
+                   epochs=best_epoch)
+    head = model.mixer if sequence else model
+    w = head.layer_weights()
+    if w is not None and spec.combine == "scalar_mix":
+        run.weights = [round(float(v), 4) for v in w]
+    return run
