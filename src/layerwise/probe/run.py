@@ -143,7 +143,8 @@ def run(
     if len(labels) < 2:
         raise ValueError(f"the training data has a single class ({labels[0]!r}); a probe needs at least two")
     if task == "tagging":
-        scheme = detect_scheme(splits["train"].labels) if scheme == "auto" else scheme
+        if scheme == "auto":  # an "O" between sentences: a tag never continues a chunk of the previous sentence
+            scheme = detect_scheme([t for sent in splits["train"].sentences for t in ("O", *sent)])
         metric = "entity F1" if scheme != "none" else "accuracy"
         title = f"{column.upper()} tagging ({os.path.basename(os.fspath(train))})"
     else:

@@ -1,0 +1,323 @@
+"""Layer-wise probing (``layerwise.probe``) on the tiny random BERT: outputs, metrics by hand, restarts, caching,
+features, CoNLL-2003 document context, linear CKA, the CRF against brute force, and bad input by message.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import itertools
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import layerwise.probe.data as probe_data
+from layerwise.probe import CRF, cka_matrix, detect_scheme, linear_cka, run, tagging_scores
+from layerwise.readers import Record, read_records, with_document_context
+from layerwise.store import extract, open_store
+
+QUIET = dict(log=lambda line: None, progress=False, epochs=1)
+# CoNLL-2003 documents (IOB1: I- starts an entity, B- only between adjacent entities of one type).
+DOCS = [
+    [[("EU", "NNP", "B-NP", "I-ORG"), ("rejects", "VBZ", "B-VP", "O"), ("German", "JJ", "B-NP", "I-MISC"),
+      ("call", "NN", "I-NP", "O"), ("to", "TO", "B-VP", "O"), ("boycott", "VB", "I-VP", "O"),
+      ("British", "JJ", "B-NP", "I-MISC"), ("lamb", "NN", "I-NP", "O"), (".", ".", "O", "O")],
+     [("Peter", "NNP", "B-NP", "I-PER"), ("Blackburn", "NNP", "I-NP", "I-PER")],
+     [("Paris", "NNP", "B-NP", "I-LOC"), ("Brussels", "NNP", "I-NP", "B-LOC"), ("love", "VB", "B-VP", "O"),
+      ("the", "DT", "B-NP", "O"), ("fox", "NN", "I-NP", "O")]],
+    [[("Peter", "NNP", "B-NP", "I-PER"), ("went", "VBD", "B-VP", "O"), ("to", "TO", "B-PP", "O"),
+      ("Brussels", "NNP", "B-NP", "I-LOC"), ("on", "IN", "B-PP", "O"), ("Monday", "NNP", "B-NP", "O"), (".", ".", "O", "O")],
+     [(w, "X", "O", "O") for w in "The quick brown fox jumps over the lazy dog !".split()]],
+]
+CONLLU = """# sent_id = 1
+# text = Peter went to the store.
+1	Peter	Peter	PROPN	NNP	_	2	nsubj	_	_
+2	went	go	VERB	VBD	_	0	root	_	_
+3-4	tothe	_	_	_	_	_	_	_	_
+3	to	to	ADP	IN	_	5	case	_	_
+4	the	the	DET	DT	_	5	det	_	_
+5	store	store	NOUN	NN	_	2	obl	_	_
+5.1	bought	buy	VERB	VBD	_	_	_	2:conj	_
+6	.	.	PUNCT	.	_	2	punct	_	_
+
+# sent_id = 2
+1	The	the	DET	DT	_	3	det	_	_
+2	quick	quick	ADJ	JJ	_	3	amod	_	_
+3	fox	fox	NOUN	NN	_	4	nsubj	_	_
+4	jumps	jump	VERB	VBZ	_	0	root	_	_
+5	!	!	PUNCT	.	_	4	punct	_	_
+"""
+UD_WORDS = [["Peter", "went", "to", "the", "store", "."], ["The", "quick", "fox", "jumps", "!"]]
+UD_TAGS = ["PROPN", "VERB", "ADP", "DET", "NOUN", "PUNCT", "DET", "ADJ", "NOUN", "VERB", "PUNCT"]
+TSV = "sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in [
+    ("I love Paris", "pos"), ("a gorgeous film", "pos"), ("the quick brown fox", "pos"), ("Paris in the springtime", "pos"),
+    ("EU rejects German call", "neg"), ("boycott British lamb", "neg"), ("the lazy dog", "neg"), ("rejects the call", "neg")])
+
+
+def iob2(tags):
+    return [f"B-{t[2:]}" if t.startswith("I-") and (i == 0 or tags[i - 1][2:] != t[2:]) else t
+            for i, t in enumerate(tags)]
+
+
+def conll_text(docs, convert=lambda tags: tags):
+    out = []
+    for doc in docs:
+        out.append("-DOCSTART- -X- -X- O\n\n")
+        for sent in doc:
+            tags = convert([r[3] for r in sent])
+            out.append("".join(f"{w} {p} {c} {t}\n" for (w, p, c, _), t in zip(sent, tags)) + "\n")
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_dirs, tiny_extractors):
+    root = tmp_path_factory.mktemp("probe")
+    files = {"iob1": root / "iob1.conll", "iob2": root / "iob2.conll", "ud": root / "ud.conllu", "tsv": root / "s.tsv"}
+    files["iob1"].write_text(conll_text(DOCS))
+    files["iob2"].write_text(conll_text(DOCS, iob2))
+    files["ud"].write_text(CONLLU)
+    files["tsv"].write_text(TSV)
+    return dict(root=root, ex=tiny_extractors["bert"], model_dir=tiny_dirs["bert"], **files)
+
+
+@pytest.fixture(scope="module")
+def runs(env):
+    """The three kinds of run: CoNLL-2003 NER (3 restarts), CoNLL-U UPOS and a sentence task."""
+    r, ex = env["root"], env["ex"]
+    return {
+        "ner": run(env["iob1"], env["iob1"], task="tagging", column="ner", model=ex, output=r / "ner", restarts=3, lr=0.05, **QUIET),
+        "upos": run(env["ud"], env["ud"], env["ud"], task="tagging", column="upos", model=ex, output=r / "upos", **QUIET),
+        "sentence": run(env["tsv"], env["tsv"], task="sentence", model=ex, output=r / "sent", **QUIET),
+    }
+
+
+EXPECTED = {  # (name, layers, combine) for a 2-layer model
+    ("embeddings", (0,), "concat"), ("layer 1", (1,), "concat"), ("layer 2", (2,), "concat"),
+    ("second-to-last", (1,), "concat"), ("last", (2,), "concat"), ("sum last 2", (1, 2), "sum"),
+    ("weighted sum last 2", (1, 2), "scalar_mix"), ("concat last 2", (1, 2), "concat"),
+    ("weighted sum all 2 layers", (1, 2), "scalar_mix"), ("scalar mix all (with embeddings)", (0, 1, 2), "scalar_mix"),
+}
+
+
+@pytest.mark.parametrize("kind", ["ner", "upos", "sentence"])
+def test_run_writes_every_output(runs, env, kind):
+    res = runs[kind]
+    out = {"ner": "ner", "upos": "upos", "sentence": "sent"}[kind]
+    out = env["root"] / out
+    names = ("results.md", "results.csv", "results.json", "layers.png", "similarity.png", "report.html")
+    assert {p.name for p in res.files.values()} == set(names)
+    for name in names:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for png in ("layers.png", "similarity.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(out / png) as im:
+            im.verify()
+    data = json.loads((out / "results.json").read_text())
+    assert {(r["name"], tuple(r["layers"]), r["combine"]) for r in data["rows"]} == EXPECTED
+    assert len(data["rows"]) == len(EXPECTED)
+    assert all(0.0 <= r["dev_mean"] <= 1.0 for r in data["rows"])
+    cka = np.array(data["cka"])
+    assert cka.shape == (3, 3) and np.allclose(cka, cka.T) and np.allclose(np.diag(cka), 1)
+    with open(out / "results.csv", newline="") as fh:
+        assert [r["probe"] for r in csv.DictReader(fh)] == [r["name"] for r in data["rows"]]
+    md = (out / "results.md").read_text()
+    assert all(f"| {r['name']} |" in md for r in data["rows"]) and "layerwise" in md
+    html = (out / "report.html").read_text()
+    imgs = re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)'>", html)
+    assert [base64.b64decode(i) for i in imgs] == [(out / "layers.png").read_bytes(), (out / "similarity.png").read_bytes()]
+    assert "<table>" in html and "scalar mix all (with embeddings)" in html and "Provenance" in html
+    assert str(env["model_dir"]) in html or res.provenance["model"] in html
+    expected = {"ner": ("entity F1", "IOB1"), "upos": ("accuracy", "none"), "sentence": ("accuracy", "none")}[kind]
+    assert (data["metric_name"], data["options"]["scheme"]) == expected
+    assert all(("test_mean" in r) == (kind == "upos") for r in data["rows"])  # only the UPOS run has a test file
+
+
+def test_tagging_scores_by_hand():
+    # IOB2: gold PER, LOC | ORG (3 entities); predicted PER (right), MISC (wrong) -> P 1/2, R 1/3, F1 0.4
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "I-PER", "O", "O"], ["O", "B-MISC"]]
+    s = tagging_scores(gold, pred, "IOB2")
+    assert s["precision"] == pytest.approx(1 / 2) and s["recall"] == pytest.approx(1 / 3)
+    assert s["f1"] == pytest.approx(0.4) and s["accuracy"] == pytest.approx(3 / 6) and s["words"] == 6
+    # IOB1: I- after O starts an entity; B-LOC splits two LOCs. Gold PER, LOC, LOC | ORG (4); predicted PER (right)
+    # and one merged LOC (wrong span) -> P 1/2, R 1/4, F1 1/3
+    gold = [["I-PER", "I-PER", "O", "I-LOC", "B-LOC"], ["I-ORG"]]
+    pred = [["I-PER", "I-PER", "O", "I-LOC", "I-LOC"], ["O"]]
+    s = tagging_scores(gold, pred, "IOB1")
+    assert (s["precision"], s["recall"]) == pytest.approx((1 / 2, 1 / 4))
+    assert s["f1"] == pytest.approx(1 / 3) and s["accuracy"] == pytest.approx(4 / 6)
+    s = tagging_scores([["NOUN", "VERB"]], [["NOUN", "NOUN"]], "none")
+    assert s == {"accuracy": 0.5, "words": 2}
+
+
+def test_detect_scheme():
+    assert detect_scheme(["O", "I-PER", "I-PER", "O", "I-LOC", "B-LOC"]) == "IOB1"
+    assert detect_scheme(["B-PER", "I-PER", "O", "B-LOC", "B-LOC", "I-LOC"]) == "IOB2"
+    assert detect_scheme(["B-PER", "E-PER", "O", "S-LOC"]) == "IOBES"
+    assert detect_scheme(UD_TAGS) == "none"
+    assert detect_scheme(["O", "O"]) == "none"
+    labels = [t for doc in DOCS for s in doc for t in (r[3] for r in s)]
+    assert detect_scheme(labels) == "IOB1"
+    assert detect_scheme([t for doc in DOCS for s in doc for t in iob2([r[3] for r in s])]) == "IOB2"
+
+
+def test_restarts_mean_and_std(runs):
+    rows = runs["ner"].rows
+    for r in rows:
+        assert len(r["dev_runs"]) == 3 and r["epochs"] and len(r["epochs"]) == 3
+        assert r["dev_mean"] == pytest.approx(np.mean(r["dev_runs"]), abs=1e-5)
+        assert r["dev_std"] == pytest.approx(np.std(r["dev_runs"], ddof=1), abs=1e-4)
+    assert any(len(set(r["dev_runs"])) > 1 for r in rows), "seeds never changed a score: std is untested"
+    for r in runs["upos"].rows:
+        assert len(r["dev_runs"]) == 1 and r["dev_std"] == 0.0 and r["dev_mean"] == pytest.approx(r["dev_runs"][0], abs=1e-5)
+
+
+def test_cached_store_is_reused(runs, env, monkeypatch):
+    statuses = []
+
+    def spy(*args, **kwargs):
+        summary = extract(*args, **kwargs)
+        statuses.append(summary.status)
+        return summary
+
+    monkeypatch.setattr(probe_data, "extract", spy)
+    shards = sorted((env["root"] / "ner" / "features").rglob("shard-*.safetensors"))
+    before = {p: p.stat().st_mtime_ns for p in shards}
+    again = run(env["iob1"], env["iob1"], task="tagging", column="ner", model=env["ex"], output=env["root"] / "ner",
+                restarts=3, lr=0.05, **QUIET)
+    assert statuses == ["already_complete", "already_complete"]
+    assert shards and {p: p.stat().st_mtime_ns for p in shards} == before
+    assert [r["dev_runs"] for r in again.rows] == [r["dev_runs"] for r in runs["ner"].rows]
+
+
+def test_features_equal_encode_words(runs, env):
+    ex = env["ex"]
+    split = probe_data.split_features(ex, env["ud"], env["root"] / "upos" / "features" / "train", task="tagging",
+                                      fmt="conllu", column="upos", progress=False)
+    assert split.labels == UD_TAGS and list(split.offsets) == [0, 6, 11]
+    ref = np.concatenate(ex.encode_words(UD_WORDS, layers="all", combine="stack", subword="first"))
+    x = split.x.float().numpy()
+    assert x.shape == ref.shape == (11, 3, 32)
+    assert np.all(np.abs(x - ref) <= 1e-3 * np.abs(ref) + 1e-4)
+    assert [split.store.words(i) for i in range(2)] == UD_WORDS
+
+
+def test_document_context_features(env):
+    ex = env["ex"]
+    summary = extract(env["iob2"], env["root"] / "doc-ctx", model=ex, layers="all", combine="stack", level="word",
+                      context="document", keep=["ner", "doc"], progress=False)
+    assert summary.status == "complete"
+    store = open_store(env["root"] / "doc-ctx")
+    sents = [(d, [r[0] for r in s]) for d, doc in enumerate(DOCS) for s in doc]
+    assert len(store) == len(sents) and store.column("doc") == [d for d, _ in sents]
+    plain = ex.encode_words([w for _, w in sents], layers="all", combine="stack")
+    for i, (d, words) in enumerate(sents):
+        same = [w for dd, w in sents if dd == d]
+        k = same.index(words)
+        left, right = sum(same[:k], []), sum(same[k + 1 :], [])
+        ref = ex.encode_words([left + words + right], layers="all", combine="stack")[0][len(left) : len(left) + len(words)]
+        assert store.words(i) == words
+        np.testing.assert_allclose(store[i], ref, atol=1e-5, rtol=0)
+        assert not np.allclose(store[i], plain[i], atol=1e-3)  # the context changed the features
+    # the probe passes the context on: its (float16) features are these
+    res = run(env["iob2"], env["iob2"], model=ex, output=env["root"] / "ner-ctx", document_context=True,
+              layers_only=True, **QUIET)
+    assert res.options["document_context"] is True and res.options["scheme"] == "IOB2"
+    rows, _ = open_store(env["root"] / "ner-ctx" / "features" / "train").ragged()
+    np.testing.assert_allclose(rows.astype(np.float32), store.ragged()[0], rtol=2e-3, atol=1e-4)
+    items = list(read_records(env["iob2"], document_context=True, keep=["ner"]))
+    assert "doc" not in items[0].fields
+    first_of_doc2 = items[3]
+    assert first_of_doc2.context == ([], sents[4][1]) and items[2].context == (sents[0][1] + sents[1][1], [])
+
+
+def test_with_document_context_respects_max_words():
+    lens = [3, 4, 5, 2, 6]
+    recs = [Record(i + 1, "x", words=[f"s{i}w{j}" for j in range(n)], fields={"doc": 0}) for i, n in enumerate(lens)]
+    recs.append(Record(9, "x", words=["other"], fields={"doc": 1}))
+    out = list(with_document_context(iter(recs), max_words=10))
+    assert out[2].context == (recs[1].words, [])  # 5 + 4 fits; adding 2 or 3 more would exceed 10
+    assert out[0].context == ([], recs[1].words)  # 3 + 4 = 7; + 5 > 10
+    assert out[5].context == ([], [])  # alone in its document
+    for o in out:
+        left, right = o.context
+        assert len(left) + len(o.words) + len(right) <= 10
+        assert all(w.startswith("s") for w in left + right) or o.fields["doc"] == 1
+    big = list(with_document_context(iter([Record(1, "x", words=["a"] * 12, fields={"doc": 0}), recs[0]]), max_words=10))
+    assert big[0].context == ([], [])
+
+
+def test_linear_cka():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 8))
+    y = x @ rng.normal(size=(8, 5)) + 0.5 * rng.normal(size=(60, 5))
+    q, _ = np.linalg.qr(rng.normal(size=(5, 5)))
+    assert linear_cka(x, x) == pytest.approx(1.0)
+    base = linear_cka(x, y)
+    assert 0 < base < 1
+    assert linear_cka(x, 3.7 * y @ q) == pytest.approx(base)
+    h = np.eye(60) - 1 / 60
+    k, lm = h @ x @ x.T @ h, h @ y @ y.T @ h
+    assert base == pytest.approx(np.trace(k @ lm) / np.sqrt(np.trace(k @ k) * np.trace(lm @ lm)))
+    stack = rng.normal(size=(40, 4, 6))
+    stack[:, 1] = stack[:, 0] * 2 + 1
+    m = cka_matrix(stack)
+    assert m.shape == (4, 4) and np.allclose(m, m.T) and np.allclose(np.diag(m), 1)
+    assert m[0, 1] == pytest.approx(1.0) and m[2, 3] == pytest.approx(linear_cka(stack[:, 2], stack[:, 3]))
+
+
+def test_crf_matches_brute_force():
+    torch.manual_seed(0)
+    crf = CRF(3)
+    for p in crf.parameters():
+        torch.nn.init.normal_(p)
+    em = torch.randn(2, 3, 3) * 2
+    tags = torch.tensor([[0, 2, 1], [1, 1, 2]])  # row 1 has length 2: its last tag is padding
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    s, e, tr = crf.start.detach(), crf.end.detach(), crf.trans.detach()
+
+    def score(r, seq):
+        v = s[seq[0]] + em[r, 0, seq[0]] + e[seq[-1]]
+        return v + sum(tr[seq[t - 1], seq[t]] + em[r, t, seq[t]] for t in range(1, len(seq)))
+
+    nll, best = [], []
+    for r, n in enumerate(mask.sum(1).tolist()):
+        seqs = list(itertools.product(range(3), repeat=n))
+        scores = torch.stack([score(r, q) for q in seqs])
+        nll.append(torch.logsumexp(scores, 0) - score(r, tags[r, :n].tolist()))
+        best.append(list(seqs[int(scores.argmax())]))
+    assert float(crf.nll(em, tags, mask).detach()) == pytest.approx(float(torch.stack(nll).mean()), abs=1e-5)
+    assert crf.decode(em, mask) == best
+    assert float(crf.nll(em[:1], tags[:1], mask[:1]).detach()) == pytest.approx(float(nll[0]), abs=1e-5)
+
+
+def test_bilstm_crf_probe(env):
+    res = run(env["iob1"], env["iob1"], task="tagging", model=env["ex"], output=env["root"] / "lstm", probe="bilstm",
+              crf=True, hidden=8, layers_only=True, **QUIET)
+    assert [r["name"] for r in res.rows] == ["embeddings", "layer 1", "layer 2"]
+    assert all(r["kind"] == "layer" and 0 <= r["dev_mean"] <= 1 for r in res.rows)
+    assert res.options["probe"] == "bilstm" and res.options["crf"] is True
+    assert (env["root"] / "lstm" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(task="parsing"), "Valid tasks are: sentence, tagging"),
+    (dict(probe="svm"), "Valid probes are: linear, mlp, bilstm"),
+    (dict(scheme="BIO"), "Valid schemes are: auto, none, IOB1, IOB2, IOBES"),
+    (dict(column="lemma"), "Valid columns are: ner, chunk, pos"),
+    (dict(train="ud", column="ner"), "Valid columns are: upos, xpos"),
+    (dict(train="tsv"), "reads CoNLL-2003 (.conll) or CoNLL-U (.conllu)"),
+    (dict(task="sentence"), "reads text+label files (tsv, csv, jsonl, parquet)"),
+    (dict(restarts=0), "restarts must be a positive int, got 0"),
+    (dict(probe="bilstm", task="sentence", train="tsv"), "use it with task='tagging'"),
+])
+def test_bad_input(env, tmp_path, kw, message):
+    kw = dict(kw)
+    train = env[kw.pop("train", "iob1")]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run(train, train, model=env["ex"], output=tmp_path / "out", **{"log": lambda line: None, **kw})
+    assert not (tmp_path / "out").exists()
