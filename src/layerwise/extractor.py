@@ -30,6 +30,7 @@ from .capture import capture
 from .combine import combine as combine_layers
 from .combine import validate_combine
 from .layers import LayerSpec, resolve_layers, validate_site
+from .onnx_backend import OnnxRunner, check_backend
 from .loading import LoadedModel, load_model
 from .pooling import pool as pool_tokens
 from .pooling import pool_words, validate_pool, validate_word_pool
@@ -90,6 +91,8 @@ class Extractor:
         sort_by_length: sort rows by length before batching (faster; results are identical either way).
         revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
             opt-in because they run code from the checkpoint).
+        backend: ``torch`` (default) or ``onnx`` (ONNX Runtime on CPU, block site; the graph is exported once per
+            layer choice and cached under ``onnx_cache``, default ``~/.cache/layerwise/onnx``).
     """
 
     def __init__(
@@ -105,7 +108,10 @@ class Extractor:
         revision: str | None = None,
         allow_pickle: bool = False,
         trust_remote_code: bool = False,
+        backend: str = "torch",
+        onnx_cache: str | os.PathLike | None = None,
     ):
+        self.backend = check_backend(backend)
         self.loaded = (
             model
             if isinstance(model, LoadedModel)
@@ -133,6 +139,11 @@ class Extractor:
             raise ValueError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
         self.batch_tokens = self._check_budget(batch_tokens)
         self.sort_by_length = bool(sort_by_length)
+        self._onnx = None
+        if self.backend == "onnx":
+            if self.loaded.device.type != "cpu":
+                raise ValueError("backend='onnx' runs on the CPU here; use backend='torch' for CUDA")
+            self._onnx = OnnxRunner(self.loaded, onnx_cache)
 
     # ---- facts ----------------------------------------------------------------------------------------
     @property
@@ -195,7 +206,10 @@ class Extractor:
         pad_id = self.loaded.tokenizer.pad_token_id or 0
         for batch in plan_batches([len(w.ids) for w in windows], batch_tokens, sort=self.sort_by_length):
             ids, mask = pad_batch([windows[j].ids for j in batch], pad_id)
-            states = capture(self.loaded, ids, mask, layers, site)  # [K, b, T, W]
+            if self._onnx is not None:
+                states = self._onnx.run(ids, mask, layers)  # [K, b, T, W]
+            else:
+                states = capture(self.loaded, ids, mask, layers, site)  # [K, b, T, W]
             single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]
             if single:
                 yield _Group(
@@ -224,6 +238,7 @@ class Extractor:
             layers = combine.layers
         resolved = resolve_layers(-1 if layers is None else layers, self.num_layers)
         validate_site(site, resolved)
+        check_backend(self.backend, site)
         if combine is not None:
             validate_combine(combine, len(resolved), weights)
         return resolved, site

@@ -1,0 +1,64 @@
+"""ONNX Runtime backend: same results as PyTorch (<= 1e-4) for every family, graph ends at the deepest layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+import layerwise.onnx_backend as ob
+
+pytest.importorskip("onnxruntime")
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés " * 40]
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnx")
+
+
+@pytest.mark.parametrize("layers", ["all", 1, [0, 2]])
+def test_onnx_equals_torch_every_family(tiny_extractors, family, layers, onnx_cache):
+    ref = tiny_extractors[family]
+    ex = lw.Extractor(ref.loaded, backend="onnx", onnx_cache=onnx_cache, max_length=24)  # long text: windows
+    torch_ex = lw.Extractor(ref.loaded, max_length=24)
+    got = ex.encode(TEXTS, layers=layers, combine="concat", pool="mean")
+    want = torch_ex.encode(TEXTS, layers=layers, combine="concat", pool="mean")
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    for g, w in zip(ex.encode(TEXTS, layers=layers, pool=None), torch_ex.encode(TEXTS, layers=layers, pool=None)):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+
+
+def test_onnx_default_model_words(default_extractor, tmp_path):
+    ex = lw.Extractor(default_extractor.loaded, backend="onnx", onnx_cache=tmp_path)
+    words = [t.split() for t in TEXTS if t]
+    for g, w in zip(ex.encode_words(words, layers="-4:"), default_extractor.encode_words(words, layers="-4:")):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=0)
+
+
+def test_export_is_cached_and_truncated(tiny_extractors, tmp_path, monkeypatch):
+    onnx = pytest.importorskip("onnx")
+    calls = []
+    real = ob.export
+    monkeypatch.setattr(ob, "export", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    loaded = tiny_extractors["bert"].loaded
+    lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path).encode(TEXTS, layers=1)
+    lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path).encode(TEXTS, layers=1)  # a new process would too
+    assert calls == [(1,)]
+    lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path).encode(TEXTS, layers=2)
+    assert calls == [(1,), (2,)]
+    sizes = {}
+    for path in tmp_path.glob("*.onnx"):
+        graph = onnx.load(str(path)).graph
+        sizes[len([n for n in graph.node if n.op_type == "MatMul"])] = path
+    assert len(sizes) == 2  # the layer-1 graph holds fewer matrix products: nothing after layer 1 exists
+
+
+def test_onnx_errors(tiny_extractors, tmp_path):
+    loaded = tiny_extractors["bert"].loaded
+    with pytest.raises(ValueError, match="unknown backend 'tf'. Valid backends are: torch, onnx"):
+        lw.Extractor(loaded, backend="tf")
+    ex = lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path)
+    with pytest.raises(ValueError, match="backend='onnx' exports block outputs only; site 'attention'"):
+        ex.encode(["x"], layers=1, site="attention")
