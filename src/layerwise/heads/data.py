@@ -147,13 +147,21 @@ class FrozenFeatures:
 
 
 def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str) -> FrozenFeatures:
-    """Load a cached store into memory, keeping the layers ``layers`` (resolved indices) in that order."""
-    labels = [str(v).strip() for v in store.column(label_field)]
+    """Load a cached store into memory, keeping the layers ``layers`` (resolved indices) in that order.
+
+    Records without a label (empty or null) are left out, as :func:`read_labelled` does.
+    """
+    raw = store.column(label_field)
+    keep = [i for i, v in enumerate(raw) if v is not None and str(v).strip()]
+    labels = [str(raw[i]).strip() for i in keep]
     stored = store.options["layers"]
     pos = [stored.index(i) for i in layers]
     if store.level == "sentence":  # chunk by chunk: never hold all layers of the corpus at once
         x = np.concatenate([np.asarray(c[:, pos], dtype=np.float32) for c in store.iter_chunks(8192)])
-        return FrozenFeatures(torch.from_numpy(x), labels)
+        return FrozenFeatures(torch.from_numpy(x[keep]), labels)
     rows, offsets = store.ragged()
+    if len(keep) < len(raw):
+        rows = np.concatenate([rows[offsets[i] : offsets[i + 1]] for i in keep])
+        offsets = np.concatenate([[0], np.cumsum([offsets[i + 1] - offsets[i] for i in keep])])
     x = np.asarray(rows[:, pos], dtype=np.float32)
     return FrozenFeatures(torch.from_numpy(x), labels, torch.from_numpy(np.asarray(offsets, dtype=np.int64)))

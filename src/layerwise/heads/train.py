@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..extractor import Extractor
+from ..loading import DEFAULT_MODEL_NAME
 from .classifier import SequenceClassifier
 from .config import HeadConfig
 from .data import FrozenFeatures, cached_store, encode_labels, frozen_features, label_map, read_labelled
@@ -180,6 +181,8 @@ def train(
     t0 = time.perf_counter()
     gen = _seed(seed)
     ex = extractor or Extractor(config.model, device=device, max_length=config.max_length)
+    if config.model is None and ex.loaded.name != DEFAULT_MODEL_NAME:
+        config.model = ex.loaded.name  # the saved model must name the encoder it was trained with
     paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
     kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": cache_dir}
     splits, names = _load_splits(config, ex, paths, kw, show)

@@ -1,0 +1,330 @@
+"""Classifier heads (``layerwise.heads``) on the tiny random BERT: training, formulas, masks, saving, caching, errors.
+
+Toy data is separable by construction: every text holds its class word three times plus random filler words, so a
+head on a frozen *random* encoder learns it in a few epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+import layerwise as lw
+from layerwise.heads import HeadConfig, LayerAttention, LayerHead, LayerMix, SequenceClassifier, load, train
+from layerwise.heads.data import encode_labels, frozen_features, label_map, read_labelled
+
+KEYS = {"pos": "paris", "neg": "lamb", "mid": "blackburn"}
+FILLER = "the quick brown fox jumps over lazy dog went to brussels on monday said tourist".split()
+QUIET = dict(log=lambda line: None, progress=False)
+
+
+def toy(path, n, seed, classes=("pos", "neg")):
+    """Write ``n`` separable records: the class word three times + 3 random filler words (tsv / csv / jsonl by suffix)."""
+    rng, rows = random.Random(seed), []
+    for i in range(n):
+        words = [KEYS[classes[i % len(classes)]]] * 3 + rng.sample(FILLER, 3)
+        rng.shuffle(words)
+        rows.append((" ".join(words), classes[i % len(classes)]))
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    else:
+        sep = "\t" if path.suffix == ".tsv" else ","
+        path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{y}\n" for t, y in rows))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_dirs, tiny_extractors):
+    root = tmp_path_factory.mktemp("heads")
+    files = {"train": root / "train.tsv", "dev": root / "dev.csv", "train3": root / "train3.jsonl", "dev3": root / "dev3.tsv"}
+    toy(files["train"], 48, 0), toy(files["dev"], 24, 1)
+    toy(files["train3"], 60, 2, ("pos", "neg", "mid")), toy(files["dev3"], 30, 3, ("pos", "neg", "mid"))
+    return dict(root=root, cache=root / "cache", model=str(tiny_dirs["bert"]), ex=tiny_extractors["bert"], **files)
+
+
+def fit(env, three=False, extractor=None, cache=None, **kw):
+    """Train a frozen (default) head on the toy data with small, fast settings; ``kw`` = config + train options."""
+    opts = {k: kw.pop(k) for k in list(kw) if k in ("epochs", "lr", "seed", "output", "encoder_lr", "patience")}
+    opts = {"epochs": 6, "lr": 1e-2, **opts}
+    cfg = HeadConfig(model=env["model"], layers=kw.pop("layers", "all"), **kw)
+    tr, dv = ("train3", "dev3") if three else ("train", "dev")
+    return train(cfg, env[tr], env[dv], extractor=extractor or env["ex"], cache_dir=cache or env["cache"],
+                 batch_size=16, **opts, **QUIET)
+
+
+KINDS = [dict(classifier="linear", combine="concat", pool="mean"), dict(classifier="mlp", three=True),
+         dict(classifier="per_layer"), dict(pool="cls"), dict(combine="sum"), dict(combine="mean", three=True),
+         dict(combine="scalar_mix"), dict(combine="attention"), dict(pool="max"),
+         dict(pool="mean_max"), dict(pool="last"), dict(pool="attention"), dict(pool="attention", combine="attention")]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: "-".join(f"{a}_{v}" for a, v in k.items()))
+def test_every_head_kind_learns_a_separable_set(env, kind):
+    result = fit(env, patience=10, **kind)
+    losses = [e["loss"] for e in result.log]
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    assert result.dev["accuracy"] >= 0.75  # chance: 0.5 (two classes) or 0.33 (three)
+    assert result.classifier.labels == (["mid", "neg", "pos"] if kind.get("three") else ["neg", "pos"])
+
+
+@pytest.mark.parametrize("kind", [dict(layers=-1, pool="mean"), dict(pool="attention", combine="scalar_mix")])
+def test_finetune_learns_and_saves_encoder(env, kind, tmp_path):
+    ex = lw.Extractor(env["model"], device="cpu")  # fine-tuning updates it in place: never the shared one
+    result = fit(env, extractor=ex, mode="finetune", epochs=3, encoder_lr=1e-3, output=tmp_path / "m", **kind)
+    losses = [e["loss"] for e in result.log]
+    assert losses[-1] < losses[0], losses
+    enc = tmp_path / "m" / "encoder"
+    assert (enc / "model.safetensors").is_file() and not list(enc.glob("*.bin"))
+    tuned, original = lw.Extractor(str(enc), device="cpu").model.state_dict(), env["ex"].model.state_dict()
+    assert any(not torch.equal(tuned[k], original[k]) for k in original)  # the fine-tuned encoder was saved
+    texts = read_labelled(env["dev"]).texts
+    again = load(tmp_path / "m", device="cpu")
+    np.testing.assert_allclose(again.predict_proba(texts), result.classifier.predict_proba(texts), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", [dict(classifier="per_layer"), dict(pool="attention", combine="attention"),
+                                  dict(combine="scalar_mix", classifier="mlp", pool="mean_max", dropout=0.3)])
+def test_save_load_round_trip_and_model_dir(env, kind, tmp_path):
+    result = fit(env, epochs=2, output=tmp_path / "m", **kind)
+    out = tmp_path / "m"
+    cfg = HeadConfig.from_json(out / "config.json")
+    assert cfg == result.classifier.config and cfg.labels == ["neg", "pos"]
+    assert json.loads((out / "labels.json").read_text()) == {"neg": 0, "pos": 1}
+    assert [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()] == result.log
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dev"] == result.dev and metrics["best_epoch"] == result.best_epoch
+    assert (out / "head.safetensors").is_file()
+    texts = read_labelled(env["dev"]).texts + ["paris", "an unseen text about lamb and paris"]
+    want = result.classifier.predict_proba(texts)
+    for clf in (load(out, extractor=env["ex"]), load(out, device="cpu")):
+        np.testing.assert_allclose(clf.predict_proba(texts), want, atol=1e-6)
+
+
+def test_saved_dir_names_the_encoder_it_was_trained_with(env, tmp_path):
+    cfg = HeadConfig(layers=-1)  # no model: the encoder is only given as extractor=
+    result = train(cfg, env["train"], env["dev"], extractor=env["ex"], cache_dir=env["cache"], epochs=1,
+                   output=tmp_path / "m", **QUIET)
+    np.testing.assert_allclose(load(tmp_path / "m", device="cpu").predict_proba(["paris"]),
+                               result.classifier.predict_proba(["paris"]), atol=1e-6)
+
+
+def _randomise(module, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    return module.eval()
+
+
+def test_attention_pool_head_ignores_padded_positions():
+    head = _randomise(LayerHead(HeadConfig(labels=["a", "b", "c"], pool="attention", combine="scalar_mix"), 3, 8))
+    x, mask = torch.randn(2, 6, 3, 8), torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    y = x.clone()
+    y[0, 3:] = 1e3 * torch.randn(3, 3, 8)
+    assert torch.allclose(head(x, mask), head(y, mask), atol=1e-6)
+    assert not torch.allclose(head(x, mask), head(x, torch.ones_like(mask)), atol=1e-3)  # padding would matter
+
+
+@pytest.mark.parametrize("pool", ["mean", "max", "last", "attention"])
+def test_prediction_alone_equals_prediction_in_a_padded_batch(env, pool):
+    clf = SequenceClassifier(HeadConfig(labels=["neg", "pos"], model=env["model"], layers="all", pool=pool), env["ex"])
+    _randomise(clf.head, seed=1)
+    texts = ["paris lamb", "the fox", " ".join(FILLER * 3), " ".join(FILLER[::-1] * 3)]
+    batch = clf.predict_proba(texts)
+    for i in (0, 1):
+        np.testing.assert_allclose(clf.predict_proba([texts[i]])[0], batch[i], atol=1e-5)
+
+
+def test_layer_mix_and_layer_attention_formulas():
+    x = torch.randn(4, 3, 5)  # [batch, K, W]
+    mix = LayerMix(3)
+    with torch.no_grad():
+        mix.weights.copy_(torch.tensor([0.3, -1.0, 2.0])), mix.gamma.fill_(1.7)
+    s = np.exp([0.3, -1.0, 2.0]) / np.exp([0.3, -1.0, 2.0]).sum()
+    by_hand = 1.7 * sum(s[k] * x[:, k].numpy() for k in range(3))
+    np.testing.assert_allclose(mix(x).detach().numpy(), by_hand, atol=1e-6)
+    np.testing.assert_allclose(mix.mixing_weights().detach().numpy(), s, atol=1e-6)
+    att = _randomise(LayerAttention(5))
+    a = torch.softmax((x * att.query).sum(-1) / 5 ** 0.5, dim=-1)  # [batch, K]
+    assert torch.allclose(att.weights(x), a, atol=1e-6)
+    assert torch.allclose(att(x), (a[..., None] * x).sum(1), atol=1e-6)
+    assert torch.allclose(LayerAttention(5)(x), x.mean(1), atol=1e-6)  # zero query: the mean of the layers
+
+
+@pytest.mark.parametrize("combine,dim", [("concat", 12), ("sum", 4), ("mean", 4), ("scalar_mix", 4), ("attention", 4)])
+def test_layer_head_shapes_and_combine(combine, dim):
+    head = _randomise(LayerHead(HeadConfig(labels=["a", "b", "c"], combine=combine, classifier="mlp", hidden=[7]), 3, 4))
+    x = torch.randn(5, 3, 4)
+    assert head.combine(x).shape == (5, dim) and head(x).shape == (5, 3)
+    assert head.classifier[1].in_features == dim
+    expected = {"concat": x.flatten(1), "sum": x.sum(1), "mean": x.mean(1)}.get(combine)
+    if combine == "scalar_mix":
+        expected = head.mix.gamma * (torch.softmax(head.mix.weights, 0)[None, :, None] * x).sum(1)
+    if expected is not None:
+        assert torch.allclose(head.combine(x), expected, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\[\.\.\., 3, 4\]"):
+        head(torch.randn(5, 2, 4))
+
+
+def test_per_layer_logits_are_the_weighted_sum_of_each_layers_logits():
+    head = _randomise(LayerHead(HeadConfig(labels=["a", "b"], classifier="per_layer"), 3, 4))
+    x, y = torch.randn(6, 3, 4), torch.tensor([0, 1, 1, 0, 1, 0])
+    own = [head.layer_classifiers[k](x[:, k]) for k in range(3)]
+    w = torch.softmax(head.layer_logit_weights, 0)
+    mixed = sum(w[k] * own[k] for k in range(3))
+    assert head.per_layer_logits(x).shape == (6, 3, 2)
+    assert torch.allclose(head(x), mixed, atol=1e-6)
+    assert torch.allclose(head.layer_weights(), w.detach()) and abs(float(w.detach().sum()) - 1) < 1e-6
+    aux = sum(F.cross_entropy(o, y) for o in own) / 3
+    assert torch.allclose(head.loss(x, y), F.cross_entropy(mixed, y) + aux, atol=1e-6)
+
+
+def test_attention_pool_head_needs_a_mask_and_mean_max_doubles_width(env):
+    head = LayerHead(HeadConfig(labels=["a", "b"], pool="attention"), 2, 4)
+    with pytest.raises(ValueError, match="needs token features"):
+        head(torch.randn(3, 5, 2, 4))
+    clf = SequenceClassifier(HeadConfig(labels=["a", "b"], model=env["model"], layers="-2:", pool="mean_max"), env["ex"])
+    assert (clf.head.num_layers, clf.head.width) == (2, 64) and clf.features(["paris"])[0].shape == (1, 2, 64)
+
+
+def test_same_seed_same_weights_other_seed_other_weights(env):
+    runs = [fit(env, classifier="mlp", dropout=0.3, epochs=2, seed=s).classifier.head.state_dict() for s in (5, 5, 6)]
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    assert any(not torch.equal(runs[0][k], runs[2][k]) for k in runs[0])
+
+
+def test_second_run_reuses_the_feature_cache(env, tmp_path, monkeypatch):
+    import layerwise.heads.data as data
+
+    fit(env, cache=tmp_path, layers=-1, epochs=1)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    statuses = []
+    real = data.extract
+    monkeypatch.setattr(data, "extract", lambda *a, **k: statuses.append(real(*a, **k).status) or None)
+    fit(env, cache=tmp_path, layers=[0, 1], epochs=1)
+    assert statuses == ["already_complete", "already_complete"]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("pool", ["max", "attention"])
+def test_cached_training_features_equal_inference_features(env, tmp_path, pool):
+    clf = fit(env, cache=tmp_path, layers=[2, 0], pool=pool, epochs=1).classifier
+    (store,) = [lw.open_store(p) for p in tmp_path.glob("train.tsv-*")]
+    cached = frozen_features(store, clf.layers, "label")
+    texts = read_labelled(env["train"]).texts
+    x, mask = clf.features(texts)
+    if pool == "attention":
+        cx, cmask = cached.batch(torch.arange(len(texts)))
+        assert torch.equal(cmask, mask)
+        assert torch.allclose(cx, x, atol=1e-5)
+    else:
+        assert torch.allclose(cached.x, x, atol=1e-5)
+
+
+def test_per_layer_and_scalar_mix_report_layer_weights(env):
+    result = fit(env, three=True, classifier="per_layer")
+    clf, dev = result.classifier, read_labelled(env["dev3"])
+    assert [e["layer"] for e in result.layers] == [0, 1, 2]
+    assert abs(sum(e["weight"] for e in result.layers) - 1) < 1e-5
+    own = clf.head.per_layer_logits(clf.features(dev.texts)[0]).argmax(-1)  # [n, K]
+    gold = torch.tensor([clf.labels.index(y) for y in dev.labels])
+    for k, entry in enumerate(result.layers):
+        assert entry["dev_accuracy"] == pytest.approx(float((own[:, k] == gold).float().mean()))
+    mix = fit(env, combine="scalar_mix", epochs=2)
+    assert [set(e) for e in mix.layers] == [{"layer", "weight"}] * 3
+    assert [e["weight"] for e in mix.layers] == pytest.approx(mix.classifier.head.mix.mixing_weights().tolist())
+    assert fit(env, epochs=1).layers == []
+
+
+def test_iter_predict_streams_batch_by_batch(env, monkeypatch):
+    clf = SequenceClassifier(HeadConfig(labels=["neg", "pos"], model=env["model"]), env["ex"])
+    texts = [f"paris {w}" for w in FILLER[:10]]
+    want = clf.predict_proba(texts)
+    calls, real = [], lw.Extractor.encode
+    monkeypatch.setattr(lw.Extractor, "encode", lambda self, t, *a, **k: calls.append(len(t)) or real(self, t, *a, **k))
+    stream = clf.iter_predict(texts, batch_size=4)
+    labels, probs = next(stream)
+    assert calls == [4] and probs.shape == (4, 2)
+    rest = list(stream)
+    assert calls == [4, 4, 2]
+    np.testing.assert_allclose(np.concatenate([probs] + [p for _, p in rest]), want, atol=1e-6)
+    assert labels == [clf.labels[i] for i in want[:4].argmax(1)]
+    np.testing.assert_allclose(want.sum(1), 1, atol=1e-6)
+    assert clf.predict_proba([]).shape == (0, 2)
+
+
+def test_head_config_json_round_trip(tmp_path):
+    cfg = HeadConfig(labels=["x", "y", "z"], layers=[0, 2], pool="max", combine="attention", classifier="mlp",
+                     hidden=[8, 4], activation="gelu", dropout=0.25, mode="finetune", max_length=32)
+    assert HeadConfig.from_json(cfg.to_json()) == cfg
+    cfg.to_json(tmp_path / "c.json")
+    assert HeadConfig.from_json(tmp_path / "c.json") == cfg
+    with pytest.raises(ValueError, match="unknown HeadConfig field.*'poool'.*valid fields are"):
+        HeadConfig.from_dict({"poool": "max"})
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(pool="avg"), "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
+    (dict(combine="stack"), "unknown combine 'stack'. Valid combine values are: concat, sum, mean, scalar_mix, attention"),
+    (dict(classifier="svm"), "unknown classifier 'svm'. Valid classifier values are: linear, mlp, per_layer"),
+    (dict(activation="swish"), "unknown activation 'swish'. Valid activation values are: relu, gelu, tanh"),
+    (dict(mode="lora"), "unknown mode 'lora'. Valid mode values are: frozen, finetune"),
+    (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"), (dict(hidden=[0]), "positive ints (MLP layer sizes), got [0]"),
+    (dict(classifier="mlp", hidden=[]), "needs at least one hidden size"), (dict(labels=["x"]), "at least 2 labels"),
+    (dict(classifier="per_layer", pool="attention"), "needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'"),
+])
+def test_head_config_rejects_bad_values(kw, message):
+    with pytest.raises(ValueError) as info:
+        HeadConfig(**kw)
+    assert message in str(info.value)
+
+
+def test_labels_unknown_single_class_and_sorting():
+    with pytest.raises(ValueError, match=r"\['maybe'\] that the model was not trained on; known labels are: \['neg', 'pos'\]"):
+        encode_labels(["pos", "maybe"], ["neg", "pos"], "dev")
+    with pytest.raises(ValueError, match="single class \\('pos'\\)"):
+        label_map(["pos", "pos"])
+    assert label_map(["10", "2", "-1", "2"]) == ["-1", "2", "10"]
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("nolabel.tsv", "text\tsentiment\nparis\tpos\nlamb\tneg\n", "has no column 'label'; its columns are ['text', 'sentiment']"),
+    ("notext.csv", "body,label\nparis,pos\nlamb,neg\n", "has no 'text' or 'sentence' column"),
+    ("single.tsv", "text\tlabel\nparis\tpos\nlamb\tpos\n", "single class ('pos')"),
+    ("empty.tsv", "", "holds no usable record"),
+    ("header.tsv", "text\tlabel\n", "holds no usable record"),
+    ("bad.jsonl", '{"text": "", "label": "pos"}\nnot json\n{"text": 3, "label": "neg"}\n', "holds no usable record"),
+    ("dev-unk.tsv", "text\tlabel\nparis\tpos\nlamb\tmaybe\n",
+     "dev file {dev!r} has label(s) ['maybe'] that the model was not trained on; known labels are: ['neg', 'pos']"),
+])
+@pytest.mark.parametrize("mode", ["frozen", "finetune"])
+def test_bad_training_files(env, tmp_path, name, content, message, mode):
+    bad = tmp_path / name
+    bad.write_text(content)
+    files = (env["train"], bad) if name.startswith("dev") else (bad, env["dev"])
+    with pytest.raises(ValueError) as info:
+        train(HeadConfig(model=env["model"], mode=mode), *files, extractor=env["ex"], cache_dir=tmp_path / "c",
+              epochs=1, **QUIET)
+    assert message.format(dev=str(bad)) in str(info.value)
+
+
+def test_frozen_mode_skips_records_without_a_label(env, tmp_path):
+    (tmp_path / "holes.tsv").write_text("text\tlabel\nparis paris\tpos\nlamb lamb\tneg\nparis lamb\t\nlamb\tneg\n")
+    result = train(HeadConfig(model=env["model"]), tmp_path / "holes.tsv", env["dev"], extractor=env["ex"],
+                   cache_dir=tmp_path / "c", epochs=1, **QUIET)
+    assert result.classifier.labels == ["neg", "pos"]
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(epochs=0), "epochs must be a positive int, got 0"), (dict(lr=-1.0), "lr must be a positive number, got -1.0"),
+    (dict(batch_size=1.5), "batch_size must be a positive int"), (dict(metric="f1"), "Valid metrics are: accuracy, macro_f1"),
+])
+def test_bad_training_options_fail_before_any_compute(env, tmp_path, kw, message):
+    with pytest.raises(ValueError) as info:
+        train(HeadConfig(model=env["model"]), env["train"], env["dev"], extractor=env["ex"], cache_dir=tmp_path / "c",
+              **kw, **QUIET)
+    assert message in str(info.value) and not (tmp_path / "c").exists()
