@@ -9,6 +9,7 @@ Contestants (mean-pooled last layer unless said; outputs are checked equal befor
 * ``unsorted``   batches of 32 in input order, ``torch.no_grad``, ``output_hidden_states=True``, masked mean
 * ``sbert``      sentence-transformers ``encode`` (batch 32, its own length sorting) on the same weights
 * ``layerwise``  ``Extractor.encode(texts, layers=-1, pool="mean")``
+* ``onnx``       the same with ``backend="onnx"`` (ONNX Runtime; export cached outside the timing)
 * ``layer k``    ``Extractor.encode(texts, layers=k)`` for every k (early exit)
 
 Measurements alternate between contestants in each repeat (the machine is shared and noisy); the table reports
@@ -138,6 +139,10 @@ def main(argv=None) -> None:
             st = SentenceTransformer(path, device="cpu")
             runs["sbert"] = lambda: st.encode(texts, batch_size=32, convert_to_numpy=True)
             checks["sbert"] = st.encode(texts[:200], batch_size=32, convert_to_numpy=True)
+        if "onnx" not in skip:
+            ex_onnx = lw.Extractor(path, device="cpu", backend="onnx", onnx_cache=Path(d) / "onnx")
+            checks["onnx"] = ex_onnx.encode(texts[:200], layers=-1, pool="mean")
+            runs["onnx"] = lambda: ex_onnx.encode(texts, layers=-1, pool="mean")
         for k in range(1, L):
             runs[f"layer {k}"] = lambda k=k: ex.encode(texts, layers=k, pool="mean")
         for name, got in checks.items():
@@ -177,7 +182,7 @@ def main(argv=None) -> None:
         med = statistics.median(times[name])
         layers = int(name.split()[1]) if name.startswith("layer ") else L
         label = {"layerwise": f"layerwise (layer {L} of {L})", "unsorted": "batched unsorted, hidden_states",
-                 "sbert": "sentence-transformers encode"}.get(name, f"layerwise layer {layers} of {L} (early exit)")
+                 "sbert": "sentence-transformers encode", "onnx": "layerwise, backend='onnx'"}.get(name, f"layerwise layer {layers} of {L} (early exit)")
         rows.append((label, med, n_tokens / med, layers))
     g = max(gemm, gemm2)
     for label, med, tps, layers in rows:

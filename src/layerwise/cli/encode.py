@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from .options import (
-    AllowPickleOpt, DeviceOpt, DtypeOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, extractor, parse_layers,
+    AllowPickleOpt, BackendOpt, DeviceOpt, DtypeOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, extractor, parse_layers,
     parse_weights,    user_errors,
 )
 
@@ -34,6 +34,7 @@ def encode(
     dtype: Optional[str] = DtypeOpt,
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
+    backend: str = BackendOpt,
 ) -> None:
     """Encode TEXTs with the chosen layers, combination and pooling; print JSON or write .npy."""
     with user_errors():
@@ -43,7 +44,7 @@ def encode(
             texts = [line.rstrip("\n") for line in sys.stdin]
         pool_mode = None if pool == "none" else pool
         w = parse_weights(weights)
-        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code)
+        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend)
         out = ex.encode(texts, layers=parse_layers(layers), combine=combine, pool=pool_mode, site=site, weights=w,
                         skip_special_tokens=skip_special, truncate=truncate)
         if fmt == "json":

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from .options import (
-    AllowPickleOpt, DeviceOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, err_console, extractor, parse_layers,
+    AllowPickleOpt, BackendOpt, DeviceOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, err_console, extractor, parse_layers,
     parse_weights, user_errors,
 )
 
@@ -40,13 +40,14 @@ def extract(
     compute_dtype: Optional[str] = typer.Option(None, "--compute-dtype", help="Model dtype: float32 (default), float16/bfloat16 (CUDA)."),
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
+    backend: str = BackendOpt,
 ) -> None:
     """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
     from ..store import extract as run_extract
 
     with user_errors():
         kept = [k.strip() for item in keep for k in item.split(",") if k.strip()]
-        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code)
+        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend)
         summary = run_extract(
             input, output, model=ex, layers=parse_layers(layers), site=site, combine=combine,
             weights=parse_weights(weights), pool=pool, level=level, subword=subword, skip_special_tokens=skip_special,

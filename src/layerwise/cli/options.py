@@ -18,6 +18,7 @@ SiteOpt = typer.Option("block", "--site", help="block (= hidden_states), attenti
 AllowPickleOpt = typer.Option(
     False, "--allow-pickle", help="Also load pickle checkpoints. RISK: unpickling can run arbitrary code; trusted files only."
 )
+BackendOpt = typer.Option("torch", "--backend", help="torch (default) or onnx (ONNX Runtime, CPU, block site; exported once and cached).")
 TrustCodeOpt = typer.Option(
     False, "--trust-remote-code", help="Run modelling code shipped with a hub repo. RISK: it runs with your permissions."
 )
