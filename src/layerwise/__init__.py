@@ -19,6 +19,7 @@ from .families import SUPPORTED_MODEL_TYPES
 from .layers import SITES, resolve_layers
 from .loading import LoadedModel, ModelLoadError, default_model_path, load_model
 from .pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
+from .serve.client import Client
 from .stack import LayerStack
 from .store import ExtractError, FeatureStore, extract, open_store
 
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionPool",
+    "Client",
     "COMBINE_MODES",
     "Extractor",
     "LayerStack",

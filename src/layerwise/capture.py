@@ -8,7 +8,8 @@ Early exit: once the deepest requested site has been recorded, the hook raises a
 unwinds the forward pass, so no later layer module (nor the pooler) runs. Nothing else is kept: each hook
 stores a tensor only when its layer was asked for.
 
-Hooks are per call, not per model: two threads must not capture on the same model object at once.
+Hooks are per call, not per model; a lock on the model makes concurrent captures from several threads wait
+for each other instead of mixing.
 
 Example::
 
@@ -164,7 +165,8 @@ def capture(
     Returns:
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
     """
-    with (contextlib.nullcontext() if grad else torch.inference_mode()), record(loaded, layers, site) as rec:
+    # hooks live on the shared modules: one capture per model at a time (threads queue here)
+    with loaded.lock, (contextlib.nullcontext() if grad else torch.inference_mode()), record(loaded, layers, site) as rec:
         _forward(loaded, input_ids, attention_mask)
     missing = [i for i in layers if i not in rec.tensors]
     if missing:  # pragma: no cover - a family table error, not a user error

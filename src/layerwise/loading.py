@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ class LoadedModel:
     max_length: int
     device: torch.device
     dtype: torch.dtype
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)  # one capture at a time
 
     def site_width(self, site: str) -> int:
         """Feature width of one site: ``intermediate_size`` for ``intermediate``, else ``hidden_size``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import demo, encode, evaluate, export, extract, inspect, predict, probe, train
+from . import demo, encode, evaluate, export, extract, inspect, predict, probe, serve, train
 
 app = typer.Typer(
     name="layerwise",
@@ -22,6 +22,7 @@ app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
 app.command("predict")(predict.predict)
 app.command("probe")(probe.probe)
+app.command("serve")(serve.serve)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

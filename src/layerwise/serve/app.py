@@ -1,0 +1,242 @@
+"""The HTTP service: ``POST /v1/encode``, ``GET /v1/model``, ``GET /health``, ``GET /metrics`` (FastAPI).
+
+Every request names its own layers, site, combination, pooling and level; requests with the same options are
+merged by the :class:`~layerwise.serve.batcher.Batcher` into token-budget batches run by one worker thread.
+
+Limits: a body over ``max_body_bytes`` gets 413; more than ``max_texts`` texts or a text over ``max_text_chars``
+characters get 422 naming the limit; a bad layer spec, site, combine or pool gets 422 with the library's
+message (valid range / values); an internal error gets 500 without a stack trace (it goes to the server log).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+import numpy as np
+import torch
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, Field
+
+from ..extractor import Extractor
+from ..layers import SITES
+from ..pooling import POOL_MODES, WORD_POOL_MODES
+from ..combine import COMBINE_MODES
+from ..families import SUPPORTED_MODEL_TYPES
+from .batcher import Batcher
+from .metrics import Metrics
+
+log = logging.getLogger("layerwise.serve")
+LEVELS = ("sentence", "token", "word")
+
+
+@dataclass
+class Limits:
+    """Request limits of the service."""
+
+    max_texts: int = 256
+    max_text_chars: int = 20_000
+    max_body_bytes: int = 4 << 20
+    max_batch_tokens: int = 16384
+
+
+class EncodeRequest(BaseModel):
+    """Body of ``POST /v1/encode``. Give ``texts`` (any level) or ``words`` (pre-tokenised; word level)."""
+
+    texts: Optional[list[str]] = Field(None, description="Texts to encode.")
+    words: Optional[list[list[str]]] = Field(None, description="Pre-tokenised words (level 'word').")
+    layers: Union[int, str, list[Union[int, str]]] = Field(-1, description="Layer spec: -1, '-4:', [0, 6], 'all'.")
+    site: str = "block"
+    combine: str = "concat"
+    weights: Optional[list[float]] = None
+    pool: Optional[str] = Field("mean", description="Sentence pool; ignored at token/word level.")
+    level: Literal["sentence", "token", "word"] = "sentence"
+    subword: str = "first"
+    skip_special_tokens: bool = False
+    truncate: bool = False
+    dtype: Literal["float32", "float16"] = "float32"
+    encoding: Literal["json", "base64"] = "json"
+
+
+def _pack(arr: np.ndarray, dtype: str, encoding: str):
+    arr = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
+    if encoding == "base64":
+        return {"base64": base64.b64encode(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).decode("ascii"),
+                "dtype": dtype, "shape": list(arr.shape)}
+    return arr.astype(np.float32).tolist()
+
+
+class _BodyLimit:
+    """ASGI middleware: 413 for bodies over the limit, by Content-Length or by counting a streamed body."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        too_big = JSONResponse({"detail": f"request body over the limit of {self.limit} bytes (max_body_bytes)"},
+                               status_code=413)
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await too_big(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await too_big(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
+    """A FastAPI app serving ``extractor`` (call :func:`layerwise.serve.serve` to run it with uvicorn)."""
+    limits = limits or Limits()
+    ex = extractor
+    metrics = Metrics()
+    batcher = Batcher(_runner(ex, metrics), max_batch_tokens=limits.max_batch_tokens, on_batch=metrics.batch)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        batcher.close()  # stop the worker thread when the server stops
+
+    app = FastAPI(title="layerwise", version=_version(), lifespan=lifespan,
+                  description="Hidden layers of a BERT-family encoder as features, with dynamic batching.")
+    app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+    app.state.batcher, app.state.metrics, app.state.extractor = batcher, metrics, ex
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/model")
+    def model_info() -> dict:
+        lm = ex.loaded
+        return {
+            "name": lm.name, "family": lm.family.name, "families": list(SUPPORTED_MODEL_TYPES),
+            "num_layers": lm.num_layers, "layers": f"0..{lm.num_layers} (0 = embeddings; negatives count from the end)",
+            "hidden_size": lm.hidden_size, "intermediate_size": lm.intermediate_size, "sites": list(SITES),
+            "combine": list(COMBINE_MODES), "pools": [p for p in POOL_MODES if p != "attention"],
+            "subword": list(WORD_POOL_MODES), "levels": list(LEVELS), "max_length": ex.max_length,
+            "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "limits": {"max_texts": limits.max_texts, "max_text_chars": limits.max_text_chars,
+                       "max_body_bytes": limits.max_body_bytes, "max_batch_tokens": limits.max_batch_tokens},
+        }
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> PlainTextResponse:
+        body, content_type = metrics.render()
+        return PlainTextResponse(body, media_type=content_type)
+
+    @app.post("/v1/encode")
+    async def encode(req: EncodeRequest, request: Request):
+        t0 = time.perf_counter()
+        try:
+            items, key = _validate(ex, req, limits)
+        except HTTPException as exc:
+            metrics.request(str(exc.status_code), time.perf_counter() - t0)
+            raise
+        cost = sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
+        try:
+            rows = await batcher.submit(key, items, cost)
+        except Exception:
+            log.exception("encode failed")
+            metrics.request("500", time.perf_counter() - t0)
+            return JSONResponse({"detail": "internal error while encoding; see the server log"}, status_code=500)
+        body: dict = {"model": ex.loaded.name, "layers": list(key[1]), "level": req.level}
+        vecs = [v for v, _ in rows]
+        if req.level == "sentence":
+            arr = np.stack(vecs)
+            body["shape"] = list(arr.shape)
+            body["vectors"] = _pack(arr, req.dtype, req.encoding)
+        else:
+            body["shapes"] = [list(v.shape) for v in vecs]
+            body["vectors"] = [_pack(v, req.dtype, req.encoding) for v in vecs]
+            if req.level == "token":
+                tok = ex.tokenizer
+                body["tokens"] = [tok.convert_ids_to_tokens(t.ids) for _, t in rows]
+                body["offsets"] = [[list(o) for o in t.offsets] for _, t in rows]
+            else:
+                body["words"] = [list(w) for w in items]
+        metrics.request("200", time.perf_counter() - t0)
+        return body
+
+    return app
+
+
+def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, tuple]:
+    """Items and the batching key; HTTP 422 with the library's message for anything invalid."""
+    if (req.texts is None) == (req.words is None):
+        raise HTTPException(422, "give exactly one of 'texts' (strings) or 'words' (lists of word strings)")
+    if req.words is not None and req.level != "word":
+        raise HTTPException(422, f"'words' (pre-tokenised input) needs level 'word', got level {req.level!r}")
+    items = req.texts if req.texts is not None else req.words
+    if not items:
+        raise HTTPException(422, "'texts' is empty; give at least one text")
+    if len(items) > limits.max_texts:
+        raise HTTPException(422, f"{len(items)} texts in one request; the limit is {limits.max_texts} (max_texts)")
+    for i, item in enumerate(items):
+        n = len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item)
+        if n > limits.max_text_chars:
+            raise HTTPException(422, f"text {i} has {n} characters; the limit is {limits.max_text_chars} (max_text_chars)")
+    if req.level == "word" and req.texts is not None:
+        items = [t.split() for t in req.texts]
+    try:
+        layers, site = ex._prepare(req.layers, req.site, req.combine, req.weights)
+        if req.level == "sentence":
+            if req.pool is None:
+                raise ValueError("level 'sentence' needs a pool; use level 'token' for one vector per token")
+            ex._check_pool_fits(req.pool, req.combine, layers, site, req.skip_special_tokens)
+        elif req.level == "word":
+            ex._check_subword(req.subword, req.combine)
+    except (ValueError, TypeError) as exc:
+        raise HTTPException(422, str(exc)) from None
+    key = (req.level, layers, site, req.combine, tuple(req.weights) if req.weights else None,
+           req.pool if req.level == "sentence" else None, bool(req.skip_special_tokens),
+           req.subword if req.level == "word" else None, bool(req.truncate))
+    return list(items), key
+
+
+def _runner(ex: Extractor, metrics: Metrics):
+    """The worker's model call for one merged batch: ``(key, items) -> [(vector ndarray, Tokenized)]``."""
+
+    def run(key: tuple, items: list) -> list:
+        t0 = time.perf_counter()
+        level, layers, site, combine, weights, pool, skip, subword, truncate = key
+        words = level == "word"
+        reduce = ex._word_reducer(subword) if words else ex._sentence_reducer(pool if level == "sentence" else None, skip)
+        out: list = [None] * len(items)
+        for index, vec, tok in ex._stream(items, words=words, layers=layers, site=site, combine=combine,
+                                          weights=list(weights) if weights else None, reduce=reduce,
+                                          truncate=truncate, batch_tokens=ex.batch_tokens):
+            out[index] = (vec.to("cpu", torch.float32).numpy(), tok)
+        metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
+        return out
+
+    return run
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+

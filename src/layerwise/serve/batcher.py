@@ -1,0 +1,110 @@
+"""Dynamic batching: concurrent requests with compatible options are merged into one model call.
+
+Requests wait in a queue; one worker thread owns the model. It takes the oldest request, adds every waiting
+request with the same options key (layers, site, combine, pool, level, ...) while the merged batch stays within
+``max_batch_tokens`` (estimated from characters) and ``max_batch_texts``, runs one ``Extractor`` call and hands
+each request its slice of the result. The event loop only awaits futures, so it never blocks on the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Job:
+    """One request: its options key, its items (texts or word lists) and the future its caller awaits."""
+
+    key: tuple
+    items: list
+    cost: int  # estimated tokens
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Queue + worker thread. ``run(key, items) -> list`` is the blocking model call for one merged batch."""
+
+    def __init__(self, run: Callable[[tuple, list], list], *, max_batch_tokens: int = 16384, max_batch_texts: int = 512,
+                 on_batch: Callable[[int, int, int, float], None] | None = None):
+        self._run = run
+        self.max_tokens, self.max_texts = max_batch_tokens, max_batch_texts
+        self._on_batch = on_batch
+        self._queue: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="layerwise-batcher", daemon=True)
+        self._thread.start()
+
+    async def submit(self, key: tuple, items: list, cost: int) -> Any:
+        loop = asyncio.get_running_loop()
+        job = Job(key, items, cost, loop.create_future(), loop)
+        with self._cv:
+            self._queue.append(job)
+            self._cv.notify()
+        return await job.future
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    def _take(self) -> list[Job]:
+        """The oldest job and every queued job compatible with it that fits the batch budget."""
+        first = self._queue.popleft()
+        batch, tokens, texts = [first], first.cost, len(first.items)
+        rest = deque()
+        while self._queue:
+            job = self._queue.popleft()
+            if (job.key == first.key and tokens + job.cost <= self.max_tokens
+                    and texts + len(job.items) <= self.max_texts):
+                batch.append(job)
+                tokens += job.cost
+                texts += len(job.items)
+            else:
+                rest.append(job)
+        self._queue.extendleft(reversed(rest))
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                batch = self._take()
+            items = [item for job in batch for item in job.items]
+            t0 = time.perf_counter()
+            try:
+                results = self._run(batch[0].key, items)
+                error = None
+            except Exception as exc:  # handed to every request of the batch; the worker keeps serving
+                results, error = None, exc
+            seconds = time.perf_counter() - t0
+            if self._on_batch is not None:
+                self._on_batch(len(batch), len(items), sum(j.cost for j in batch), seconds)
+            start = 0
+            for job in batch:
+                n = len(job.items)
+                if error is None:
+                    job.loop.call_soon_threadsafe(_resolve, job.future, results[start : start + n], None)
+                else:
+                    job.loop.call_soon_threadsafe(_resolve, job.future, None, error)
+                start += n
+
+
+def _resolve(future: asyncio.Future, value, error) -> None:
+    if future.done():  # the client went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)

@@ -1,0 +1,73 @@
+"""``lw.Client(url).encode(...)``: call a layerwise service and get numpy arrays back (standard library only).
+
+Example::
+
+    >>> import layerwise as lw
+    >>> client = lw.Client("http://127.0.0.1:8000")                                   # doctest: +SKIP
+    >>> client.encode(["I love Paris"], layers="-4:", combine="concat", pool="mean").shape   # doctest: +SKIP
+    (1, 1536)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Sequence
+
+import numpy as np
+
+
+class ServiceError(RuntimeError):
+    """The service answered with an error status; ``status`` and the service's ``detail`` are kept."""
+
+    def __init__(self, status: int, detail):
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+def _unpack(obj) -> np.ndarray:
+    if isinstance(obj, dict):
+        dtype = np.dtype(np.float16 if obj["dtype"] == "float16" else np.float32).newbyteorder("<")
+        return np.frombuffer(base64.b64decode(obj["base64"]), dtype=dtype).reshape(obj["shape"]).astype(dtype.newbyteorder("="))
+    return np.asarray(obj, dtype=np.float32)
+
+
+class Client:
+    """A small client for ``layerwise serve``. ``timeout`` in seconds per call."""
+
+    def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 60.0):
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read()).get("detail")
+            except Exception:  # noqa: BLE001 - the body may not be JSON
+                detail = exc.reason
+            raise ServiceError(exc.code, detail) from None
+
+    def model(self) -> dict:
+        """``GET /v1/model``: the model's name, layers, hidden size, sites and the service limits."""
+        return self._call("GET", "/v1/model")
+
+    def health(self) -> bool:
+        return self._call("GET", "/health").get("status") == "ok"
+
+    def encode(self, texts: Sequence[str], *, layers=-1, site="block", combine="concat", weights=None, pool="mean",
+               level="sentence", subword="first", skip_special_tokens=False, truncate=False, dtype="float32"):
+        """Sentence level: ``[n, D]``; token/word level: a list of ``[n_i, D]`` arrays. Raises :class:`ServiceError`."""
+        body = {"texts": list(texts), "layers": layers, "site": site, "combine": combine, "weights": weights,
+                "pool": pool, "level": level, "subword": subword, "skip_special_tokens": skip_special_tokens,
+                "truncate": truncate, "dtype": dtype, "encoding": "base64"}
+        out = self._call("POST", "/v1/encode", body)
+        if level == "sentence":
+            return _unpack(out["vectors"])
+        return [_unpack(v) for v in out["vectors"]]
