@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 

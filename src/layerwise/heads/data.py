@@ -22,7 +22,7 @@ import torch
 from ..extractor import Extractor
 from ..readers import BadRecord, read_records
 from ..store import FeatureStore, extract, open_store
-from ..store.writer import file_sha256, weights_sha256
+from ..store.plan import file_sha256, weights_sha256
 
 
 @dataclass
