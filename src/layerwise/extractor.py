@@ -19,7 +19,6 @@ batch size, order or length sorting; only the layers asked for are computed and 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
 import torch
@@ -31,43 +30,13 @@ from .combine import validate_combine
 from .layers import LayerSpec, resolve_layers, validate_site
 from .onnx_backend import OnnxRunner, check_backend
 from .loading import LoadedModel, load_model
-from .pooling import pool as pool_tokens
-from .pooling import pool_words, validate_pool, validate_word_pool
+from .pooling import validate_pool, validate_word_pool
 from .stack import LayerStack
-from .tokenize import Tokenized, Window, make_windows, pad_batch, plan_batches, special_template, stitch, tokenize
+from .pipeline import _check_texts, _Group, forward_windows, sentence_reducer, word_reducer
+from .tokenize import Tokenized, special_template, tokenize
 
 ReturnTensors = Literal["np", "pt"]
 _CHUNK_TEXTS = 4096  # texts tokenised and length-sorted together; bounds memory on large corpora
-
-
-@dataclass
-class _Group:
-    """Finished texts of one step: ``states [K, g, T, W]`` padded, one row per text in ``texts``."""
-
-    texts: list[int]
-    states: torch.Tensor
-    lengths: list[int]
-
-
-def _check_texts(texts: object, *, words: bool = False) -> list:
-    what = "word lists" if words else "texts"
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
-        raise TypeError(
-            f"{what} must be a list of {'lists of strings' if words else 'strings'}, got {type(texts).__name__}; "
-            f"wrap a single item in a list: [{'[...]' if words else 'text'}]"
-        )
-    if len(texts) == 0:
-        raise ValueError(f"{what} is an empty list; give at least one item")
-    for i, item in enumerate(texts):
-        if words:
-            if isinstance(item, str) or not isinstance(item, Sequence):
-                raise TypeError(f"item {i} must be a list of word strings, got {type(item).__name__}: {item!r:.60}")
-            for j, w in enumerate(item):
-                if not isinstance(w, str):
-                    raise TypeError(f"word {j} of item {i} must be a string, got {type(w).__name__}: {w!r:.60}")
-        elif not isinstance(item, str):
-            raise TypeError(f"text {i} must be a string, got {type(item).__name__}: {item!r:.60}")
-    return list(texts)
 
 
 def _int(value: object, name: str) -> int:
@@ -194,39 +163,13 @@ class Extractor:
     def _forward(
         self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int
     ) -> Iterator[_Group]:
-        """Run every window of ``toks``; yield groups of finished texts (stitched when windowed)."""
-        windows: list[Window] = []
-        per_text: list[list[int]] = []
-        for i, t in enumerate(toks):
-            ws = make_windows(t, i, self.max_length, self.stride)
-            per_text.append(list(range(len(windows), len(windows) + len(ws))))
-            windows.extend(ws)
-        pending: dict[int, dict[int, torch.Tensor]] = {}
-        pad_id = self.loaded.tokenizer.pad_token_id or 0
-        for batch in plan_batches([len(w.ids) for w in windows], batch_tokens, sort=self.sort_by_length):
-            ids, mask = pad_batch([windows[j].ids for j in batch], pad_id)
-            if self._onnx is not None:
-                states = self._onnx.run(ids, mask, layers)  # [K, b, T, W]
-            else:
-                states = capture(self.loaded, ids, mask, layers, site)  # [K, b, T, W]
-            single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]
-            if single:
-                yield _Group(
-                    texts=[windows[batch[r]].text for r in single],
-                    states=states[:, single],
-                    lengths=[len(windows[batch[r]].ids) for r in single],
-                )
-            for r, j in enumerate(batch):
-                text = windows[j].text
-                if len(per_text[text]) == 1:
-                    continue
-                got = pending.setdefault(text, {})
-                got[j] = states[:, r, : len(windows[j].ids)].clone()  # do not pin the whole batch
-                if len(got) == len(per_text[text]):
-                    del pending[text]
-                    order = per_text[text]
-                    full = stitch(toks[text], [windows[k] for k in order], [got[k] for k in order])
-                    yield _Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
+        """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`)."""
+        if self._onnx is not None:
+            run = lambda ids, mask: self._onnx.run(ids, mask, layers)  # noqa: E731
+        else:
+            run = lambda ids, mask: capture(self.loaded, ids, mask, layers, site)  # noqa: E731
+        yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
+                                   pad_id=self.loaded.tokenizer.pad_token_id or 0, sort=self.sort_by_length)
 
     def _prepare(
         self, layers: LayerSpec, site: str, combine=None, weights=None, return_tensors: str = "np"
@@ -405,24 +348,10 @@ class Extractor:
 
     # ---- streaming core (also used by the feature store) -------------------------------------------------
     def _sentence_reducer(self, pool, skip_special_tokens: bool):
-        """``(x, mask, special, rows) -> per-row vectors``: a sentence pool, or token vectors for ``pool=None``."""
-        pooler = self._pooler() if pool == "pooler" else None
+        """A reducer for :meth:`_stream`: the sentence pool ``pool`` (token vectors for ``None``)."""
+        return sentence_reducer(pool, skip_special_tokens, self._pooler() if pool == "pooler" else None)
 
-        def reduce(x, mask, special, rows):
-            if pool is None:
-                return [x[r, : len(t.ids)].clone() for r, t in enumerate(rows)]
-            return pool_tokens(x, mask, pool, special=special, skip_special_tokens=skip_special_tokens, pooler=pooler)
-
-        return reduce
-
-    @staticmethod
-    def _word_reducer(subword: str):
-        """``(x, mask, special, rows) -> per-row [n_words, D]``, pooled from each word's sub-tokens."""
-
-        def reduce(x, mask, special, rows):
-            return pool_words(x, [t.word_ids for t in rows], [t.n_words for t in rows], subword)
-
-        return reduce
+    _word_reducer = staticmethod(word_reducer)
 
     @staticmethod
     def _check_subword(subword: object, combine) -> None:
