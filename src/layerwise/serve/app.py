@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt, StrictStr
 
 from ..extractor import Extractor
 from ..layers import SITES
@@ -50,7 +50,8 @@ class EncodeRequest(BaseModel):
 
     texts: Optional[list[str]] = Field(None, description="Texts to encode.")
     words: Optional[list[list[str]]] = Field(None, description="Pre-tokenised words (level 'word').")
-    layers: Union[int, str, list[Union[int, str]]] = Field(-1, description="Layer spec: -1, '-4:', [0, 6], 'all'.")
+    layers: Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]] = Field(
+        -1, description="Layer spec: -1, '-4:', [0, 6], 'all'.")
     site: str = "block"
     combine: str = "concat"
     weights: Optional[list[float]] = None
@@ -64,7 +65,11 @@ class EncodeRequest(BaseModel):
 
 
 def _pack(arr: np.ndarray, dtype: str, encoding: str):
-    arr = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
+    with np.errstate(over="ignore"):
+        arr = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
+    if not np.isfinite(arr).all():
+        raise HTTPException(422, f"the result holds inf or NaN values (huge or NaN weights, or {dtype} overflow); "
+                                 f"use smaller weights or dtype float32")
     if encoding == "base64":
         return {"base64": base64.b64encode(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).decode("ascii"),
                 "dtype": dtype, "shape": list(arr.shape)}
@@ -86,25 +91,26 @@ class _BodyLimit:
                                status_code=413)
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await too_big(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
+        if length is not None:
+            return await self.app(scope, receive, send)
+        # no Content-Length (chunked): read the body here, refusing it as soon as it passes the limit
+        messages, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                return await too_big(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        replay = iter(messages)
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await too_big(scope, receive, send)
+        async def replayed():
+            return next(replay, None) or await receive()
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replayed, send)
 
 
 def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
@@ -162,25 +168,35 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
             log.exception("encode failed")
             metrics.request("500", time.perf_counter() - t0)
             return JSONResponse({"detail": "internal error while encoding; see the server log"}, status_code=500)
-        body: dict = {"model": ex.loaded.name, "layers": list(key[1]), "level": req.level}
-        vecs = [v for v, _ in rows]
-        if req.level == "sentence":
-            arr = np.stack(vecs)
-            body["shape"] = list(arr.shape)
-            body["vectors"] = _pack(arr, req.dtype, req.encoding)
-        else:
-            body["shapes"] = [list(v.shape) for v in vecs]
-            body["vectors"] = [_pack(v, req.dtype, req.encoding) for v in vecs]
-            if req.level == "token":
-                tok = ex.tokenizer
-                body["tokens"] = [tok.convert_ids_to_tokens(t.ids) for _, t in rows]
-                body["offsets"] = [[list(o) for o in t.offsets] for _, t in rows]
-            else:
-                body["words"] = [list(w) for w in items]
+        try:
+            body = _response(ex, req, key, items, rows)
+        except HTTPException as exc:
+            metrics.request(str(exc.status_code), time.perf_counter() - t0)
+            raise
         metrics.request("200", time.perf_counter() - t0)
         return body
 
     return app
+
+
+def _response(ex: Extractor, req: EncodeRequest, key: tuple, items: list, rows: list) -> dict:
+    """The JSON body for one request's rows ``[(vector, Tokenized)]``."""
+    body: dict = {"model": ex.loaded.name, "layers": list(key[1]), "level": req.level}
+    vecs = [v for v, _ in rows]
+    if req.level == "sentence":
+        arr = np.stack(vecs)
+        body["shape"] = list(arr.shape)
+        body["vectors"] = _pack(arr, req.dtype, req.encoding)
+    else:
+        body["shapes"] = [list(v.shape) for v in vecs]
+        body["vectors"] = [_pack(v, req.dtype, req.encoding) for v in vecs]
+        if req.level == "token":
+            tok = ex.tokenizer
+            body["tokens"] = [tok.convert_ids_to_tokens(t.ids) for _, t in rows]
+            body["offsets"] = [[list(o) for o in t.offsets] for _, t in rows]
+        else:
+            body["words"] = [list(w) for w in items]
+    return body
 
 
 def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, tuple]:
