@@ -115,6 +115,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seed-texts", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma-separated contestants to skip")
+    ap.add_argument("--exit-layers", default="", help="comma-separated k to time for early exit (default: all)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     with tempfile.TemporaryDirectory() as d:
@@ -143,7 +144,8 @@ def main(argv=None) -> None:
             ex_onnx = lw.Extractor(path, device="cpu", backend="onnx", onnx_cache=Path(d) / "onnx")
             checks["onnx"] = ex_onnx.encode(texts[:200], layers=-1, pool="mean")
             runs["onnx"] = lambda: ex_onnx.encode(texts, layers=-1, pool="mean")
-        for k in range(1, L):
+        exits = [int(k) for k in args.exit_layers.split(",") if k] or list(range(1, L))
+        for k in exits:
             runs[f"layer {k}"] = lambda k=k: ex.encode(texts, layers=k, pool="mean")
         for name, got in checks.items():
             cos = (got * ref[:200]).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref[:200], axis=1))
