@@ -93,16 +93,18 @@ def main(argv=None) -> None:
                 "train_seconds": round(wall - res.feature_seconds, 1), "feature_seconds": round(res.feature_seconds, 1),
                 "layers": res.layers,
             })
+            rows[-1]["train_records"] = args.finetune_train if cfg.mode == "finetune" and args.finetune_train else 67349
             print(f"[{key}] dev accuracy {res.dev['accuracy']:.4f} in {wall:.0f}s", file=sys.stderr)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": "all-MiniLM-L6-v2 (embedded)", "threads": torch.get_num_threads(),
-                               "extraction_seconds": extraction, "rows": rows}, indent=2) + "\n")
-    print("| | configuration | dev accuracy | macro-F1 | best epoch / run | head training s | features s |")
-    print("|---|---|---|---|---|---|---|")
+            out = Path(args.out)  # written after every configuration: an interrupted run keeps what it finished
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"model": "all-MiniLM-L6-v2 (embedded)", "threads": torch.get_num_threads(),
+                                       "extraction_seconds": extraction, "rows": rows}, indent=2) + "\n")
+    print("| | configuration | dev accuracy | macro-F1 | best epoch / run | training s | features s | train set |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['key']} | {r['title']} | {r['dev_accuracy']:.4f} | {r['dev_macro_f1']:.4f} | "
-              f"{r['best_epoch']} / {r['epochs_run']} | {r['train_seconds']:.0f} | {r['feature_seconds']:.0f} |")
+              f"{r['best_epoch']} / {r['epochs_run']} | {r['train_seconds']:.0f} | {r['feature_seconds']:.0f} | "
+              f"{r['train_records']:,} |")
     for r in rows:
         if r["layers"]:
             print(f"\n({r['key']}) learned layer weights: " + ", ".join(
