@@ -53,10 +53,18 @@ def table_rows(results) -> list[dict]:
 
 def markdown(results) -> str:
     metric = results.metric_name
-    lines = [f"| probe | layers | combine | dev {metric} | test {metric} | dev accuracy |", "|---|---|---|---|---|---|"]
+    has_test = any(r.get("test_mean") is not None for r in results.rows)
+    extra_acc = metric != "accuracy"  # entity F1 tables also show token accuracy
+    head = ["probe", "layers", "combine", f"dev {metric}"] + ([f"test {metric}"] if has_test else []) + (
+        ["dev accuracy"] if extra_acc else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table_rows(results):
-        lines.append(f"| {r['probe']} | {r['layers']} | {r['combine']} | {_fmt(r['dev'], r['dev_std'], results.restarts)} "
-                     f"| {_fmt(r['test'], r['test_std'], results.restarts)} | {100 * r['dev_accuracy']:.2f} |")
+        cells = [r["probe"], str(r["layers"]), r["combine"], _fmt(r["dev"], r["dev_std"], results.restarts)]
+        if has_test:
+            cells.append(_fmt(r["test"], r["test_std"], results.restarts))
+        if extra_acc:
+            cells.append(f"{100 * r['dev_accuracy']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -76,11 +84,14 @@ def plot_layers(results, path: Path) -> None:
     for i, r in enumerate(strategies):
         ax.axhline(100 * r["dev_mean"], ls="--", lw=1, color=colors[(i + 1) % len(colors)], label=r["name"])
     ax.set_xticks(xs, ["emb" if x == 0 else str(x) for x in xs])
+    values = ys + [100 * r["dev_mean"] for r in strategies]
+    span = max(values) - min(values) or 1.0
+    ax.set_ylim(min(values) - 0.08 * span, max(values) + 0.25 * span)  # room for the strategy lines and the legend
     ax.set_xlabel("layer (0 = embeddings)")
     ax.set_ylabel(f"dev {results.metric_name} (%)")
     ax.set_title(f"{results.task_title}: probe per layer ({results.options['probe']})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
