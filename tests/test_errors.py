@@ -190,7 +190,11 @@ def test_uncached_hub_id_offline(monkeypatch):
     assert "Extractor('./models/no-such-model-123')" in msg
 
 
-@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "8192", None])
+def test_default_batch_tokens_by_device(tiny_extractors):
+    assert lw.Extractor(tiny_extractors["bert"].loaded).batch_tokens == 1024  # CPU default (None = by device)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "8192"])
 def test_bad_batch_tokens_in_constructor(tiny_extractors, bad):
     with pytest.raises(ValueError, match=rf"batch_tokens must be a positive int \(tokens per batch\), got {bad!r}"):
         lw.Extractor(tiny_extractors["bert"].loaded, batch_tokens=bad)

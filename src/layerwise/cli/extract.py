@@ -29,7 +29,7 @@ def extract(
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="Input format if the suffix does not tell: txt, jsonl, csv, tsv, parquet, conll, conllu."),
     text_field: Optional[str] = typer.Option(None, "--text-field", "--text-column", help="Column/field with the text (default: text, else sentence)."),
     keep: List[str] = typer.Option([], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Token budget per forward batch (default 8192)."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."),
     max_records: Optional[int] = typer.Option(None, "--max-records", help="Stop after this many records in the store."),
     shard_records: Optional[int] = typer.Option(None, "--shard-records", help="Records per shard (default: ~64 MB of features)."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of logging and skipping it."),
