@@ -238,25 +238,7 @@ class Extractor:
         for group in self._forward(toks, resolved, site, budget):
             for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
                 out[:, text, :n] = group.states[:, r, :n].cpu()
-        pad_id = self.loaded.tokenizer.pad_token_id or 0
-        ids = torch.full((len(texts), longest), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(texts), longest), dtype=torch.long)
-        special = torch.ones((len(texts), longest), dtype=torch.long)
-        for i, t in enumerate(toks):
-            ids[i, : len(t.ids)] = torch.tensor(t.ids)
-            mask[i, : len(t.ids)] = 1
-            special[i, : len(t.ids)] = torch.tensor(t.special, dtype=torch.long)
-        return LayerStack(
-            tensor=out,
-            layers=resolved,
-            sites=(site,) * len(resolved),
-            attention_mask=mask,
-            input_ids=ids,
-            special_tokens_mask=special,
-            word_ids=[t.word_ids for t in toks],
-            offsets=[t.offsets for t in toks],
-            num_layers=self.num_layers,
-        )
+        return LayerStack.from_tokens(out, resolved, site, toks, self.loaded.tokenizer.pad_token_id or 0, self.num_layers)
 
     def encode(
         self,

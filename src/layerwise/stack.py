@@ -47,6 +47,21 @@ class LayerStack:
     offsets: list[list[tuple[int, int]]]
     num_layers: int
 
+    @classmethod
+    def from_tokens(cls, tensor: torch.Tensor, layers, site: str, toks, pad_id: int, num_layers: int) -> "LayerStack":
+        """A stack for ``tensor [layers, batch, tokens, width]`` with masks and ids built from tokenised texts."""
+        n, longest = len(toks), tensor.shape[2]
+        ids = torch.full((n, longest), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, longest), dtype=torch.long)
+        special = torch.ones((n, longest), dtype=torch.long)
+        for i, t in enumerate(toks):
+            ids[i, : len(t.ids)] = torch.tensor(t.ids, dtype=torch.long)
+            mask[i, : len(t.ids)] = 1
+            special[i, : len(t.ids)] = torch.tensor(t.special, dtype=torch.long)
+        return cls(tensor=tensor, layers=tuple(layers), sites=(site,) * len(layers), attention_mask=mask, input_ids=ids,
+                   special_tokens_mask=special, word_ids=[t.word_ids for t in toks],
+                   offsets=[t.offsets for t in toks], num_layers=num_layers)
+
     @property
     def labels(self) -> tuple[str, ...]:
         """``"embeddings"``, ``"layer_1"``, ... for each entry of ``layers``."""
