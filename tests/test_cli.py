@@ -9,16 +9,14 @@ from __future__ import annotations
 import io
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from layerwise.cli.demo import sample_sentences
 from layerwise.cli.main import app
+from tiny import pickle_only_copy
 
 TEXTS = ["I love Paris", "EU rejects German call"]
 
@@ -151,13 +149,7 @@ def test_bad_options_exit_2_with_message(runner, tiny, extra, expected):
 def test_missing_model_and_pickle_flag(runner, tiny_dirs, tmp_path):
     err = _user_error(runner.invoke(app, ["encode", "x", "--model", str(tmp_path / "nope"), "--device", "cpu"]))
     assert "does not exist" in err and "nope" in err
-    pickled = tmp_path / "pickled"
-    shutil.copytree(tiny_dirs["bert"], pickled)
-    state = {}
-    for f in pickled.glob("*.safetensors"):
-        state.update(load_file(f))
-        f.unlink()
-    torch.save(state, pickled / "pytorch_model.bin")
+    pickled = pickle_only_copy(tiny_dirs["bert"], tmp_path / "pickled")
     args = ["encode", "x", "--model", str(pickled), "--device", "cpu"]
     err = _user_error(runner.invoke(app, args))
     assert "holds only a pickle checkpoint" in err and "--allow-pickle" in err

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import layerwise as lw
+from tiny import pickle_only_copy
 
 CALLS = {
     "encode": lambda ex, **kw: ex.encode(["I love Paris"], **kw),
@@ -141,16 +142,7 @@ def test_missing_path_and_file_path(tmp_path, tiny_dirs):
 
 
 def test_pickle_only_checkpoint_needs_opt_in(tmp_path, tiny_dirs, tiny_extractors):
-    from safetensors.torch import load_file
-
-    path = tmp_path / "pickled"
-    shutil.copytree(tiny_dirs["bert"], path)
-    state = {}
-    for f in path.glob("*.safetensors"):
-        state.update(load_file(f))
-        f.unlink()
-    assert state
-    torch.save(state, path / "pytorch_model.bin")
+    path = pickle_only_copy(tiny_dirs["bert"], tmp_path / "pickled")
     with pytest.raises(lw.ModelLoadError, match=r"holds only a pickle checkpoint \(pytorch_model\.bin\)") as info:
         lw.Extractor(str(path), device="cpu")
     assert "allow_pickle=True" in str(info.value) and "--allow-pickle" in str(info.value)

@@ -7,7 +7,6 @@ head on a frozen *random* encoder learns it in a few epochs.
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -18,23 +17,10 @@ import layerwise as lw
 from layerwise.heads import HeadConfig, LayerAttention, LayerHead, LayerMix, SequenceClassifier, load, train
 from layerwise.heads.data import encode_labels, frozen_features, label_map, read_labelled
 
-KEYS = {"pos": "paris", "neg": "lamb", "mid": "blackburn"}
-FILLER = "the quick brown fox jumps over lazy dog went to brussels on monday said tourist".split()
+from tiny import TOY_FILLER as FILLER  # noqa: F401
+from tiny import toy
 QUIET = dict(log=lambda line: None, progress=False)
 
-
-def toy(path, n, seed, classes=("pos", "neg")):
-    """Write ``n`` separable records: the class word three times + 3 random filler words (tsv / csv / jsonl by suffix)."""
-    rng, rows = random.Random(seed), []
-    for i in range(n):
-        words = [KEYS[classes[i % len(classes)]]] * 3 + rng.sample(FILLER, 3)
-        rng.shuffle(words)
-        rows.append((" ".join(words), classes[i % len(classes)]))
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
-    else:
-        sep = "\t" if path.suffix == ".tsv" else ","
-        path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{y}\n" for t, y in rows))
 
 
 @pytest.fixture(scope="module")

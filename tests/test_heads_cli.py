@@ -14,24 +14,9 @@ import layerwise as lw
 from layerwise.cli.main import app
 from layerwise.heads import HeadConfig, load
 
-KEYS = {"pos": "paris", "neg": "lamb", "mid": "blackburn"}
-FILLER = "the quick brown fox jumps over lazy dog went to brussels on monday said tourist".split()
+from tiny import TOY_FILLER as FILLER  # noqa: F401
+from tiny import toy
 
-
-def toy(path, n, seed, classes=("pos", "neg")):
-    """``n`` separable records (class word three times + filler), written as tsv / csv / jsonl by suffix."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        words = [KEYS[classes[i % len(classes)]]] * 3 + rng.sample(FILLER, 3)
-        rng.shuffle(words)
-        rows.append((" ".join(words), classes[i % len(classes)]))
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
-    else:
-        sep = "\t" if path.suffix == ".tsv" else ","
-        path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{y}\n" for t, y in rows))
-    return rows
 
 
 def _ok(result):

@@ -117,3 +117,42 @@ def build(family: str, directory: Path, seed: int = 0) -> Path:
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=MAXPOS, **special)
     hf_tok.save_pretrained(directory)
     return directory
+
+
+# ---- shared test data builders ---------------------------------------------------------------------------------
+TOY_KEYS = {"pos": "paris", "neg": "lamb", "mid": "blackburn"}
+TOY_FILLER = "the quick brown fox jumps over lazy dog went to brussels on monday said tourist".split()
+
+
+def toy(path: Path, n: int, seed: int, classes=("pos", "neg")) -> list[tuple[str, str]]:
+    """``n`` separable records (class word three times + 3 filler words), written as tsv / csv / jsonl by suffix."""
+    import json
+    import random
+
+    rng, rows = random.Random(seed), []
+    for i in range(n):
+        words = [TOY_KEYS[classes[i % len(classes)]]] * 3 + rng.sample(TOY_FILLER, 3)
+        rng.shuffle(words)
+        rows.append((" ".join(words), classes[i % len(classes)]))
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    else:
+        sep = "\t" if path.suffix == ".tsv" else ","
+        path.write_text(f"text{sep}label\n" + "".join(f"{t}{sep}{y}\n" for t, y in rows))
+    return rows
+
+
+def pickle_only_copy(model_dir: Path, dest: Path) -> Path:
+    """A copy of ``model_dir`` whose weights are only a pickle checkpoint (``pytorch_model.bin``)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    shutil.copytree(model_dir, dest)
+    state = {}
+    for f in dest.glob("*.safetensors"):
+        state.update(load_file(f))
+        f.unlink()
+    assert state, f"{model_dir} has no safetensors weights"
+    torch.save(state, dest / "pytorch_model.bin")
+    return dest
