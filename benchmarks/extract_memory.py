@@ -44,7 +44,8 @@ def corpus_texts(n: int) -> tuple[list[str], str]:
 CHILD = """
 import json, resource, sys, layerwise as lw
 corpus, store, level, layers = sys.argv[1:5]
-s = lw.extract(corpus, store, layers=layers, combine="concat", pool="mean", level=level, device="cpu", progress=False)
+spec = lw.EncodeSpec(layers=layers, combine="concat", level=level, pool="mean" if level == "sentence" else None)
+s = lw.extract(corpus, store, spec, model=lw.Extractor(device="cpu"), options=lw.ExtractOptions(progress=False))
 print(json.dumps({"records": s.records, "tokens": s.tokens, "seconds": s.seconds, "write_seconds": s.write_seconds,
                   "bytes": s.bytes_written, "shards": s.shards_written,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

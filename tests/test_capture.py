@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerwise.capture import capture, count_layer_calls, module_hook_count
+from layerwise.capture import capture, count_layer_calls
+from tiny import module_hook_count
 from layerwise.families import layer_modules
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés in Paris"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from layerwise.combine import COMBINE_MODES, ScalarMix, combine, output_width
+from layerwise.combine import FIXED_COMBINES, LEARNED_COMBINES, ScalarMix, combine, combined_shape, learned_combiner
 from layerwise.pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
 
 K, B, T, W = 3, 4, 9, 8
@@ -33,7 +33,8 @@ def _scramble_padding(h, mask, seed=1):
     return out
 
 
-COMBINERS = [(m, {"weights": [0.2, 0.3, 0.5]} if m == "weighted" else {}) for m in COMBINE_MODES] + [
+COMBINERS = [(m, {"weights": [0.2, 0.3, 0.5]} if m == "weighted" else {}) for m in FIXED_COMBINES] + [
+    (learned_combiner(m, K, W), {}) for m in LEARNED_COMBINES] + [
     (ScalarMix(K), {}),
     (ScalarMix(K, layer_norm=True, initial_weights=[0.1, -0.3, 0.7]), {}),
     (ScalarMix(K, normalize="sum", initial_weights=[1.0, 2.0, 3.0]), {}),
@@ -57,8 +58,7 @@ def test_combine_pool_contract(mode, kw, pool_mode):
         nn_pooler = lambda x: torch.tanh(dense(x))  # noqa: E731
     original = h.clone()
     x = combine(h, mode, mask=mask, **kw)
-    width = output_width(mode, K, W)
-    assert x.shape == (B, T) + ((width,) if isinstance(width, int) else width)
+    assert x.shape == (B, T) + combined_shape(mode, K, W)
     with torch.no_grad():
         out = pool(x, mask, pool_mode, pooler=nn_pooler)
     feat = x.shape[2:]

@@ -181,7 +181,8 @@ def test_predict_streams_2000_texts_in_batches(runner, trained, tmp_path, monkey
 @pytest.mark.parametrize("extra,message", [
     (["--head", "per_layer", "--pool", "attention"], "needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'"),
     (["--pool", "avg"], "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
-    (["--combine", "stack"], "Valid combine values are: concat, sum, mean, scalar_mix, attention"),
+    (["--combine", "stack"], "combine='stack' keeps the layer axis, which a classifier cannot read"),
+    (["--combine", "avg"], "Valid combine values are: concat, sum, mean, weighted, scalar_mix, attention"),
     (["--head", "svm"], "Valid classifier values are: linear, mlp, per_layer"),
     (["--mode", "lora"], "Valid mode values are: frozen, finetune"),
     (["--activation", "swish"], "Valid activation values are: relu, gelu, tanh"),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import layerwise as lw
+from tiny import extract
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
@@ -21,10 +22,10 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs PO
 KILLER = textwrap.dedent(
     """
     import os, signal, sys
+    import layerwise as lw
     import layerwise.store.writer as ex_mod
-    import layerwise.store.shards as shards
-    import layerwise.extractor as extractor_mod
-    from layerwise.store import extract
+    import layerwise.store.layout as shards
+    import layerwise.backends.pytorch as extractor_mod
 
     point, k, model, corpus, store = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -55,8 +56,9 @@ KILLER = textwrap.dedent(
     elif point == "before_manifest":  # shard k renamed, manifest not yet updated
         ex_mod.write_json = counting(ex_mod.write_json, "before")
     on_shard = (lambda n: die() if n == k else None) if point == "after_shard" else None
-    extract(corpus, store, model=model, device="cpu", layers=[1, 2], combine="concat", level=sys.argv[6],
-            shard_records=4, batch_tokens=64, on_shard=on_shard, progress=False)
+    lw.extract(corpus, store, lw.EncodeSpec(layers=[1, 2], combine="concat", level=sys.argv[6]),
+               model=lw.Extractor(model, device="cpu"), on_shard=on_shard,
+               options=lw.ExtractOptions(shard_records=4, batch_tokens=64, progress=False))
     """
 )
 
@@ -124,8 +126,8 @@ def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, poin
     root, corpus, texts, script, model = setup
     clean = root / f"clean-{level}"
     if not clean.exists():
-        lw.extract(corpus, clean, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
-                   shard_records=4, batch_tokens=64, progress=False)
+        extract(corpus, clean, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
+                shard_records=4, batch_tokens=64, progress=False)
     store = root / f"killed-{level}-{point}-{k}"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, str(script), point, str(k), model, str(corpus), str(store), level],
@@ -134,8 +136,8 @@ def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, poin
     before = lw.open_store(store)
     assert not before.complete and len(before) < len(texts)  # the kill left an unfinished store
     done_before = len(before)
-    summary = lw.extract(corpus, store, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
-                         shard_records=4, batch_tokens=64, progress=False)
+    summary = extract(corpus, store, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
+                      shard_records=4, batch_tokens=64, progress=False)
     assert summary.status == "complete" and summary.resumed_from == done_before
     assert summary.records == len(texts) - done_before  # finished shards were not redone
     _same(_snapshot(store, level), _snapshot(clean, level), level)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import itertools
 import json
 import re
@@ -16,11 +17,19 @@ import torch
 from PIL import Image
 
 import layerwise.probe.data as probe_data
-from layerwise.probe import CRF, cka_matrix, detect_scheme, linear_cka, run, tagging_scores
+from layerwise.probe import CRF, ProbeConfig, cka_matrix, detect_scheme, linear_cka, run, tagging_scores
 from layerwise.readers import Record, read_records, with_document_context
-from layerwise.store import extract, open_store
+from layerwise.store import open_store
 
-QUIET = dict(log=lambda line: None, progress=False, epochs=1)
+from tiny import extract
+
+QUIET = dict(log=lambda line: None, progress=False)  # with ProbeConfig(epochs=1, ...): see cfg()
+
+
+def cfg(**kw) -> ProbeConfig:
+    """A one-epoch probing config."""
+    return ProbeConfig(**{"epochs": 1, **kw})
+
 # CoNLL-2003 documents (IOB1: I- starts an entity, B- only between adjacent entities of one type).
 DOCS = [
     [[("EU", "NNP", "B-NP", "I-ORG"), ("rejects", "VBZ", "B-VP", "O"), ("German", "JJ", "B-NP", "I-MISC"),
@@ -89,9 +98,11 @@ def runs(env):
     """The three kinds of run: CoNLL-2003 NER (3 restarts), CoNLL-U UPOS and a sentence task."""
     r, ex = env["root"], env["ex"]
     return {
-        "ner": run(env["iob1"], env["iob1"], task="tagging", column="ner", model=ex, output=r / "ner", restarts=3, lr=0.05, **QUIET),
-        "upos": run(env["ud"], env["ud"], env["ud"], task="tagging", column="upos", model=ex, output=r / "upos", **QUIET),
-        "sentence": run(env["tsv"], env["tsv"], task="sentence", model=ex, output=r / "sent", **QUIET),
+        "ner": run(env["iob1"], env["iob1"], config=cfg(task="tagging", column="ner", restarts=3, lr=0.05), model=ex,
+                   output=r / "ner", **QUIET),
+        "upos": run(env["ud"], env["ud"], env["ud"], cfg(task="tagging", column="upos"), model=ex, output=r / "upos",
+                    **QUIET),
+        "sentence": run(env["tsv"], env["tsv"], config=cfg(task="sentence"), model=ex, output=r / "sent", **QUIET),
     }
 
 
@@ -172,11 +183,11 @@ def test_restarts_mean_and_std(runs):
         assert r["dev_mean"] == pytest.approx(np.mean(r["dev_runs"]), abs=1e-5)
         assert r["dev_std"] == pytest.approx(np.std(r["dev_runs"], ddof=1), abs=1e-4)
 
-    from layerwise.probe.run import _summarise
+    from layerwise.probe.run import summarise
     from layerwise.probe.train import ProbeRun
 
     fake = [ProbeRun(dev={"accuracy": 0.5, "f1": f}, test=None, epochs=1) for f in (0.2, 0.4, 0.9)]
-    s = _summarise(fake)  # the seeds of a tiny model may tie; the statistic itself is checked on known values
+    s = summarise(fake)  # the seeds of a tiny model may tie; the statistic itself is checked on known values
     assert s["dev_runs"] == [0.2, 0.4, 0.9] and s["dev_mean"] == pytest.approx(0.5)
     assert s["dev_std"] == pytest.approx(np.std([0.2, 0.4, 0.9], ddof=1))
     for r in runs["upos"].rows:
@@ -185,17 +196,18 @@ def test_restarts_mean_and_std(runs):
 
 def test_cached_store_is_reused(runs, env, monkeypatch):
     statuses = []
+    real = probe_data.extract
 
     def spy(*args, **kwargs):
-        summary = extract(*args, **kwargs)
+        summary = real(*args, **kwargs)
         statuses.append(summary.status)
         return summary
 
     monkeypatch.setattr(probe_data, "extract", spy)
     shards = sorted((env["root"] / "ner" / "features").rglob("shard-*.safetensors"))
     before = {p: p.stat().st_mtime_ns for p in shards}
-    again = run(env["iob1"], env["iob1"], task="tagging", column="ner", model=env["ex"], output=env["root"] / "ner",
-                restarts=3, lr=0.05, **QUIET)
+    again = run(env["iob1"], env["iob1"], config=cfg(task="tagging", column="ner", restarts=3, lr=0.05), model=env["ex"],
+                output=env["root"] / "ner", **QUIET)
     assert statuses == ["already_complete", "already_complete"]
     assert shards and {p: p.stat().st_mtime_ns for p in shards} == before
     assert [r["dev_runs"] for r in again.rows] == [r["dev_runs"] for r in runs["ner"].rows]
@@ -231,8 +243,8 @@ def test_document_context_features(env):
         np.testing.assert_allclose(store[i], ref, atol=1e-5, rtol=0)
         assert not np.allclose(store[i], plain[i], atol=1e-3)  # the context changed the features
     # the probe passes the context on: its (float16) features are these
-    res = run(env["iob2"], env["iob2"], model=ex, output=env["root"] / "ner-ctx", document_context=True,
-              layers_only=True, **QUIET)
+    res = run(env["iob2"], env["iob2"], config=cfg(document_context=True, layers_only=True), model=ex,
+              output=env["root"] / "ner-ctx", **QUIET)
     assert res.options["document_context"] is True and res.options["scheme"] == "IOB2"
     rows, _ = open_store(env["root"] / "ner-ctx" / "features" / "train").ragged()
     np.testing.assert_allclose(rows.astype(np.float32), store.ragged()[0], rtol=2e-3, atol=1e-4)
@@ -303,8 +315,8 @@ def test_crf_matches_brute_force():
 
 
 def test_bilstm_crf_probe(env):
-    res = run(env["iob1"], env["iob1"], task="tagging", model=env["ex"], output=env["root"] / "lstm", probe="bilstm",
-              crf=True, hidden=8, layers_only=True, **QUIET)
+    res = run(env["iob1"], env["iob1"], config=cfg(task="tagging", probe="bilstm", crf=True, hidden=8, layers_only=True),
+              model=env["ex"], output=env["root"] / "lstm", **QUIET)
     assert [r["name"] for r in res.rows] == ["embeddings", "layer 1", "layer 2"]
     assert all(r["kind"] == "layer" and 0 <= r["dev_mean"] <= 1 for r in res.rows)
     assert res.options["probe"] == "bilstm" and res.options["crf"] is True
@@ -321,10 +333,31 @@ def test_bilstm_crf_probe(env):
     (dict(task="sentence"), "reads text+label files (tsv, csv, jsonl, parquet)"),
     (dict(restarts=0), "restarts must be a positive int, got 0"),
     (dict(probe="bilstm", task="sentence", train="tsv"), "use it with task='tagging'"),
+    (dict(crf=True), "crf=True is the output layer of the bilstm probe; use probe='bilstm' (got 'linear')"),
+    (dict(crf=True, probe="mlp"), "use probe='bilstm' (got 'mlp')"),
 ])
 def test_bad_input(env, tmp_path, kw, message):
     kw = dict(kw)
     train = env[kw.pop("train", "iob1")]
     with pytest.raises(ValueError, match=re.escape(message)):
-        run(train, train, model=env["ex"], output=tmp_path / "out", **{"log": lambda line: None, **kw})
+        run(train, train, config=ProbeConfig(**kw), model=env["ex"], output=tmp_path / "out", log=lambda line: None)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(task="parsing"), "Valid tasks are: sentence, tagging"),
+    (dict(probe="svm"), "Valid probes are: linear, mlp, bilstm"),
+    (dict(scheme="BIO"), "Valid schemes are: auto, none, IOB1, IOB2, IOBES"),
+    (dict(restarts=0), "restarts must be a positive int, got 0"),
+    (dict(probe="bilstm", task="sentence"), "use it with task='tagging'"),
+    (dict(crf=True), "use probe='bilstm'"),
+])
+def test_probe_config_validates_itself(kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ProbeConfig(**kw)
+    with pytest.raises(ValueError, match=re.escape(message)):  # and a changed copy is checked again
+        ProbeConfig().replace(**kw)
+    ok = ProbeConfig(probe="bilstm", crf=True)
+    assert (ok.probe, ok.crf, ok.replace(hidden=8).hidden) == ("bilstm", True, 8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ok.epochs = 2

@@ -55,6 +55,8 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
     (["--task", "parsing"], "Valid tasks are: sentence, tagging"),
     (["--probe", "svm"], "Valid probes are: linear, mlp, bilstm"),
     (["--restarts", "0"], "restarts must be a positive int"),
+    (["--crf"], "crf=True is the output layer of the bilstm probe; use probe='bilstm' (got 'linear')"),
+    (["--probe", "bilstm", "--task", "sentence"], "use it with task='tagging'"),
 ])
 def test_probe_command_bad_input(tmp_path, conll, tiny_dirs, args, message):
     result = CliRunner().invoke(app, ["probe", "--train", str(conll), "--dev", str(conll), "--model", str(tiny_dirs["bert"]),

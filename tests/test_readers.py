@@ -16,7 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from layerwise.cli.main import app
-from layerwise.store import ExtractError, extract, open_store
+from layerwise import ExtractError
+from layerwise.store import open_store
+from tiny import extract
 
 TEXTS = [
     "EU rejects German call to boycott British lamb .",
@@ -140,7 +142,7 @@ def test_float16_store_within_fp16_rounding(bert, tmp_path, level):
     extract(path, tmp_path / "s16", model=bert, layers="all", level=level, dtype="float16", **kw)
     st = open_store(tmp_path / "s16")
     ref = reference(bert, level, TEXTS, "all")
-    assert st.dtype == np.float16 and st.manifest["options"]["dtype"] == "float16"
+    assert st.dtype == np.float16 and st.manifest["spec"]["dtype"] == "float16"
     for i, want in enumerate(ref):
         assert st[i].dtype == np.float16
         want16 = want.astype(np.float16).astype(np.float32)
@@ -154,7 +156,7 @@ def test_roberta_token_level_jsonl(tiny_extractors, tmp_path):
     st = open_store(tmp_path / "rob")
     assert_store_equals(st, reference(rob, "token", TEXTS, -1), "token")
     assert [st.token_ids(i).tolist() for i in range(len(st))] == [rob.tokenizer(t)["input_ids"] for t in TEXTS]
-    assert st.column("label") == LABELS and st.manifest["options"]["family"] == "roberta"
+    assert st.column("label") == LABELS and st.manifest["model"]["family"] == "roberta"
 
 
 def test_default_model_txt_sentence(default_extractor, tmp_path):
@@ -169,7 +171,8 @@ def test_default_model_txt_sentence(default_extractor, tmp_path):
 def test_conll2003_docstart_words_and_columns(bert, tmp_path, level):
     p = tmp_path / "train.conll"
     p.write_text(CONLL, encoding="utf-8")
-    extract(p, tmp_path / "c", model=bert, layers="-2:", level=level, subword="mean", keep=["ner", "doc", "pos"])
+    sub = {"subword": "mean"} if level == "word" else {}  # subword applies to level word only
+    extract(p, tmp_path / "c", model=bert, layers="-2:", level=level, keep=["ner", "doc", "pos"], **sub)
     st = open_store(tmp_path / "c")
     items = CONLL_WORDS if level == "word" else [" ".join(w) for w in CONLL_WORDS]
     assert_store_equals(st, reference(bert, level, items, "-2:", subword="mean"), level)

@@ -261,7 +261,9 @@ BAD = [  # (id, body, status, substrings of the detail)
     ("combine", _bad(combine="avg", layers="-2:"), 422, ["avg", *lw.COMBINE_MODES]),
     ("subword", _bad(level="word", subword="middle"), 422, ["middle", *lw.WORD_POOL_MODES]),
     ("weights", _bad(layers="-2:", combine="weighted", weights=[1.0]), 422, ["weights"]),
-    ("no-pool", _bad(pool=None), 422, ["pool"]),
+    ("pool-at-token-level", _bad(level="token", pool="max"), 422, ["pool='max' applies to level 'sentence' only"]),
+    ("subword-at-sentence-level", _bad(subword="last"), 422, ["subword='last' applies to level 'word' only"]),
+    ("unknown-field", {"texts": ["hi"], "pooling": "cls"}, 422, ["pooling", "Extra inputs are not permitted"]),
     ("both", {"texts": ["a"], "words": [["a"]], "level": "word"}, 422, ["exactly one"]),
     ("words-level", {"words": [["a"]]}, 422, ["level 'word'"]),
     ("empty", {"texts": []}, 422, ["empty"]),
@@ -314,14 +316,14 @@ def test_chunked_body_over_limit_413(server, ex):
 
 def test_model_error_is_500_without_traceback(tiny_dirs, ex):
     patched = lw.Extractor(str(tiny_dirs["bert"]), device="cpu")
-    real = patched._stream
+    real = patched.stream
 
-    def stream(items, **kw):  # a model error for batches holding "BOOM", the real thing otherwise
+    def stream(items, spec, **kw):  # a model error for batches holding "BOOM", the real thing otherwise
         if "BOOM" in items:
             raise RuntimeError("secret internal detail from deep inside torch")
-        return real(items, **kw)
+        return real(items, spec, **kw)
 
-    patched._stream = stream
+    patched.stream = stream
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(patched), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)

@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 
 import layerwise as lw
 from layerwise.cli.main import app
-from layerwise.store import ExtractError, export, extract, open_store
+from layerwise import ExtractError
+from layerwise.store import export, open_store
+from tiny import extract
 
 TEXTS = ["EU rejects German call", "Peter Blackburn", "I love Paris in the springtime", "a", "naïve cafés",
          "the lazy dog"]
@@ -56,11 +58,11 @@ BASE = dict(layers=[1, 2], pool="mean", keep=["id", "label"], shard_records=2)
 @pytest.mark.parametrize(
     "change, name",
     [
-        ({"layers": 0}, "options.layers"),
-        ({"pool": "max"}, "options.pool"),
-        ({"dtype": "float16"}, "options.dtype"),
-        ({"combine": "sum"}, "options.combine"),
-        ({"level": "token"}, "options.level"),
+        ({"layers": 0}, "spec.layers"),
+        ({"pool": "max"}, "spec.pool"),
+        ({"dtype": "float16"}, "spec.dtype"),
+        ({"combine": "sum"}, "spec.combine"),
+        ({"level": "token", "pool": None}, "spec.level"),
         ({"keep": ["id"]}, "input.keep"),
         ({"input": "edit"}, "input.sha256"),
     ],
@@ -211,23 +213,25 @@ def test_reader_api_token_level(bert, stores):
 
 def test_manifest_provenance(bert, stores, corpus, tiny_extractors, tmp_path):
     st = stores["token", True]
-    m, o = st.manifest, st.options
+    m, o, model = st.manifest, st.spec, st.model
     assert m["format"] == "layerwise-store" and m["layerwise_version"] == lw.__version__ and m["status"] == "complete"
-    assert o["model"] == bert.loaded.name and len(o["model_sha256"]) == 64 and int(o["model_sha256"], 16) >= 0
-    got = (o["layers"], o["site"], o["combine"], o["pool"], o["level"], o["dtype"])
-    assert got == ([1, 2], "block", "concat", None, "token", "float32")
-    assert o["tokenizer"]["vocab_size"] == len(bert.tokenizer)
-    assert o["tokenizer"]["class"] == type(bert.tokenizer).__name__
+    assert m["format_version"] == 2 and lw.EncodeSpec.from_dict(m["spec"]) == o  # the manifest holds the spec
+    assert model["name"] == bert.loaded.name and model["fingerprint"] == bert.fingerprint()
+    assert len(model["fingerprint"]) == 64 and int(model["fingerprint"], 16) >= 0
+    got = (o.layers, o.site, o.combine, o.pool, o.level, o.dtype)
+    assert got == ((1, 2), "block", "concat", None, "token", "float32")
+    assert m["tokenizer"]["vocab_size"] == len(bert.tokenizer)
+    assert m["tokenizer"]["class"] == type(bert.tokenizer).__name__
     assert m["input"]["path"] == os.path.abspath(corpus) and m["input"]["format"] == "jsonl"
     assert m["input"]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
     assert m["input"]["keep"] == ["id", "label"]
     tokens = sum(len(bert.tokenizer(r["text"])["input_ids"]) for r in JSONL)
     want = {"records": 6, "rows": tokens, "tokens": tokens, "skipped": 1, "shards": 3, "bytes": st.nbytes}
     assert m["counts"] == want
-    assert stores["sentence", False].options["pool"] == "mean"
+    assert stores["sentence", False].spec.pool == "mean"
     extract(corpus, tmp_path / "rob", model=tiny_extractors["roberta"])
-    rob = open_store(tmp_path / "rob").options
-    assert rob["model_sha256"] != o["model_sha256"] and rob["family"] == "roberta"
+    rob = open_store(tmp_path / "rob").model
+    assert rob["fingerprint"] != model["fingerprint"] and rob["family"] == "roberta"
 
 
 def read_export(path, to, level):
@@ -316,7 +320,7 @@ def test_cli_inspect_export_and_errors(bert, tiny_dirs, tmp_path, corpus):
     (tmp_path / "in.csv").write_text("id,sentence\n1,hello\n")
     errors = [
         (["extract", str(corpus), "-o", str(store), "--layers", "1", "--level", "token", "--keep", "id,label", *model],
-         "options.layers"),
+         "spec.layers"),
         (["extract", str(tmp_path / "in.csv"), "-o", str(tmp_path / "n"), "--text-column", "body", *model],
          "the CSV header has no column 'body'"),
         (["inspect", str(tmp_path)], "not a layerwise store"),
@@ -327,3 +331,80 @@ def test_cli_inspect_export_and_errors(bert, tiny_dirs, tmp_path, corpus):
         assert res.exit_code == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert res.stderr.startswith("error: ") and message in res.stderr and "Traceback" not in res.stderr
     assert snapshot(store) == before and not (tmp_path / "n").exists()
+
+
+def _disk_full_at(monkeypatch, n):
+    """Make the ``n``-th shard write fail half-way with ENOSPC (after writing part of its temporary file)."""
+    import errno
+
+    import layerwise.store.layout as layout
+
+    real, calls = layout.save_tensors, {"n": 0}
+
+    def save(tmp, tensors, metadata):
+        calls["n"] += 1
+        if calls["n"] == n:
+            with open(tmp, "wb") as fh:
+                fh.write(b"\0" * 100)  # a partial file, as a full disk leaves it
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tmp, tensors, metadata)
+
+    monkeypatch.setattr(layout, "save_tensors", save)
+
+
+@pytest.mark.parametrize("level", ["sentence", "token"])
+def test_full_disk_is_one_clear_message_and_the_rerun_resumes(bert, tmp_path, corpus, monkeypatch, level):
+    kw = dict(layers=[1, 2], keep=["id", "label"], shard_records=2, level=level)
+    store = tmp_path / "s"
+    _disk_full_at(monkeypatch, 2)
+    with pytest.raises(ExtractError) as info:
+        extract(corpus, store, model=bert, **kw)
+    text = str(info.value)
+    assert "no space left on the device while writing shard-000001.safetensors" in text
+    assert repr(str(store)) in text and "2 records in 1 finished shards are safe" in text
+    assert "rerun the same command: it resumes after the last finished shard" in text
+    assert not [p.name for p in store.iterdir() if ".tmp-" in p.name]  # the temporary file is gone
+    assert len(open_store(store)) == 2 and not open_store(store).complete
+    monkeypatch.undo()
+    summary = extract(corpus, store, model=bert, **kw)  # space freed: the same command resumes
+    assert summary.status == "complete" and summary.resumed_from == 2 and summary.records == 4
+    extract(corpus, tmp_path / "clean", model=bert, **kw)
+    assert_same(open_store(store), open_store(tmp_path / "clean"))
+
+
+def test_full_disk_on_the_manifest_is_the_same_message(bert, tmp_path, corpus, monkeypatch):
+    import errno
+
+    import layerwise.store.layout as layout
+
+    real = layout.atomic_write_bytes
+
+    def full(path, data):
+        if path.name == "manifest.json" and (path.parent / "shard-000000.safetensors").exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr("layerwise.store.layout.atomic_write_bytes", full)
+    with pytest.raises(ExtractError, match="no space left on the device while writing manifest.json"):
+        extract(corpus, tmp_path / "s", model=bert, **BASE)
+
+
+def test_full_disk_in_the_cli_is_one_line(bert, tiny_dirs, tmp_path, corpus, monkeypatch):
+    _disk_full_at(monkeypatch, 1)
+    res = CliRunner().invoke(app, ["extract", str(corpus), "-o", str(tmp_path / "s"), "--model",
+                                   str(tiny_dirs["bert"]), "--quiet"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: no space left on the device")
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_a_copy_of_the_input_at_another_path_resumes_the_same_store(bert, tmp_path, corpus):
+    store = tmp_path / "s"
+    extract(corpus, store, model=bert, max_records=2, **BASE)
+    copy = tmp_path / "elsewhere" / "renamed.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(corpus.read_bytes())
+    summary = extract(copy, store, model=bert, **BASE)  # same content, other path: resumes
+    assert summary.resumed_from == 2 and summary.status == "complete"
+    copy.write_text(copy.read_text() + '{"text": "new"}\n')
+    with pytest.raises(ExtractError, match="input.sha256"):
+        extract(copy, store, model=bert, **BASE)

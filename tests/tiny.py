@@ -156,3 +156,30 @@ def pickle_only_copy(model_dir: Path, dest: Path) -> Path:
     assert state, f"{model_dir} has no safetensors weights"
     torch.save(state, dest / "pytorch_model.bin")
     return dest
+
+
+def extract(input, output, *, model=None, device=None, stdin=None, on_shard=None, **kw):
+    """``layerwise.extract`` called with flat keyword arguments, split into EncodeSpec / ReadOptions / ExtractOptions.
+
+    Tests read better with one flat call; the library takes the three config objects.
+    """
+    from dataclasses import fields
+
+    import layerwise as lw
+
+    groups = {cls: {f.name for f in fields(cls)} for cls in (lw.EncodeSpec, lw.ReadOptions, lw.ExtractOptions)}
+    parts = {cls: {k: kw.pop(k) for k in list(kw) if k in names} for cls, names in groups.items()}
+    if kw:
+        raise TypeError(f"unknown extract arguments {sorted(kw)}")
+    if "keep" in parts[lw.ReadOptions]:
+        parts[lw.ReadOptions]["keep"] = tuple(parts[lw.ReadOptions]["keep"])
+    if device is not None and not isinstance(model, lw.Extractor):
+        model = lw.Extractor(model, device=device)
+    return lw.extract(input, output, lw.EncodeSpec(**parts[lw.EncodeSpec]), model=model,
+                      reading=lw.ReadOptions(**parts[lw.ReadOptions]), options=lw.ExtractOptions(**parts[lw.ExtractOptions]),
+                      stdin=stdin, on_shard=on_shard)
+
+
+def module_hook_count(model) -> int:
+    """Total forward (pre-)hooks registered on ``model``'s modules (torch keeps them in private dicts)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

@@ -1,4 +1,4 @@
-"""layerwise: every hidden layer of a BERT-family encoder as a first-class, fast, validated object.
+"""layerwise: every hidden layer of a transformer encoder as a first-class, fast, validated object.
 
 Layer addressing: index 0 is the embeddings output, ``i`` in ``1..L`` the output of encoder layer ``i``,
 negative indices count from the end (the Hugging Face ``hidden_states`` convention).
@@ -9,48 +9,78 @@ Example::
     >>> ex = lw.Extractor()                                           # embedded all-MiniLM-L6-v2
     >>> ex.encode(["I love Paris"], layers="-4:", combine="concat", pool="max").shape
     (1, 1536)
+    >>> spec = lw.EncodeSpec(layers="-4:", level="word")              # the same description everywhere
+    >>> [r.features.shape for r in ex.stream([["EU", "rejects", "German", "call"]], spec)]
+    [torch.Size([4, 1536])]
+
+``import layerwise`` loads torch and transformers' tokenizers only; the service (``layerwise.serve``), training
+(``lw.heads``), probing (``lw.probe``) and their web, plotting and learning stacks load when first used.
 """
 
-from . import heads, probe
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from .capture import capture, record
-from .combine import COMBINE_MODES, ScalarMix, combine
+from .client import Client
+from .combine import COMBINE_MODES, LayerAttention, ScalarMix, combine
+from .engine import ExtractError, ExtractOptions, ExtractSummary, extract
 from .extractor import Extractor
 from .families import SUPPORTED_MODEL_TYPES
 from .layers import SITES, resolve_layers
 from .loading import LoadedModel, ModelLoadError, default_model_path, load_model
+from .pipeline import Encoded
 from .pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
-from .serve.client import Client
+from .readers import ReadOptions
+from .spec import LEVELS, EncodeSpec
 from .stack import LayerStack
-from .store import ExtractError, FeatureStore, extract, open_store
+from .store import FeatureStore, open_store
+from .version import __version__
 
-__version__ = "0.1.0"
+_SUBPACKAGES = ("heads", "probe")
+
+
+def __getattr__(name: str) -> Any:
+    """``lw.heads`` and ``lw.probe`` (training stacks) are imported on first use, keeping ``import layerwise`` light."""
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'layerwise' has no attribute {name!r}")
+
 
 __all__ = [
     "AttentionPool",
-    "Client",
     "COMBINE_MODES",
+    "Client",
+    "EncodeSpec",
+    "Encoded",
+    "ExtractError",
+    "ExtractOptions",
+    "ExtractSummary",
     "Extractor",
+    "FeatureStore",
+    "LEVELS",
+    "LayerAttention",
     "LayerStack",
     "LoadedModel",
     "ModelLoadError",
     "POOL_MODES",
+    "ReadOptions",
     "SITES",
     "SUPPORTED_MODEL_TYPES",
     "ScalarMix",
-    "ExtractError",
-    "FeatureStore",
-    "extract",
-    "open_store",
     "WORD_POOL_MODES",
     "__version__",
     "capture",
-    "heads",
-    "probe",
     "combine",
     "default_model_path",
+    "extract",
+    "heads",
     "load_model",
+    "open_store",
     "pool",
     "pool_words",
+    "probe",
     "record",
     "resolve_layers",
 ]

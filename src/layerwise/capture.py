@@ -26,7 +26,6 @@ import contextlib
 from typing import Iterator, Sequence
 
 import torch
-from torch import nn
 
 from .families import layer_modules, post_layer1_override, site_module
 from .loading import LoadedModel
@@ -194,7 +193,3 @@ def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, si
                 handle.remove()
     return counter["n"]
 
-
-def module_hook_count(model: nn.Module) -> int:
-    """Total forward (pre-)hooks registered on ``model``'s modules (tests check nothing leaks)."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

@@ -1,20 +1,25 @@
-"""Combine a stack of layers into one representation per token.
+"""Combine a stack of layers into one representation: the one combine vocabulary of layerwise.
 
-Input everywhere: ``h`` of shape ``[K, batch, tokens, width]`` (``K`` selected layers, in spec order) and an
-optional ``mask`` ``[batch, tokens]`` (1 = real token). Output ``[batch, tokens, D]``:
+Input everywhere: ``h`` of shape ``[K, *lead, width]`` with the ``K`` selected layers first, in spec order
+(``lead`` is ``(batch, tokens)`` for token states, ``(batch,)`` for pooled ones), and an optional ``mask``
+``[batch, tokens]`` (1 = real token). Output ``[*lead, D]``:
 
-==============  ===============================================  ==================
-mode            formula                                          D
-==============  ===============================================  ==================
-``concat``      ``[h_1; h_2; ...; h_K]`` (spec order)            ``K * width``
-``sum``         ``sum_k h_k``                                    ``width``
-``mean``        ``(1/K) sum_k h_k``                              ``width``
-``weighted``    ``sum_k w_k h_k`` (fixed user weights, as given) ``width``
-``stack``       layers kept as an axis: ``[batch, tokens, K, width]``  ``(K, width)``
-ScalarMix       ``gamma * sum_k s_k h_k`` (learned, see below)   ``width``
-==============  ===============================================  ==================
+==============  ===============================================  ==================  =========
+mode            formula                                          D                   learned
+==============  ===============================================  ==================  =========
+``concat``      ``[h_1; h_2; ...; h_K]`` (spec order)            ``K * width``       no
+``sum``         ``sum_k h_k``                                    ``width``           no
+``mean``        ``(1/K) sum_k h_k``                              ``width``           no
+``weighted``    ``sum_k w_k h_k`` (fixed user weights, as given) ``width``           no
+``stack``       layers kept as an axis: ``[*lead, K, width]``    ``(K, width)``      no
+``scalar_mix``  ``gamma * sum_k softmax(w)_k h_k`` (ScalarMix)   ``width``           yes
+``attention``   ``sum_k softmax_k(h_k . q / sqrt(width)) h_k``   ``width``           yes
+==============  ===============================================  ==================  =========
 
-Combination never writes into its input.
+The learned modes need trained weights: heads and probes build them with :func:`learned_combiner` and train
+them; where nothing is trained (``Extractor.encode``, the store, the service) the name alone is refused and a
+trained module (:class:`ScalarMix`, :class:`LayerAttention`) can be passed instead. :func:`combined_shape` is the
+one place that says ``D``. Combination never writes into its input.
 
 Example::
 
@@ -26,20 +31,32 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Literal, Sequence, get_args
 
 import torch
 from torch import nn
 
-CombineMode = Literal["concat", "sum", "mean", "weighted", "stack"]
+CombineMode = Literal["concat", "sum", "mean", "weighted", "stack", "scalar_mix", "attention"]
 COMBINE_MODES: tuple[str, ...] = get_args(CombineMode)
+LEARNED_COMBINES: tuple[str, ...] = ("scalar_mix", "attention")
+FIXED_COMBINES: tuple[str, ...] = tuple(m for m in COMBINE_MODES if m not in LEARNED_COMBINES)
 
 
-def validate_combine(mode: object, num_layers: int, weights: Sequence[float] | None = None) -> None:
-    """Check a combine mode (string or :class:`ScalarMix`) against the number of selected layers.
+def validate_combine(
+    mode: object, num_layers: int, weights: Sequence[float] | None = None, *, learned: bool = False
+) -> None:
+    """Check a combine mode (a name or a module) against the number of selected layers.
+
+    Args:
+        mode: one of :data:`COMBINE_MODES`, or a module taking ``(h, mask)``.
+        num_layers: ``K``, how many layers are selected.
+        weights: the fixed weights of ``weighted``.
+        learned: whether the caller trains learned modes (heads, probes); elsewhere their names are refused.
 
     Raises:
-        ValueError: unknown mode (the valid ones are listed), weights missing or of the wrong length.
+        ValueError: unknown mode (the valid ones are listed), a learned mode where nothing is trained, weights
+            missing, of the wrong length, not finite, or given to another mode.
     """
     if isinstance(mode, ScalarMix):
         if mode.mixture_size != num_layers:
@@ -49,11 +66,18 @@ def validate_combine(mode: object, num_layers: int, weights: Sequence[float] | N
             )
         return
     if isinstance(mode, nn.Module):
-        return  # any user module taking (h, mask) -> [batch, tokens, D]
-    if mode not in COMBINE_MODES:
+        return  # any user module taking (h, mask) -> [*lead, D]
+    if not isinstance(mode, str) or mode not in COMBINE_MODES:
         raise ValueError(
             f"unknown combine mode {mode!r}. Valid combine modes are: {', '.join(COMBINE_MODES)} "
-            f"(or a layerwise.ScalarMix instance)"
+            f"(or a module such as layerwise.ScalarMix)"
+        )
+    if mode in LEARNED_COMBINES and not learned:
+        raise ValueError(
+            f"combine={mode!r} has learned weights and nothing is trained here; use it where a model is trained "
+            f"(a classifier head: HeadConfig(combine={mode!r}) or `layerwise train --combine {mode}`; a probe), or "
+            f"pass a trained module (layerwise.ScalarMix, layerwise.LayerAttention). Fixed modes: "
+            f"{', '.join(FIXED_COMBINES)}"
         )
     if mode == "weighted":
         if weights is None:
@@ -66,6 +90,22 @@ def validate_combine(mode: object, num_layers: int, weights: Sequence[float] | N
         raise ValueError(f"weights are only used with combine='weighted', not {mode!r}")
 
 
+def check_weights(weights: object) -> tuple[float, ...] | None:
+    """Fixed layer weights as a tuple of finite floats (``None`` stays ``None``); ``ValueError`` names a bad one."""
+    if weights is None:
+        return None
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise ValueError(f"weights must be a list of numbers, one per selected layer, got {weights!r}")
+    out = []
+    for i, w in enumerate(weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ValueError(f"weight {i} ({w!r}) is not a number; give e.g. weights=[0.25, 0.25, 0.5]")
+        if not math.isfinite(w):
+            raise ValueError(f"weight {i} is {w!r}; layer weights must be finite numbers, e.g. [0.25, 0.25, 0.5]")
+        out.append(float(w))
+    return tuple(out)
+
+
 def combine(
     h: torch.Tensor,
     mode: str | nn.Module = "concat",
@@ -73,11 +113,12 @@ def combine(
     weights: Sequence[float] | torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Combine ``h [K, batch, tokens, width]`` into ``[batch, tokens, D]`` (``stack``: ``[batch, tokens, K, width]``).
+    """Combine ``h [K, *lead, width]`` into ``[*lead, D]`` (``stack``: ``[*lead, K, width]``).
 
     Args:
-        h: the selected layers, in spec order.
-        mode: one of ``concat | sum | mean | weighted | stack`` or a module such as :class:`ScalarMix`.
+        h: the selected layers, in spec order, layer axis first.
+        mode: a fixed mode (``concat | sum | mean | weighted | stack``) or a module such as :class:`ScalarMix`
+            or :class:`LayerAttention` (the learned modes, built by :func:`learned_combiner`).
         weights: ``K`` fixed weights for ``weighted``.
         mask: ``[batch, tokens]``, used by modules that normalise over tokens (ScalarMix with layer norm).
     """
@@ -91,18 +132,48 @@ def combine(
     if mode == "mean":
         return h.mean(0)
     if mode == "stack":
-        return h.permute(1, 2, 0, 3)
+        return h.movedim(0, -2)
     w = torch.as_tensor(weights, dtype=h.dtype, device=h.device)
     return torch.tensordot(w, h, dims=([0], [0]))
 
 
-def output_width(mode: str | nn.Module, num_layers: int, width: int) -> int | tuple[int, int]:
-    """``D`` for a combine mode (``(K, width)`` for ``stack``)."""
+def combined_shape(mode: str | nn.Module, num_layers: int, width: int) -> tuple[int, ...]:
+    """The feature shape after combining ``num_layers`` layers of ``width``: ``(D,)``, or ``(K, width)`` for stack."""
     if mode == "concat":
-        return num_layers * width
+        return (num_layers * width,)
     if mode == "stack":
         return (num_layers, width)
-    return width
+    return (width,)
+
+
+def learned_combiner(mode: str, num_layers: int, width: int) -> nn.Module | None:
+    """A fresh trainable module for a learned mode (``scalar_mix``, ``attention``); ``None`` for a fixed one."""
+    if mode == "scalar_mix":
+        return ScalarMix(num_layers)
+    if mode == "attention":
+        return LayerAttention(width)
+    return None
+
+
+class LayerAttention(nn.Module):
+    """Attention over layers with one learned query: ``a = softmax_k(h_k . q / sqrt(W))``, ``out = sum_k a_k h_k``.
+
+    Shapes: ``forward(h [K, *lead, W], mask=None) -> [*lead, W]``. The query starts at zero (the mean of the layers).
+    """
+
+    def __init__(self, width: int):
+        super().__init__()
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"LayerAttention width must be a positive int, got {width!r}")
+        self.query = nn.Parameter(torch.zeros(width))
+        self.scale = 1.0 / math.sqrt(width)
+
+    def weights(self, h: torch.Tensor) -> torch.Tensor:
+        """``[K, *lead]`` attention weights over the layers."""
+        return torch.softmax((h @ self.query.to(h.dtype)) * self.scale, dim=0)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return (self.weights(h).unsqueeze(-1) * h).sum(0)
 
 
 def _masked_layer_norm(x: torch.Tensor, mask: torch.Tensor | None, eps: float = 1e-12) -> torch.Tensor:
@@ -136,7 +207,8 @@ class ScalarMix(nn.Module):
         trainable: whether ``w`` and ``gamma`` get gradients.
         layers: optional layer spec this mix is meant for (see :meth:`over`).
 
-    Shapes: ``forward(h [K, batch, tokens, width], mask [batch, tokens]) -> [batch, tokens, width]``.
+    Shapes: ``forward(h [K, *lead, width], mask [batch, tokens]) -> [*lead, width]`` (``layer_norm`` needs token
+    states ``[K, batch, tokens, width]``).
     """
 
     NORMALIZE = ("softmax", "sum")

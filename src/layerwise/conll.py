@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import IO, Iterator, Sequence
 
-from .records import BadRecord, Item, Record, _lines
+from .records import BadRecord, Item, Record, iter_lines
 
 CONLL2003_COLUMNS = ("word", "pos", "chunk", "ner")
 CONLLU_COLUMNS = ("id", "word", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
@@ -14,7 +14,7 @@ def _sentences(fh: IO[bytes]) -> Iterator[tuple[int, list[tuple[int, str]] | Bad
     """Blank-line separated blocks of ``(line number, line)``; a block with invalid UTF-8 is a BadRecord."""
     block: list[tuple[int, str]] = []
     bad: BadRecord | None = None
-    for n, line in _lines(fh):
+    for n, line in iter_lines(fh):
         if line is None:
             bad = bad or BadRecord(n, "invalid UTF-8")
             block.append((n, ""))
@@ -29,7 +29,7 @@ def _sentences(fh: IO[bytes]) -> Iterator[tuple[int, list[tuple[int, str]] | Bad
         yield block[0][0], bad or block
 
 
-def _read_conll2003(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
+def read_conll2003(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     allowed = set(CONLL2003_COLUMNS[1:]) | {"doc"}
     unknown = [k for k in keep if k not in allowed]
     if unknown:
@@ -120,7 +120,7 @@ def with_document_context(items: Iterator[Item], max_words: int = 250) -> Iterat
         yield from flush()
 
 
-def _read_conllu(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
+def read_conllu(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     allowed = set(CONLLU_COLUMNS[2:]) | {"sent_id", "sent_text"}
     unknown = [k for k in keep if k not in allowed]
     if unknown:

@@ -11,6 +11,9 @@ Example::
     >>> ex.hidden_states(["I love Paris"], layers="all").tensor.shape     # [layers, batch, tokens, hidden]
     torch.Size([7, 1, 5, 384])
 
+Every call is an :class:`~layerwise.EncodeSpec` run through :meth:`Extractor.stream`; ``encode`` and
+``encode_words`` are thin wrappers that build the spec from keyword arguments.
+
 Pitfalls handled for you: layer 0 is the embeddings; padding never enters a pool; long texts are windowed,
 not truncated (pass ``truncate=True`` to cut them at the model's maximum instead); results do not depend on
 batch size, order or length sorting; only the layers asked for are computed and kept.
@@ -18,27 +21,28 @@ batch size, order or length sorting; only the layers asked for are computed and 
 
 from __future__ import annotations
 
+import itertools
 import os
-from typing import Iterator, Literal, Sequence
+from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
 
-from .capture import capture
+from .backends import Backend, backend_class
 from .combine import combine as combine_layers
-from .combine import validate_combine
-from .layers import LayerSpec, resolve_layers, validate_site
-from .onnx_backend import OnnxRunner, check_backend
-from .loading import LoadedModel, load_model
-from .pooling import validate_pool, validate_word_pool
+from .layers import LayerSpec
+from .loading import LoadedModel
+from .pipeline import Encoded, Group, check_texts, forward_windows, make_reducer
+from .spec import EncodeSpec
 from .stack import LayerStack
-from .pipeline import _check_texts, _Group, forward_windows, sentence_reducer, word_reducer
 from .tokenize import Tokenized, special_template, tokenize
 
 ReturnTensors = Literal["np", "pt"]
+RETURN_TENSORS = ("np", "pt")
 CPU_BATCH_TOKENS = 1024  # measured best on CPU (cache-resident activations); see benchmarks/README.md
 GPU_BATCH_TOKENS = 16384
-_CHUNK_TEXTS = 4096  # texts tokenised and length-sorted together; bounds memory on large corpora
+CHUNK_RECORDS = 4096  # records tokenised and length-sorted together; bounds memory on large corpora
+_OUT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def _int(value: object, name: str) -> int:
@@ -47,12 +51,19 @@ def _int(value: object, name: str) -> int:
     return value
 
 
+def check_budget(batch_tokens: object) -> int:
+    """A token budget per forward batch: a positive int, else ``ValueError`` naming the value."""
+    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be a positive int (tokens per batch), got {batch_tokens!r}")
+    return batch_tokens
+
+
 class Extractor:
-    """Hidden layers of a BERT-family encoder as features.
+    """Hidden layers of an encoder as features.
 
     Args:
         model: local model directory or hub id; ``None`` = embedded all-MiniLM-L6-v2. A
-            :class:`~layerwise.loading.LoadedModel` is used as is.
+            :class:`~layerwise.loading.LoadedModel` or a :class:`~layerwise.backends.Backend` is used as is.
         device: ``"cpu"``, ``"cuda"``...; ``None`` = CUDA when available, else CPU.
         dtype: ``"float32"`` (default), ``"float16"``/``"bfloat16"`` (CUDA; slow on most CPUs).
         batch_tokens: token budget per forward batch (``rows * longest row``); default 1024 on CPU (activations stay
@@ -68,7 +79,7 @@ class Extractor:
 
     def __init__(
         self,
-        model: str | os.PathLike | LoadedModel | None = None,
+        model: str | os.PathLike | LoadedModel | Backend | None = None,
         *,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
@@ -82,22 +93,26 @@ class Extractor:
         backend: str = "torch",
         onnx_cache: str | os.PathLike | None = None,
     ):
-        self.backend = check_backend(backend)
-        self.loaded = (
-            model
-            if isinstance(model, LoadedModel)
-            else load_model(
-                model,
-                device=device,
-                dtype=dtype,
-                revision=revision,
-                allow_pickle=allow_pickle,
-                trust_remote_code=trust_remote_code,
+        options: dict[str, Any] = {"cache": onnx_cache} if backend == "onnx" else {}
+        if isinstance(model, Backend):
+            self.backend = model
+        elif isinstance(model, LoadedModel):
+            self.backend = backend_class(backend)(model, **options)
+        else:
+            self.backend = backend_class(backend).load(
+                model, device=device, dtype=dtype, revision=revision, allow_pickle=allow_pickle,
+                trust_remote_code=trust_remote_code, **options,
             )
-        )
+        self._configure_windows(max_length, stride)
+        if batch_tokens is None:
+            batch_tokens = CPU_BATCH_TOKENS if self.backend.device.type == "cpu" else GPU_BATCH_TOKENS
+        self.batch_tokens = check_budget(batch_tokens)
+        self.sort_by_length = bool(sort_by_length)
+
+    def _configure_windows(self, max_length: int | None, stride: int | None) -> None:
         limit = self.loaded.max_length
         self.max_length = limit if max_length is None else _int(max_length, "max_length")
-        self._template = special_template(self.loaded.tokenizer)
+        self._template = special_template(self.tokenizer)
         n_special = sum(self._template)
         if not n_special < self.max_length <= limit:
             raise ValueError(
@@ -108,54 +123,69 @@ class Extractor:
         self.stride = capacity // 4 if stride is None else _int(stride, "stride")
         if not 0 <= self.stride < capacity:
             raise ValueError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
-        if batch_tokens is None:
-            batch_tokens = CPU_BATCH_TOKENS if self.loaded.device.type == "cpu" else GPU_BATCH_TOKENS
-        self.batch_tokens = self._check_budget(batch_tokens)
-        self.sort_by_length = bool(sort_by_length)
-        self._onnx = None
-        if self.backend == "onnx":
-            if self.loaded.device.type != "cpu":
-                raise ValueError("backend='onnx' runs on the CPU here; use backend='torch' for CUDA")
-            self._onnx = OnnxRunner(self.loaded, onnx_cache)
 
     # ---- facts ----------------------------------------------------------------------------------------
     @property
+    def loaded(self) -> LoadedModel:
+        """The loaded transformers model, tokenizer and facts behind the backend."""
+        return self.backend.loaded
+
+    @property
     def model(self) -> nn.Module:
+        """The PyTorch model (``AutoModel``)."""
         return self.loaded.model
 
     @property
-    def tokenizer(self):
-        return self.loaded.tokenizer
+    def tokenizer(self) -> Any:
+        """The fast tokenizer."""
+        return self.backend.tokenizer
 
     @property
     def num_layers(self) -> int:
         """``L``: valid layer indices are ``0..L`` (0 = embeddings)."""
-        return self.loaded.num_layers
+        return self.backend.num_layers
 
     @property
     def hidden_size(self) -> int:
+        """Width of the ``block`` site."""
         return self.loaded.hidden_size
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """The sites the backend can record."""
+        return self.backend.sites
+
+    @property
+    def has_pooler(self) -> bool:
+        """Whether the model has a BERT-style pooler (``pool="pooler"``)."""
+        return self.backend.pooler() is not None
+
+    def site_width(self, site: str) -> int:
+        """Feature width of one site (``intermediate_size`` for ``intermediate``, else ``hidden_size``)."""
+        return self.backend.site_width(site)
+
+    def fingerprint(self) -> str:
+        """sha256 of the weights (names, shapes, values): what stores and caches record as the model's identity."""
+        return self.backend.fingerprint()
 
     def __repr__(self) -> str:
         lm = self.loaded
         return (
             f"Extractor(model={lm.name!r}, family={lm.family.name}, layers=0..{lm.num_layers}, hidden={lm.hidden_size}, "
-            f"device={lm.device}, dtype={str(lm.dtype).replace('torch.', '')})"
+            f"device={lm.device}, dtype={str(lm.dtype).replace('torch.', '')}, backend={self.backend.name})"
         )
 
-    @staticmethod
-    def _check_budget(batch_tokens: object) -> int:
-        if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-            raise ValueError(f"batch_tokens must be a positive int (tokens per batch), got {batch_tokens!r}")
-        return batch_tokens
-
-    def _pooler(self):
-        fn = self.loaded.family.pooler
-        return fn(self.loaded.model) if fn is not None else None
-
     # ---- the pipeline -----------------------------------------------------------------------------------
-    def _tokenize(self, items: list, words: bool, truncate: bool) -> list[Tokenized]:
-        toks = tokenize(self.loaded.tokenizer, items, words=words, template=self._template)
+    def tokenize(self, items: Sequence[Any], *, words: bool, truncate: bool = False) -> list[Tokenized]:
+        """Tokenise texts (or word lists with ``words=True``) with the model's special tokens.
+
+        With ``truncate`` a text longer than ``max_length`` keeps its first tokens and its special tokens; otherwise
+        it is kept whole and windowed by the forward pass.
+        """
+        toks = tokenize(self.tokenizer, items, words=words, template=self._template)
+        if words:
+            for t, item in zip(toks, items):
+                t.n_words = len(item)
         if truncate:
             cap = self.max_length - sum(self._template)
             for t in toks:
@@ -165,45 +195,55 @@ class Extractor:
                     t.word_ids, t.special = [t.word_ids[i] for i in keep], [t.special[i] for i in keep]
         return toks
 
-    def _forward(
-        self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int
-    ) -> Iterator[_Group]:
+    def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int) -> Iterator[Group]:
         """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`)."""
-        if self._onnx is not None:
-            run = lambda ids, mask: self._onnx.run(ids, mask, layers)  # noqa: E731
-        else:
-            run = lambda ids, mask: capture(self.loaded, ids, mask, layers, site)  # noqa: E731
+        def run(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.backend.forward(ids, mask, layers, site)
+
         yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
-                                   pad_id=self.loaded.tokenizer.pad_token_id or 0, sort=self.sort_by_length)
+                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length)
 
-    def _prepare(
-        self, layers: LayerSpec, site: str, combine=None, weights=None, return_tensors: str = "np"
-    ) -> tuple[tuple[int, ...], str]:
-        if return_tensors not in ("np", "pt"):
-            raise ValueError(f"unknown return_tensors {return_tensors!r}. Valid values are: np, pt")
-        if isinstance(combine, nn.Module) and getattr(combine, "layers", None) is not None and layers is None:
-            layers = combine.layers
-        resolved = resolve_layers(-1 if layers is None else layers, self.num_layers)
-        validate_site(site, resolved)
-        check_backend(self.backend, site)
-        if combine is not None:
-            validate_combine(combine, len(resolved), weights)
-        return resolved, site
+    def stream(
+        self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None
+    ) -> Iterator[Encoded]:
+        """Encode ``records`` as ``spec`` says and yield one :class:`~layerwise.pipeline.Encoded` per record, in order.
 
-    def _progress(self, total: int, show: bool, unit: str = "text"):
-        from tqdm.auto import tqdm
+        Args:
+            records: texts (levels ``sentence``/``token``), or word lists (level ``word``; a string is split on
+                whitespace). Any iterable: it is read ``CHUNK_RECORDS`` at a time, so a corpus never sits in memory.
+            spec: what to compute; validated against this model first (a bad spec raises before any compute).
+            batch_tokens: token budget per forward batch (default: the Extractor's).
 
-        return tqdm(total=total, disable=not show, unit=unit, desc="layerwise", leave=False)
-
-    def _masks(self, toks: list[Tokenized], group: _Group) -> tuple[torch.Tensor, torch.Tensor]:
-        T = group.states.shape[2]
-        mask = torch.zeros((len(group.texts), T), dtype=torch.long)
-        special = torch.ones((len(group.texts), T), dtype=torch.bool)
-        for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
-            mask[r, :n] = 1
-            special[r, :n] = torch.tensor(toks[text].special[:n], dtype=torch.bool)
-        dev = group.states.device
-        return mask.to(dev), special.to(dev)
+        Yields:
+            ``Encoded(index, features, tokens)``: ``features`` on the CPU in ``spec.dtype``, shaped ``[*D]``,
+            ``[n_tokens, *D]`` or ``[n_words, *D]`` with ``D = spec.resolve(self).feature_shape(width)``.
+        """
+        spec = spec.resolve(self)
+        budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
+        reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
+        words = spec.level == "word"
+        out_dtype = _OUT_DTYPES[spec.dtype]
+        it = iter(records)
+        start = 0
+        while chunk := list(itertools.islice(it, CHUNK_RECORDS)):
+            if words:
+                chunk = [item.split() if isinstance(item, str) else item for item in chunk]
+            items = check_texts(chunk, words=words, start=start)
+            toks = self.tokenize(items, words=words, truncate=spec.truncate)
+            done: dict[int, torch.Tensor] = {}
+            following = 0
+            for group in self._forward(toks, spec.layers, spec.site, budget):
+                mask, special = group.masks(toks)
+                rows = [toks[i] for i in group.texts]
+                with torch.inference_mode():
+                    x = combine_layers(group.states, spec.combine, weights=spec.weights, mask=mask)
+                    vecs = reduce(x, mask, special, rows)
+                for r, i in enumerate(group.texts):
+                    done[i] = vecs[r].to("cpu", out_dtype)
+                while following in done:
+                    yield Encoded(start + following, done.pop(following), toks[following])
+                    following += 1
+            start += len(chunk)
 
     # ---- public API -------------------------------------------------------------------------------------
     def hidden_states(
@@ -228,17 +268,16 @@ class Extractor:
             :class:`LayerStack` with ``tensor [layers, batch, tokens, width]`` on CPU, padded with zeros to the
             longest text (``tokens`` may exceed ``max_length`` for windowed texts).
         """
-        texts = _check_texts(texts)
-        resolved, site = self._prepare(layers, site)
-        budget = self._check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        toks = self._tokenize(texts, words=False, truncate=truncate)
+        texts = check_texts(texts)
+        spec = EncodeSpec(layers=layers, site=site, level="token", truncate=truncate).resolve(self)
+        budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
+        toks = self.tokenize(texts, words=False, truncate=truncate)
         longest = max(len(t.ids) for t in toks)
-        width = self.loaded.site_width(site)
-        out = torch.zeros((len(resolved), len(texts), longest, width), dtype=self.loaded.dtype)
-        for group in self._forward(toks, resolved, site, budget):
+        out = torch.zeros((len(spec.layers), len(texts), longest, self.site_width(site)), dtype=self.loaded.dtype)
+        for group in self._forward(toks, spec.layers, site, budget):
             for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
                 out[:, text, :n] = group.states[:, r, :n].cpu()
-        return LayerStack.from_tokens(out, resolved, site, toks, self.loaded.tokenizer.pad_token_id or 0, self.num_layers)
+        return LayerStack.from_tokens(out, spec.layers, site, toks, self.tokenizer.pad_token_id or 0, self.num_layers)
 
     def encode(
         self,
@@ -254,7 +293,7 @@ class Extractor:
         return_tensors: ReturnTensors = "np",
         batch_tokens: int | None = None,
         show_progress: bool = False,
-    ):
+    ) -> Any:
         """Sentence vectors (or token vectors with ``pool=None``) from a combination of layers.
 
         Args:
@@ -267,7 +306,7 @@ class Extractor:
             weights: fixed per-layer weights for ``combine="weighted"``.
             skip_special_tokens: leave ``[CLS]``/``[SEP]``-like tokens out of the pool.
             truncate: cut texts at ``max_length`` instead of windowing them.
-            return_tensors: ``"np"`` (float32 numpy) or ``"pt"`` (CPU torch tensors in the model dtype).
+            return_tensors: ``"np"`` (float32 numpy) or ``"pt"`` (float32 CPU torch tensors).
             batch_tokens: token budget per forward batch (default: the Extractor's).
             show_progress: show a progress bar.
 
@@ -275,22 +314,14 @@ class Extractor:
             ``[n_texts, D]`` (``stack``: ``[n_texts, K, width]``) or, with ``pool=None``, a list of
             ``[n_tokens_i, D]``. ``D = K * width`` for ``concat``, ``width`` otherwise, doubled for ``mean_max``.
         """
-        texts = _check_texts(texts)
-        resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
-        self._check_pool_fits(pool, combine, resolved, site, skip_special_tokens)
-        budget = self._check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        results: list = [None] * len(texts)
-        with self._progress(len(texts), show_progress) as bar:
-            stream = self._stream(
-                texts, words=False, layers=resolved, site=site, combine=combine, weights=weights,
-                reduce=self._sentence_reducer(pool, skip_special_tokens), truncate=truncate, batch_tokens=budget,
-            )
-            for index, vec, _ in stream:
-                results[index] = vec.cpu()
-                bar.update(1)
-        if pool is None:
-            return [self._out(v, return_tensors) for v in results]
-        return self._out(torch.stack(results), return_tensors)
+        texts = check_texts(texts)
+        spec = EncodeSpec(
+            layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
+            level="token" if pool is None else "sentence", pool=pool, skip_special_tokens=skip_special_tokens,
+            truncate=truncate,
+        )
+        results = self._collect(texts, spec, return_tensors, batch_tokens, show_progress)
+        return results if pool is None else _out(torch.stack(results), return_tensors)
 
     def encode_words(
         self,
@@ -305,7 +336,7 @@ class Extractor:
         return_tensors: ReturnTensors = "np",
         batch_tokens: int | None = None,
         show_progress: bool = False,
-    ) -> list:
+    ) -> list[Any]:
         """One vector per word of pre-tokenised input (NER/POS style), pooled from its sub-tokens.
 
         Args:
@@ -318,79 +349,36 @@ class Extractor:
             A list with one ``[n_words_i, D]`` array (or tensor) per item, aligned to its words. A word that
             produced no sub-token (e.g. only a zero-width character) gets a zero vector.
         """
-        words = _check_texts(words, words=True)
-        resolved, site = self._prepare(layers, site, combine, weights, return_tensors)
-        self._check_subword(subword, combine)
-        budget = self._check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        results: list = [None] * len(words)
-        with self._progress(len(words), show_progress) as bar:
-            stream = self._stream(
-                [list(w) for w in words], words=True, layers=resolved, site=site, combine=combine, weights=weights,
-                reduce=self._word_reducer(subword), truncate=truncate, batch_tokens=budget,
-            )
-            for index, vec, _ in stream:
-                results[index] = vec.cpu()
+        items = [list(w) for w in check_texts(words, words=True)]
+        spec = EncodeSpec(layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
+                          level="word", subword=subword, truncate=truncate)
+        return self._collect(items, spec, return_tensors, batch_tokens, show_progress)
+
+    def _collect(
+        self, items: list[Any], spec: EncodeSpec, return_tensors: str, batch_tokens: int | None, show_progress: bool
+    ) -> list[Any]:
+        if return_tensors not in RETURN_TENSORS:
+            raise ValueError(f"unknown return_tensors {return_tensors!r}. Valid values are: {', '.join(RETURN_TENSORS)}")
+        from tqdm.auto import tqdm
+
+        out: list[Any] = []
+        with tqdm(total=len(items), disable=not show_progress, unit="text", desc="layerwise", leave=False) as bar:
+            for result in self.stream(items, spec, batch_tokens=batch_tokens):
+                out.append(result.features if spec.level == "sentence" else _out(result.features, return_tensors))
                 bar.update(1)
-        return [self._out(v, return_tensors) for v in results]
+        return out
 
-    # ---- streaming core (also used by the feature store) -------------------------------------------------
-    def _sentence_reducer(self, pool, skip_special_tokens: bool):
-        """A reducer for :meth:`_stream`: the sentence pool ``pool`` (token vectors for ``None``)."""
-        return sentence_reducer(pool, skip_special_tokens, self._pooler() if pool == "pooler" else None)
 
-    _word_reducer = staticmethod(word_reducer)
+def _layers_for(layers: LayerSpec | None, combine: object) -> LayerSpec:
+    """``None`` means the layers a ScalarMix was built ``over``, else the last layer."""
+    if layers is not None:
+        return layers
+    mix_layers = getattr(combine, "layers", None) if isinstance(combine, nn.Module) else None
+    return -1 if mix_layers is None else mix_layers
 
-    @staticmethod
-    def _check_subword(subword: object, combine) -> None:
-        validate_word_pool(subword)
-        if combine == "stack" and subword == "first_last":
-            raise ValueError("subword='first_last' concatenates features; use it with a combine mode other than 'stack'")
 
-    def _stream(
-        self,
-        items: list,
-        *,
-        words: bool,
-        layers: tuple[int, ...],
-        site: str,
-        combine,
-        weights,
-        reduce,
-        truncate: bool,
-        batch_tokens: int,
-    ) -> Iterator[tuple[int, torch.Tensor, Tokenized]]:
-        """Yield ``(index, vector, tokenized)`` for every item, in completion order (not input order).
+def _out(t: torch.Tensor, return_tensors: str) -> Any:
+    return t if return_tensors == "pt" else t.float().numpy()
 
-        Items are tokenised and length-sorted ``_CHUNK_TEXTS`` at a time, so memory stays bounded. ``vector`` is
-        whatever ``reduce`` makes of the row (on the model's device); arguments are already validated.
-        """
-        for start in range(0, len(items), _CHUNK_TEXTS):
-            chunk = items[start : start + _CHUNK_TEXTS]
-            toks = self._tokenize(chunk, words=words, truncate=truncate)
-            for t, item in zip(toks, chunk):
-                t.n_words = len(item) if words else 0
-            for group in self._forward(toks, layers, site, batch_tokens):
-                mask, special = self._masks(toks, group)
-                rows = [toks[i] for i in group.texts]  # group.lengths[r] == len(rows[r].ids)
-                with torch.inference_mode():
-                    x = combine_layers(group.states, combine, weights=weights, mask=mask)
-                    vecs = reduce(x, mask, special, rows)
-                for r, i in enumerate(group.texts):
-                    yield start + i, vecs[r], toks[i]
 
-    # ---- helpers ----------------------------------------------------------------------------------------
-    def _check_pool_fits(self, pool, combine, layers, site, skip_special_tokens) -> None:
-        if pool is None:
-            return
-        validate_pool(pool, skip_special_tokens=skip_special_tokens, has_pooler=self._pooler() is not None)
-        if pool == "pooler":
-            widens = combine == "stack" or (combine == "concat" and len(layers) > 1) or site == "intermediate"
-            if widens:
-                raise ValueError(
-                    "pool='pooler' applies the model's pooler, which takes hidden_size features; use one layer, or "
-                    "combine='sum'|'mean'|'weighted' or a ScalarMix, at site 'block'/'attention'/'pre_ln'"
-                )
-
-    @staticmethod
-    def _out(t: torch.Tensor, return_tensors: str):
-        return t if return_tensors == "pt" else t.float().numpy()
+__all__ = ["CHUNK_RECORDS", "Extractor", "check_budget"]

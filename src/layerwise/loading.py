@@ -107,7 +107,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
+def quiet_transformers():
     """Silence transformers' weight-loading progress bar for the duration of a load, then restore it."""
     from transformers.utils import logging as hf_logging
 
@@ -208,7 +208,7 @@ def load_model(
     except ValueError as exc:
         raise ModelLoadError(f"{source!r}: {exc}") from None
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             net = AutoModel.from_pretrained(
                 source,
                 config=config,

@@ -1,32 +1,71 @@
-"""The windowed, batched forward pass behind every Extractor call, and input checks.
+"""The windowed, batched forward pass behind every Extractor call, the per-record reducers, and input checks.
 
 :func:`forward_windows` turns tokenised texts into strided windows, plans token-budget batches (sorted by length),
-runs each batch through ``run_batch`` (PyTorch capture or ONNX Runtime) and yields groups of finished texts,
-stitching the windows of long texts back into one state per token.
+runs each batch through ``run_batch`` (a backend's ``forward``) and yields groups of finished texts, stitching the
+windows of long texts back into one state per token. :func:`make_reducer` turns an :class:`~layerwise.EncodeSpec`
+into the step that makes one result per record from combined token states (a sentence pool, the token vectors, or
+word vectors pooled from sub-tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .padding import pad_ids, pad_rows
 from .pooling import pool as pool_tokens
 from .pooling import pool_words
-from .tokenize import Tokenized, Window, make_windows, pad_batch, plan_batches, stitch
+from .spec import EncodeSpec
+from .tokenize import Tokenized, Window, make_windows, plan_batches, stitch
+
+# (combined token states [b, T, *D], mask [b, T], special [b, T], tokenised rows) -> one result per row
+Reducer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[Tokenized]], Sequence[torch.Tensor]]
 
 
 @dataclass
-class _Group:
+class Group:
     """Finished texts of one step: ``states [K, g, T, W]`` padded, one row per text in ``texts``."""
 
     texts: list[int]
     states: torch.Tensor
     lengths: list[int]
 
+    def masks(self, toks: Sequence[Tokenized]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(attention mask [g, T], special-token mask [g, T])`` on the states' device (0 on padding)."""
+        special, mask = pad_rows(
+            [torch.tensor(toks[t].special[:n], dtype=torch.bool) for t, n in zip(self.texts, self.lengths)],
+            longest=self.states.shape[2],
+        )
+        dev = self.states.device
+        return mask.to(dev), special.to(dev)
 
-def _check_texts(texts: object, *, words: bool = False) -> list:
+
+@dataclass
+class Encoded:
+    """One record's result from :meth:`Extractor.stream <layerwise.Extractor.stream>`.
+
+    Attributes:
+        index: the record's position in the input (results come in input order).
+        features: on the CPU in the spec's dtype: ``[*D]`` (sentence), ``[n_tokens, *D]`` (token, special tokens
+            included) or ``[n_words, *D]`` (word).
+        tokens: the tokenised record (ids, offsets, word ids; longer than the model maximum when windowed).
+    """
+
+    index: int
+    features: torch.Tensor
+    tokens: Tokenized
+
+
+def check_texts(texts: object, *, words: bool = False, start: int = 0) -> list[Any]:
+    """Check a list of texts (or of word lists with ``words=True``); returns it as a list.
+
+    Raises:
+        TypeError: not a list (a bare string is refused: wrap it in a list), or an item of the wrong type,
+            naming its index (``start`` + position).
+        ValueError: an empty list.
+    """
     what = "word lists" if words else "texts"
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         raise TypeError(
@@ -35,7 +74,7 @@ def _check_texts(texts: object, *, words: bool = False) -> list:
         )
     if len(texts) == 0:
         raise ValueError(f"{what} is an empty list; give at least one item")
-    for i, item in enumerate(texts):
+    for i, item in enumerate(texts, start):
         if words:
             if isinstance(item, str) or not isinstance(item, Sequence):
                 raise TypeError(f"item {i} must be a list of word strings, got {type(item).__name__}: {item!r:.60}")
@@ -56,7 +95,7 @@ def forward_windows(
     batch_tokens: int,
     pad_id: int,
     sort: bool = True,
-) -> Iterator[_Group]:
+) -> Iterator[Group]:
     """Run every window of ``toks``; yield groups of finished texts (stitched when windowed).
 
     ``run_batch(input_ids [b, T], attention_mask [b, T]) -> states [K, b, T, W]``.
@@ -69,11 +108,11 @@ def forward_windows(
         windows.extend(ws)
     pending: dict[int, dict[int, torch.Tensor]] = {}
     for batch in plan_batches([len(w.ids) for w in windows], batch_tokens, sort=sort):
-        ids, mask = pad_batch([windows[j].ids for j in batch], pad_id)
+        ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
         states = run_batch(ids, mask)  # [K, b, T, W]
         single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]
         if single:
-            yield _Group(
+            yield Group(
                 texts=[windows[batch[r]].text for r in single],
                 states=states[:, single],
                 lengths=[len(windows[batch[r]].ids) for r in single],
@@ -88,24 +127,32 @@ def forward_windows(
                 del pending[text]
                 order = per_text[text]
                 full = stitch(toks[text], [windows[k] for k in order], [got[k] for k in order])
-                yield _Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
+                yield Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
 
 
-def sentence_reducer(pool, skip_special_tokens: bool, pooler=None):
-    """``(x, mask, special, rows) -> per-row vectors``: a sentence pool, or token vectors for ``pool=None``."""
+def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Reducer:
+    """The per-record step of a resolved ``spec``: a sentence pool, the token vectors, or word vectors.
 
-    def reduce(x, mask, special, rows):
-        if pool is None:
-            return [x[r, : len(t.ids)].clone() for r, t in enumerate(rows)]
-        return pool_tokens(x, mask, pool, special=special, skip_special_tokens=skip_special_tokens, pooler=pooler)
+    Args:
+        spec: the spec (its level, pool, subword and skip_special_tokens are used).
+        pooler: the model's pooler, for ``pool="pooler"``.
+    """
+    if spec.level == "word":
+        subword = str(spec.subword)
 
-    return reduce
+        def words(x, mask, special, rows):  # type: ignore[no-untyped-def]
+            return pool_words(x, [t.word_ids for t in rows], [t.n_words for t in rows], subword)
 
+        return words
+    if spec.level == "token":
 
-def word_reducer(subword: str):
-    """``(x, mask, special, rows) -> per-row [n_words, D]``, pooled from each word's sub-tokens."""
+        def tokens(x, mask, special, rows):  # type: ignore[no-untyped-def]
+            return [x[r, : len(t.ids)] for r, t in enumerate(rows)]
 
-    def reduce(x, mask, special, rows):
-        return pool_words(x, [t.word_ids for t in rows], [t.n_words for t in rows], subword)
+        return tokens
+    mode, skip = spec.pool, spec.skip_special_tokens
 
-    return reduce
+    def sentences(x, mask, special, rows):  # type: ignore[no-untyped-def]
+        return pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
+
+    return sentences

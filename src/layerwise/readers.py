@@ -37,11 +37,12 @@ import io
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO, Any, Iterator, Sequence
 
-from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, _read_conll2003, _read_conllu, with_document_context
-from .records import BadRecord, Item, Record, _lines
+from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, read_conll2003, read_conllu, with_document_context
+from .records import BadRecord, Item, Record, iter_lines
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet", "conll", "conllu")
 _SUFFIXES = {
@@ -106,7 +107,7 @@ def _pick_column(columns: Sequence[str], wanted: str | None, keep: Sequence[str]
 def _read_txt(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     if keep:
         raise ValueError(f"--keep {list(keep)} needs columns; a .txt input has only the text (one per line)")
-    for n, line in _lines(fh):
+    for n, line in iter_lines(fh):
         if line is None:
             yield BadRecord(n, "invalid UTF-8")
         elif not line.strip():
@@ -116,7 +117,7 @@ def _read_txt(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
 
 
 def _read_jsonl(fh: IO[bytes], text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
-    for n, line in _lines(fh):
+    for n, line in iter_lines(fh):
         if line is None:
             yield BadRecord(n, "invalid UTF-8")
             continue
@@ -200,6 +201,58 @@ def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequenc
                 yield Record(row, text, fields={k: cols[k][i] for k in keep})
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to read an input: its format, the text column, the columns to carry along, CoNLL document context.
+
+    Attributes:
+        format: one of :data:`FORMATS`; ``None`` = from the file suffix (stdin: ``txt``).
+        text_field: the column or JSON field holding the text (default ``text``, else ``sentence``).
+        keep: other columns to carry into results (e.g. ``("label",)``; CoNLL: ``pos``, ``chunk``, ``ner``, ``doc``).
+        context: ``"document"`` (CoNLL-2003, word level): each sentence is encoded with its neighbours from the
+            same ``-DOCSTART-`` document and keeps its own words' features (the BERT paper's NER setting).
+    """
+
+    format: str | None = None
+    text_field: str | None = None
+    keep: tuple[str, ...] = ()
+    context: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keep, str) or not all(isinstance(k, str) for k in self.keep):
+            raise ValueError(f"keep must be a list of column names, got {self.keep!r}")
+        object.__setattr__(self, "keep", tuple(self.keep))
+        if self.format is not None and self.format not in FORMATS:
+            raise ValueError(f"unknown input format {self.format!r}. Valid formats are: {', '.join(FORMATS)}")
+        if self.context not in (None, "document"):
+            raise ValueError(f"unknown context {self.context!r}. Valid values are: document (or None)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what a store's manifest records about how its input was read."""
+        return {"format": self.format, "text_field": self.text_field, "keep": list(self.keep), "context": self.context}
+
+
+def count_records(path: str | os.PathLike, fmt: str) -> int | None:
+    """A quick count of the records of a file (for a progress bar's ETA); ``None`` for stdin."""
+    if os.fspath(path) == "-":
+        return None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    n = blocks = 0
+    prev_blank = True
+    with open(path, "rb") as fh:
+        for line in fh:
+            blank = not line.strip()
+            n += not blank
+            blocks += (not blank) and prev_blank
+            prev_blank = blank
+    if fmt in ("conll", "conllu"):
+        return blocks
+    return n - 1 if fmt in ("csv", "tsv") else n
+
+
 def read_records(
     path: str | os.PathLike,
     format: str | None = None,
@@ -250,15 +303,15 @@ def read_records(
         elif fmt in ("csv", "tsv"):
             yield from _read_delimited(fh, "\t" if fmt == "tsv" else ",", text_field, keep)
         elif fmt == "conll":
-            yield from _read_conll2003(fh, keep)
+            yield from read_conll2003(fh, keep)
         else:
-            yield from _read_conllu(fh, keep)
+            yield from read_conllu(fh, keep)
     finally:
         if fh is not stdin and os.fspath(path) != "-":
             fh.close()
 
 
 __all__ = [
-    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "Record", "detect_format", "read_records",
-    "with_document_context",
+    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "count_records",
+    "detect_format", "read_records", "with_document_context",
 ]

@@ -37,7 +37,7 @@ class BadRecord:
 Item = Union[Record, BadRecord]
 
 
-def _lines(fh: IO[bytes]) -> Iterator[tuple[int, str | None]]:
+def iter_lines(fh: IO[bytes]) -> Iterator[tuple[int, str | None]]:
     """``(line number, decoded line without newline)``; ``None`` when the line is not valid UTF-8."""
     for n, raw in enumerate(fh, start=1):
         try:

@@ -25,8 +25,9 @@ class LayerStack:
     """Hidden states of the requested layers for a batch of texts, padded to the longest text.
 
     Attributes:
-        tensor: ``[layers, batch, tokens, width]`` (float, on CPU). Padded positions hold the model's
-            states for padding tokens of the longest window; read them through ``attention_mask``.
+        tensor: ``[layers, batch, tokens, width]`` (float, on CPU). Padded positions (past a text's last
+            token) are filled with zeros, not with the model's states for padding tokens; mask them with
+            ``attention_mask``.
         layers: resolved layer indices in ``0..num_layers``, in the order of ``tensor``'s first axis.
         sites: the site recorded for each layer (all equal today).
         attention_mask: ``[batch, tokens]``, 1 for real tokens.
@@ -75,7 +76,13 @@ class LayerStack:
         if isinstance(key, str) and key.startswith("layer_") and key[6:].isdigit():
             index = int(key[6:])
         else:
-            (index,) = resolve_layers(key, self.num_layers)
+            resolved = resolve_layers(key, self.num_layers)
+            if len(resolved) != 1:
+                raise ValueError(
+                    f"stack[key] gives ONE layer, but key {key!r} selects {len(resolved)} layers "
+                    f"(indices {list(resolved)}); use stack.select({key!r}) for a LayerStack of several"
+                )
+            (index,) = resolved
         if index not in self.layers:
             raise KeyError(
                 f"layer {key!r} (index {index}) was not captured; this stack holds {list(self.labels)}"
@@ -83,7 +90,11 @@ class LayerStack:
         return self.layers.index(index)
 
     def layer(self, key: int | str) -> torch.Tensor:
-        """``[batch, tokens, width]`` of one layer, addressed like a spec (``-1``, ``"last"``, ``4``, ``"layer_4"``)."""
+        """``[batch, tokens, width]`` of one layer, addressed like a spec (``-1``, ``"last"``, ``4``, ``"layer_4"``).
+
+        Raises ``ValueError`` for a key that selects several layers (``"all"``, ``"-2:"``, ``[0, 1]``): use
+        :meth:`select` for those; ``KeyError`` for a layer that was not captured.
+        """
         return self.tensor[self._position(key)]
 
     __getitem__ = layer

@@ -211,13 +211,3 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, sort: bool = True) -
         batches.append(current)
     return batches
 
-
-def pad_batch(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids [batch, longest], attention_mask [batch, longest])``, right-padded with ``pad_id``."""
-    longest = max(len(r) for r in rows)
-    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask

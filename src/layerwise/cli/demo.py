@@ -64,5 +64,8 @@ def demo(
             nxt = f"{(a * b).sum(-1).mean():.3f}"
         table.add_row(str(idx), stack.labels[k], str(tuple(h.shape)), f"{tokens.norm(dim=-1).mean():.2f}",
                       f"{tokens.abs().mean():.4f}", f"{off:.3f}", nxt)
+    if not console.is_terminal:
+        # piped or in a CI log rich assumes 80 columns and would break rows (and shapes) across lines: fit the table
+        console.width = max(console.width, console.measure(table, options=console.options.update_width(1000)).maximum)
     console.print(table)
     console.print("Layer 0 is the embeddings output; layer -1 the last layer (the Hugging Face hidden_states rule).")

@@ -10,9 +10,10 @@ from typing import List, Optional
 import numpy as np
 import typer
 
+from ..spec import EncodeSpec
 from .options import (
     AllowPickleOpt, BackendOpt, DeviceOpt, DtypeOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, extractor, parse_layers,
-    parse_weights,    user_errors,
+    parse_weights, user_errors,
 )
 
 FORMATS = ("json", "npy")
@@ -21,7 +22,7 @@ FORMATS = ("json", "npy")
 def encode(
     texts: List[str] = typer.Argument(..., help="Texts to encode; '-' reads one text per line from stdin."),
     layers: str = LayersOpt,
-    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted or stack."),
+    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train."),
     weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
     pool: str = typer.Option("mean", "--pool", "-p", help="cls, pooler, mean, max, mean_max, last, or none (tokens)."),
     site: str = SiteOpt,
@@ -51,7 +52,7 @@ def encode(
             vectors = [v.tolist() for v in out] if pool_mode is None else out.tolist()
             doc = {
                 "model": ex.loaded.name,
-                "layers": list(ex._prepare(parse_layers(layers), site)[0]),
+                "layers": list(EncodeSpec(layers=parse_layers(layers), site=site, level="token").resolve(ex).layers),
                 "site": site, "combine": combine, "pool": pool,
                 "shape": [[*v.shape] for v in out] if pool_mode is None else list(out.shape),
                 "vectors": vectors,

@@ -18,11 +18,11 @@ def extract(
     output: str = typer.Option(..., "--output", "-o", help="Store directory (created; resumed if it holds this run)."),
     layers: str = LayersOpt,
     site: str = SiteOpt,
-    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted or stack."),
+    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train."),
     weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
-    pool: str = typer.Option("mean", "--pool", "-p", help="Sentence pool: cls, pooler, mean, max, mean_max, last."),
+    pool: Optional[str] = typer.Option(None, "--pool", "-p", help="Sentence level: cls, pooler, mean (default), max, mean_max, last."),
     level: str = typer.Option("sentence", "--level", help="sentence (one vector a record), token or word (ragged)."),
-    subword: str = typer.Option("first", "--subword", help="Word level: first, last, mean, max or first_last."),
+    subword: Optional[str] = typer.Option(None, "--subword", help="Word level: first (default), last, mean, max or first_last."),
     skip_special: bool = typer.Option(False, "--skip-special", help="Leave special tokens out of the sentence pool."),
     truncate: bool = typer.Option(False, "--truncate", help="Cut long texts at the model maximum instead of windowing."),
     dtype: str = typer.Option("float32", "--dtype", help="Store dtype: float32 or float16."),
@@ -31,7 +31,7 @@ def extract(
     keep: List[str] = typer.Option([], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."),
     batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."),
     max_records: Optional[int] = typer.Option(None, "--max-records", help="Stop after this many records in the store."),
-    shard_records: Optional[int] = typer.Option(None, "--shard-records", help="Records per shard (default: ~64 MB of features)."),
+    shard_records: Optional[int] = typer.Option(None, "--shard-records", help="Records per shard (default: ~32 MB of features)."),
     strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of logging and skipping it."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a store made with other options."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary line."),
@@ -43,18 +43,22 @@ def extract(
     backend: str = BackendOpt,
 ) -> None:
     """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
-    from ..store import extract as run_extract
+    from ..engine import ExtractOptions
+    from ..engine import extract as run_extract
+    from ..readers import ReadOptions
+    from ..spec import EncodeSpec
 
     with user_errors():
-        kept = [k.strip() for item in keep for k in item.split(",") if k.strip()]
-        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend)
-        summary = run_extract(
-            input, output, model=ex, layers=parse_layers(layers), site=site, combine=combine,
-            weights=parse_weights(weights), pool=pool, level=level, subword=subword, skip_special_tokens=skip_special,
-            truncate=truncate, dtype=dtype, format=fmt, text_field=text_field, keep=kept, batch_tokens=batch_tokens,
-            max_records=max_records, shard_records=shard_records, strict=strict, overwrite=overwrite,
-            progress=False if quiet else None,
+        kept = tuple(k.strip() for item in keep for k in item.split(",") if k.strip())
+        spec = EncodeSpec(
+            layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights), level=level,
+            pool=pool, subword=subword, skip_special_tokens=skip_special, truncate=truncate, dtype=dtype,
         )
+        reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
+        options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
+                                 strict=strict, overwrite=overwrite, progress=False if quiet else None)
+        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend)
+        summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
     if not quiet:
         err_console.print(summary.line(), highlight=False, soft_wrap=True)
     if summary.skipped and not quiet:

@@ -26,15 +26,15 @@ def inspect(
         print(json.dumps(st.manifest, indent=2))
         return
     console = Console()
-    o, src, counts = st.options, st.manifest["input"], st.manifest.get("counts", {})
+    o, m, src, counts = st.spec, st.model, st.manifest["input"], st.manifest.get("counts", {})
     table = Table(title=f"layerwise store {store}", show_header=False)
     rows = [
         ("status", st.manifest.get("status")),
-        ("model", f"{o['model']} ({o['family']}, {o['num_layers']} layers) sha256 {str(o.get('model_sha256'))[:12]}"),
-        ("layers / site", f"{o['layers']} / {o['site']}"),
-        ("combine", o["combine"] + (f" {o['weights']}" if o.get("weights") else "")),
-        ("level", o["level"] + (f", pool {o['pool']}" if o["pool"] else "") + (f", subword {o['subword']}" if o["subword"] else "")),
-        ("features", f"{list(st.feature_shape)} {o['dtype']}"),
+        ("model", f"{m['name']} ({m['family']}, {m['num_layers']} layers) weights {str(m.get('fingerprint'))[:12]}"),
+        ("layers / site", f"{list(o.layers)} / {o.site}"),
+        ("combine", f"{o.combine}" + (f" {list(o.weights)}" if o.weights else "")),
+        ("level", o.level + (f", pool {o.pool}" if o.pool else "") + (f", subword {o.subword}" if o.subword else "")),
+        ("features", f"{list(st.feature_shape)} {o.dtype}"),
         ("input", f"{src['path']} ({src['format']}) sha256 {str(src.get('sha256'))[:12]}"),
         ("kept columns", ", ".join(st.columns) or "-"),
         ("records", f"{len(st)} ({counts.get('skipped', 0)} skipped)"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import demo, encode, evaluate, export, extract, inspect, predict, probe, serve, train
+from .options import DEBUG_ENV, set_debug
 
 app = typer.Typer(
     name="layerwise",
@@ -13,6 +14,20 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback(invoke_without_command=False)
+def global_options(
+    ctx: typer.Context,
+    debug: bool = typer.Option(
+        False, "--debug", help=f"Print the full traceback of any error (before the command: layerwise --debug "
+                               f"extract ...). Same as {DEBUG_ENV}=1.",
+    ),
+) -> None:
+    """Global options, given before the subcommand."""
+    set_debug(ctx, debug)
+
+
 app.command("demo")(demo.demo)
 app.command("encode")(encode.encode)
 app.command("extract")(extract.extract)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import sys
+import traceback
 from typing import Iterator, Optional
 
 import typer
@@ -52,14 +55,61 @@ def parse_weights(text: Optional[str]) -> Optional[list[float]]:
     return out
 
 
+DEBUG_ENV = "LAYERWISE_DEBUG"
+_state = {"debug": False}  # the global --debug flag of the running invocation (set by the app's callback)
+# typer's own exceptions pass through user_errors: Exit and Abort are control flow (both RuntimeErrors), and usage
+# errors (BadParameter and its ClickException base) are reported by typer. The base is looked up by name because
+# recent typer versions vendor click as ``typer._click``.
+_PASS_THROUGH = (typer.Exit, typer.Abort) + tuple(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+def set_debug(ctx: typer.Context, debug: bool) -> None:
+    """Record the global ``--debug`` flag for this invocation; it is cleared again when the invocation ends."""
+    _state["debug"] = debug
+    ctx.call_on_close(lambda: _state.update(debug=False))
+
+
+def debug_enabled() -> bool:
+    """``layerwise --debug ...`` was given, or ``LAYERWISE_DEBUG`` is set (to anything but ``0``, ``false``, ``no``)."""
+    if _state["debug"]:
+        return True
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Show ValueError/TypeError/OSError as one red line and exit 2, without a traceback."""
+    """Turn exceptions into one red ``error:`` line on stderr.
+
+    User errors, ``ValueError`` (bad input or options; the library's ``ModelLoadError`` and ``ExtractError`` are
+    ValueErrors) and ``OSError`` (missing file, permissions, disk full), exit 2. Anything else is a bug in layerwise:
+    the line says so and the exit status is 1. With ``layerwise --debug`` or ``LAYERWISE_DEBUG=1`` the traceback of
+    either kind is printed first.
+    """
     try:
         yield
-    except (ValueError, TypeError, OSError, KeyError) as exc:
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    except _PASS_THROUGH:
+        raise
+    except (ValueError, OSError) as exc:
+        _show(exc, f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if debug_enabled():
+            hint = "please report it with the traceback above."
+        else:
+            hint = (f"rerun with --debug (layerwise --debug COMMAND ...) or {DEBUG_ENV}=1 to see the traceback, "
+                    "and please report it.")
+        _show(exc, f"[red]error:[/red] unexpected {escape(text)}. This is a bug in layerwise; {hint}")
+        raise typer.Exit(1) from None
+
+
+def _show(exc: BaseException, line: str) -> None:
+    if debug_enabled():
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        sys.stderr.flush()
+    err_console.print(line, highlight=False, soft_wrap=True)
 
 
 def extractor(model: Optional[str], device, dtype, allow_pickle: bool, trust_remote_code: bool, **kwargs):

@@ -33,13 +33,14 @@ def probe(
     device: Optional[str] = DeviceOpt,
 ) -> None:
     """Which layer knows what: one probe per layer and per strategy, from features extracted once."""
-    from ..probe import run
+    from ..probe import ProbeConfig, run
 
     with user_errors():
-        res = run(train, dev, test, task=task, column=column, format=fmt, text_field=text_field, model=model,
-                  device=device, output=output, probe=probe_kind, crf=crf, hidden=hidden, epochs=epochs, lr=lr,
-                  restarts=restarts, scheme=scheme, subword=subword, pool=pool, document_context=document_context,
-                  layers_only=layers_only, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+        config = ProbeConfig(task=task, column=column, probe=probe_kind, crf=crf, hidden=hidden, epochs=epochs, lr=lr,
+                             restarts=restarts, scheme=scheme, subword=subword, pool=pool,
+                             document_context=document_context, layers_only=layers_only)
+        res = run(train, dev, test, config, model=model, device=device, output=output, text_field=text_field,
+                  format=fmt, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     best = res.best
     err_console.print(f"best: {best['name']} (dev {res.metric_name} {100 * best['dev_mean']:.2f}); wrote "
                       f"{', '.join(p.name for p in res.files.values())} to {output} in {res.seconds:.0f}s", highlight=False)

@@ -7,7 +7,21 @@ from typing import Optional
 
 import typer
 
-from .options import DeviceOpt, LayersOpt, ModelOpt, SiteOpt, err_console, parse_layers, user_errors
+from .options import (
+    DeviceOpt, LayersOpt, ModelOpt, SiteOpt, err_console, parse_layers, parse_weights, user_errors,
+)
+
+
+def parse_sizes(text: str, option: str) -> list[int]:
+    """'512,128' -> [512, 128]; ``ValueError`` naming the option and the bad item."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"{option} item {part!r} is not a positive int; give layer sizes like {option} 512,128")
+        out.append(int(part))
+    return out
 
 
 def train(
@@ -20,7 +34,8 @@ def train(
     fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell: tsv, csv, jsonl, parquet."),
     layers: str = LayersOpt,
     site: str = SiteOpt,
-    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, scalar_mix (learned) or attention (over layers)."),
+    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted (--weights), scalar_mix (learned) or attention (learned, over layers)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
     pool: str = typer.Option("mean", "--pool", "-p", help="cls, mean, max, mean_max, last (per layer) or attention (learned, over tokens)."),
     head: str = typer.Option("linear", "--head", help="linear, mlp or per_layer (one classifier per layer + learned weights)."),
     hidden: str = typer.Option("256", "--hidden", help="MLP hidden sizes, comma-separated, e.g. 512,128."),
@@ -40,19 +55,21 @@ def train(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
-    from ..heads import HeadConfig
+    from ..heads import HeadConfig, TrainOptions
     from ..heads import train as run_train
     from ..heads.metrics import format_scores
 
     with user_errors():
-        sizes = [int(h) for h in hidden.split(",") if h.strip()] if head == "mlp" else []
+        sizes = parse_sizes(hidden, "--hidden") if head == "mlp" else []
         config = HeadConfig(model=model, layers=parse_layers(layers), site=site, pool=pool, combine=combine,
-                            classifier=head, hidden=sizes or [256], activation=activation, dropout=dropout, mode=mode)
+                            weights=parse_weights(weights), classifier=head, hidden=sizes or [256],
+                            activation=activation, dropout=dropout, mode=mode)
+        options = TrainOptions(epochs=epochs, lr=lr, encoder_lr=encoder_lr, batch_size=batch_size, seed=seed,
+                               patience=patience, metric=metric, device=device, cache_dir=cache_dir,
+                               progress=False if quiet else None)
         result = run_train(
-            config, train_file, dev_file, test_file, text_field=text_field, label_field=label_field, format=fmt,
-            epochs=epochs, lr=lr, encoder_lr=encoder_lr, batch_size=batch_size, seed=seed, patience=patience,
-            metric=metric, device=device, cache_dir=cache_dir, output=output, progress=False if quiet else None,
-            log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
+            config, train_file, dev_file, test_file, options=options, text_field=text_field, label_field=label_field,
+            format=fmt, output=output, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
         )
     print(format_scores(result.dev, title=f"dev (best epoch {result.best_epoch}): "))
     if result.test is not None:

@@ -11,10 +11,10 @@ Example::
 from .classifier import SequenceClassifier, load
 from .config import ACTIVATIONS, CLASSIFIERS, COMBINES, MODES, POOLS, HeadConfig
 from .metrics import classification_scores, format_scores
-from .model import LayerAttention, LayerHead, LayerMix
-from .train import TrainResult, train
+from .model import LayerAttention, LayerHead
+from .train import TrainOptions, TrainResult, train
 
 __all__ = [
-    "ACTIVATIONS", "CLASSIFIERS", "COMBINES", "HeadConfig", "LayerAttention", "LayerHead", "LayerMix", "MODES",
-    "POOLS", "SequenceClassifier", "TrainResult", "classification_scores", "format_scores", "load", "train",
+    "ACTIVATIONS", "CLASSIFIERS", "COMBINES", "HeadConfig", "LayerAttention", "LayerHead", "MODES", "POOLS",
+    "SequenceClassifier", "TrainOptions", "TrainResult", "classification_scores", "format_scores", "load", "train",
 ]

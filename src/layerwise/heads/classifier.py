@@ -30,6 +30,8 @@ import numpy as np
 import torch
 
 from ..extractor import Extractor
+from ..loading import quiet_transformers
+from ..padding import pad_rows
 from ..pooling import pool as pool_tokens
 from .config import HeadConfig
 from .model import LayerHead
@@ -41,8 +43,11 @@ class SequenceClassifier:
     def __init__(self, config: HeadConfig, extractor: Extractor, head: LayerHead | None = None):
         self.config = config
         self.extractor = extractor
-        self.layers, _ = extractor._prepare(config.layers, config.site)
-        width = extractor.loaded.site_width(config.site) * (2 if config.pool == "mean_max" else 1)
+        self.spec = config.encode.resolve(extractor, learned=True)
+        self.layers: tuple[int, ...] = tuple(self.spec.layers)  # type: ignore[arg-type]
+        # per-layer features [K, W]: each layer pooled on its own (W doubled for mean_max)
+        per_layer = self.spec.replace(combine="stack", weights=None)
+        width = per_layer.feature_shape(extractor.site_width(config.site))[-1]
         self.head = head if head is not None else LayerHead(config, len(self.layers), width)
         self.head.to(extractor.loaded.device)
 
@@ -61,13 +66,7 @@ class SequenceClassifier:
             return x.float(), None
         toks = ex.encode(list(texts), layers=list(self.layers), combine="stack", pool=None, site=c.site,
                          return_tensors="pt", truncate=truncate)
-        longest = max(t.shape[0] for t in toks)
-        x = torch.zeros((len(toks), longest) + tuple(toks[0].shape[1:]))
-        mask = torch.zeros((len(toks), longest), dtype=torch.long)
-        for i, t in enumerate(toks):
-            x[i, : t.shape[0]] = t.float()
-            mask[i, : t.shape[0]] = 1
-        return x, mask
+        return pad_rows(toks, dtype=torch.float32)
 
     def train_features(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Differentiable features for fine-tuning (encoder in train mode, windows truncated at ``max_length``)."""
@@ -120,9 +119,7 @@ class SequenceClassifier:
                 "layers": json.dumps(list(self.layers)), "format": "layerwise-head"}
         save_file(state, str(out / "head.safetensors"), metadata=meta)
         if self.config.mode == "finetune":
-            from ..loading import _quiet_transformers
-
-            with _quiet_transformers():
+            with quiet_transformers():
                 self.extractor.model.save_pretrained(out / "encoder", safe_serialization=True)
                 self.extractor.tokenizer.save_pretrained(out / "encoder")
         if log is not None:

@@ -3,14 +3,13 @@
 Frozen mode extracts features once and reuses them: sentence pools are cached for *every* layer
 (``layers="all", combine="stack"``, one store per pool), so any layer choice of a later run is a slice of the same
 cache; ``pool="attention"`` caches token-level features of the selected layers. The cache is a normal feature
-store under ``cache_dir`` (default ``~/.cache/layerwise/features``), keyed by the input file's hash and the
-options, and resumable like any store.
+store under ``cache_dir`` (default ``~/.cache/layerwise/features``), content-addressed: its key is the input
+file's sha256, the weights' fingerprint and the options, never a path, so a copy of the same file reuses it and a
+changed file does not. It is resumable like any store.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..engine import ExtractOptions, extract
 from ..extractor import Extractor
-from ..readers import BadRecord, read_records
-from ..store import FeatureStore, extract, open_store
-from ..store.plan import file_sha256, weights_sha256
+from ..padding import pad_rows
+from ..provenance import content_key, file_sha256
+from ..readers import BadRecord, ReadOptions, read_records
+from ..spec import EncodeSpec
+from ..store import FeatureStore, open_store
 
 
 @dataclass
@@ -98,26 +100,24 @@ def cached_store(
     cache_dir: str | os.PathLike | None = None,
     progress: bool | None = None,
 ) -> FeatureStore:
-    """The feature store for ``path`` under the cache (extracted now if absent or unfinished)."""
+    """The feature store for ``path`` under the cache (extracted now if absent or unfinished).
+
+    Sentence pools: every layer, ``[records, L + 1, W]``; ``pool="attention"``: token level, ``[tokens, K, W]``.
+    """
     token_level = pool == "attention"
-    spec = {
+    spec = EncodeSpec(layers=list(layers) if token_level else "all", site=site, combine="stack",
+                      level="token" if token_level else "sentence", pool=None if token_level else pool)
+    key = content_key({
         "input": file_sha256(path),
-        "model": ex.loaded.name,
-        "weights": weights_sha256(str(getattr(ex.model.config, "_name_or_path", ""))),
-        "site": site,
-        "pool": pool,
-        "layers": list(layers) if token_level else "all",
+        "weights": ex.fingerprint(),
+        "spec": spec.to_dict(),
         "max_length": ex.max_length,
         "text_field": text_field,
         "label_field": label_field,
-    }
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
-    store = cache_root(cache_dir) / f"{Path(path).name}-{key}"
-    extract(
-        path, store, model=ex, layers=list(layers) if token_level else "all", site=site, combine="stack",
-        pool=None if token_level else pool, level="token" if token_level else "sentence", text_field=text_field,
-        keep=[label_field], progress=progress,
-    )
+    })
+    store = cache_root(cache_dir) / key
+    extract(path, store, spec, model=ex, reading=ReadOptions(text_field=text_field, keep=(label_field,)),
+            options=ExtractOptions(progress=progress))
     return open_store(store)
 
 
@@ -136,14 +136,8 @@ class FrozenFeatures:
         """Features of records ``index``: ``[b, K, W]``, or ``([b, T, K, W], mask [b, T])`` padded at token level."""
         if self.offsets is None:
             return self.x[index], None
-        starts, ends = self.offsets[index], self.offsets[index + 1]
-        longest = int((ends - starts).max())
-        out = torch.zeros((len(index), longest) + tuple(self.x.shape[1:]), dtype=self.x.dtype)
-        mask = torch.zeros((len(index), longest), dtype=torch.long)
-        for r, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-            out[r, : e - s] = self.x[s:e]
-            mask[r, : e - s] = 1
-        return out, mask
+        starts, ends = self.offsets[index].tolist(), self.offsets[index + 1].tolist()
+        return pad_rows([self.x[s:e] for s, e in zip(starts, ends)])
 
 
 def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str) -> FrozenFeatures:
@@ -154,7 +148,7 @@ def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str
     raw = store.column(label_field)
     keep = [i for i, v in enumerate(raw) if v is not None and str(v).strip()]
     labels = [str(raw[i]).strip() for i in keep]
-    stored = store.options["layers"]
+    stored = list(store.spec.layers)
     pos = [stored.index(i) for i in layers]
     if store.level == "sentence":  # chunk by chunk: never hold all layers of the corpus at once
         x = np.concatenate([np.asarray(c[:, pos], dtype=np.float32) for c in store.iter_chunks(8192)])

@@ -6,8 +6,9 @@
 * ``pool="attention"``: ``x [batch, tokens, K, W]`` and ``mask [batch, tokens]``; the layers are combined per token,
   then a learned query pools the tokens (padding gets zero weight).
 
-Combine (over the ``K`` layers): ``concat`` (``D = K W``), ``sum``, ``mean``, ``scalar_mix``
-(``gamma * sum_k softmax(w)_k x_k``), ``attention`` (``a = softmax_k(x_k . q / sqrt(W))``, ``sum_k a_k x_k``).
+Combine (over the ``K`` layers, see :mod:`layerwise.combine`): ``concat`` (``D = K W``), ``sum``, ``mean``,
+``weighted`` (fixed), ``scalar_mix`` (``gamma * sum_k softmax(w)_k x_k``), ``attention`` (``a = softmax_k(x_k . q /
+sqrt(W))``, ``sum_k a_k x_k``).
 Classifier: ``linear`` (dropout -> Linear), ``mlp`` (``[dropout -> Linear -> act] * len(hidden)`` -> dropout -> Linear),
 ``per_layer`` (one dropout -> Linear per layer; logits ``sum_k softmax(v)_k logits_k``; training adds each layer's
 own loss so every layer's classifier is usable alone, see :meth:`LayerHead.loss`).
@@ -23,47 +24,16 @@ Example::
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..combine import LayerAttention, ScalarMix, combine, combined_shape, learned_combiner
 from ..pooling import AttentionPool
 from .config import HeadConfig
 
 _ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
-
-
-class LayerAttention(nn.Module):
-    """Attention over layers with one learned query: ``x [..., K, W] -> [..., W]``."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.query = nn.Parameter(torch.zeros(width))  # zeros: starts as the mean of the layers
-        self.scale = 1.0 / math.sqrt(width)
-
-    def weights(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., K]`` attention weights over the layers."""
-        return torch.softmax((x @ self.query) * self.scale, dim=-1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.weights(x).unsqueeze(-1) * x).sum(-2)
-
-
-class LayerMix(nn.Module):
-    """Learned scalar mix over pooled layers: ``gamma * sum_k softmax(w)_k x_k``, ``x [..., K, W] -> [..., W]``."""
-
-    def __init__(self, num_layers: int):
-        super().__init__()
-        self.weights = nn.Parameter(torch.zeros(num_layers))
-        self.gamma = nn.Parameter(torch.ones(1))
-
-    def mixing_weights(self) -> torch.Tensor:
-        return torch.softmax(self.weights, dim=0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gamma * torch.einsum("k,...kw->...w", self.mixing_weights(), x)
+__all__ = ["LayerAttention", "LayerHead"]
 
 
 def _classifier(config: HeadConfig, width: int) -> nn.Sequential:
@@ -93,11 +63,8 @@ class LayerHead(nn.Module):
             self.layer_classifiers = nn.ModuleList(_classifier(config, W) for _ in range(K))
             self.layer_logit_weights = nn.Parameter(torch.zeros(K))
             return
-        if config.combine == "scalar_mix":
-            self.mix = LayerMix(K)
-        elif config.combine == "attention":
-            self.mix = LayerAttention(W)
-        dim = K * W if config.combine == "concat" else W
+        self.mix = learned_combiner(config.combine, K, W)
+        (dim,) = combined_shape(config.combine, K, W)
         self.token_pool = AttentionPool(dim) if config.pool == "attention" else None
         self.classifier = _classifier(config, dim)
 
@@ -107,15 +74,9 @@ class LayerHead(nn.Module):
         return self.config.pool == "attention"
 
     def combine(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., K, W] -> [..., D]``."""
-        mode = self.config.combine
-        if mode == "concat":
-            return x.flatten(-2)
-        if mode == "sum":
-            return x.sum(-2)
-        if mode == "mean":
-            return x.mean(-2)
-        return self.mix(x)
+        """``[..., K, W] -> [..., D]`` with the config's combine mode (see :func:`layerwise.combine.combine`)."""
+        mode = self.mix if self.mix is not None else self.config.combine
+        return combine(x.movedim(-2, 0), mode, weights=self.config.weights)
 
     def per_layer_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``per_layer`` only: ``x [batch, K, W] -> [batch, K, C]``, each layer's own classifier."""
@@ -125,7 +86,7 @@ class LayerHead(nn.Module):
         """The learned weights over layers (``per_layer``: logit weights; ``scalar_mix``), else ``None``."""
         if self.config.classifier == "per_layer":
             return torch.softmax(self.layer_logit_weights, 0).detach()
-        if isinstance(self.mix, LayerMix):
+        if isinstance(self.mix, ScalarMix):
             return self.mix.mixing_weights().detach()
         return None
 

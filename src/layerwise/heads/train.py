@@ -4,7 +4,9 @@ Example::
 
     >>> import layerwise as lw
     >>> cfg = lw.heads.HeadConfig(layers="-4:", pool="max", combine="concat", classifier="mlp", dropout=0.2)
-    >>> result = lw.heads.train(cfg, "train.tsv", "dev.tsv", text_field="sentence", output="sst2-head")  # doctest: +SKIP
+    >>> opts = lw.heads.TrainOptions(epochs=10, seed=0)
+    >>> result = lw.heads.train(cfg, "train.tsv", "dev.tsv", text_field="sentence", options=opts,
+    ...                         output="sst2-head")                                                # doctest: +SKIP
     >>> result.dev["accuracy"], result.best_epoch                                                        # doctest: +SKIP
 """
 
@@ -12,24 +14,60 @@ from __future__ import annotations
 
 import copy
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from ..extractor import Extractor
 from ..loading import DEFAULT_MODEL_NAME
+from ..rng import seeded
 from .classifier import SequenceClassifier
 from .config import HeadConfig
 from .data import FrozenFeatures, cached_store, encode_labels, frozen_features, label_map, read_labelled
 from .metrics import classification_scores
 
 METRICS = ("accuracy", "macro_f1")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How a head is trained (what it is: :class:`HeadConfig`).
+
+    Attributes:
+        epochs, lr, batch_size, weight_decay: AdamW training; ``encoder_lr`` for the encoder in ``finetune`` mode.
+        seed: the same seed gives the same model; the caller's global RNG state is left untouched.
+        patience: stop after this many epochs without a better dev score.
+        metric: ``accuracy`` or ``macro_f1`` (early stopping and model selection).
+        device: where to run (default: CUDA when available, else CPU).
+        cache_dir: where frozen features are cached (default ``~/.cache/layerwise/features``).
+        progress: progress bars (default: when stderr is a terminal).
+    """
+
+    epochs: int = 10
+    lr: float = 1e-3
+    encoder_lr: float = 2e-5
+    batch_size: int = 32
+    weight_decay: float = 0.01
+    seed: int = 0
+    patience: int = 3
+    metric: str = "accuracy"
+    device: str | None = None
+    cache_dir: str | os.PathLike | None = None
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "patience"):
+            _check_positive(name, getattr(self, name))
+        for name in ("lr", "encoder_lr"):
+            _check_positive(name, getattr(self, name), float)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}. Valid metrics are: {', '.join(METRICS)}")
 
 
 @dataclass
@@ -57,21 +95,14 @@ class _Split:
         return len(self.y)
 
 
-def _seed(seed: int) -> torch.Generator:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
-
-
-def _check_positive(name: str, value, kind=int) -> None:
+def _check_positive(name: str, value: object, kind: type = int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
         raise ValueError(f"{name} must be a positive {'number' if kind is float else 'int'}, got {value!r}")
 
 
 def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress) -> tuple[dict, list[str]]:
     """Read every split (frozen: through the feature cache); fix the label list from train."""
-    layers, _ = ex._prepare(clf_config.layers, clf_config.site)
+    layers = clf_config.encode.resolve(ex, learned=True).layers
     raw: dict[str, tuple[list[str], FrozenFeatures | None, list[str] | None]] = {}
     for name, path in paths.items():
         if clf_config.mode == "frozen":
@@ -130,80 +161,80 @@ def train(
     dev_path: str | os.PathLike,
     test_path: str | os.PathLike | None = None,
     *,
+    options: TrainOptions | None = None,
     text_field: str | None = None,
     label_field: str = "label",
     format: str | None = None,
-    epochs: int = 10,
-    lr: float = 1e-3,
-    encoder_lr: float = 2e-5,
-    batch_size: int = 32,
-    weight_decay: float = 0.01,
-    seed: int = 0,
-    patience: int = 3,
-    metric: str = "accuracy",
-    device: str | None = None,
-    cache_dir: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
     extractor: Extractor | None = None,
-    progress: bool | None = None,
     log: Callable[[str], None] | None = None,
 ) -> TrainResult:
-    """Train the head of ``config`` on ``train_path``, pick the epoch with the best dev ``metric``, save to ``output``.
+    """Train the head of ``config`` on ``train_path``, pick the epoch with the best dev metric, save to ``output``.
 
     Args:
         config: the head (its ``labels`` are filled from the training data).
         train_path, dev_path, test_path: TSV/CSV/JSONL (or parquet) files with a text and a label column.
+        options: epochs, learning rates, batch size, seed, patience, metric, device, cache, progress
+            (:class:`TrainOptions`; default ``TrainOptions()``).
         text_field, label_field, format: column names (default text: ``text`` else ``sentence``) and file format.
-        epochs, lr, batch_size, weight_decay: AdamW training; ``encoder_lr`` for the encoder in ``finetune`` mode.
-        seed: seeds Python, numpy and torch and the batch order: the same seed gives the same model.
-        patience: stop after this many epochs without a better dev score.
-        metric: ``accuracy`` or ``macro_f1`` (early stopping and model selection).
-        cache_dir: where frozen features are cached (default ``~/.cache/layerwise/features``).
         output: model directory to write (weights, config, labels, log, metrics).
         extractor: an already loaded encoder to use (frozen mode shares it; finetune mode updates it in place).
-        progress: progress bars (default: when stderr is a terminal).
         log: receives one line per epoch (default: print to stderr).
 
     Returns:
         A :class:`TrainResult`.
     """
-    from tqdm.auto import tqdm
-
-    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("patience", patience)):
-        _check_positive(name, value)
-    for name, value in (("lr", lr), ("encoder_lr", encoder_lr)):
-        _check_positive(name, value, float)
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}. Valid metrics are: {', '.join(METRICS)}")
+    opts = options or TrainOptions()
     config.validate()
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    show = sys.stderr.isatty() if progress is None else progress
     t0 = time.perf_counter()
-    gen = _seed(seed)
-    ex = extractor or Extractor(config.model, device=device, max_length=config.max_length)
+    ex = extractor or Extractor(config.model, device=opts.device, max_length=config.max_length)
     if config.model is None and ex.loaded.name != DEFAULT_MODEL_NAME:
         config.model = ex.loaded.name  # the saved model must name the encoder it was trained with
     paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
-    kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": cache_dir}
+    kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": opts.cache_dir}
+    show = sys.stderr.isatty() if opts.progress is None else opts.progress
     splits, names = _load_splits(config, ex, paths, kw, show)
     feature_seconds = time.perf_counter() - t0
     config.labels = names
-    clf = SequenceClassifier(config, ex)
-    params = [{"params": list(clf.head.parameters()), "lr": lr}]
+    with seeded(opts.seed, ex.loaded.device) as gen:
+        clf = SequenceClassifier(config, ex)
+        history, best_epoch = _fit(clf, splits, opts, gen, say, show)
+    result = TrainResult(clf, history, best_epoch, _scores(clf, splits["dev"]), feature_seconds=feature_seconds)
+    if "test" in splits:
+        result.test = _scores(clf, splits["test"])
+    result.layers = _layer_report(clf, splits["dev"])
+    result.seconds = time.perf_counter() - t0
+    if output is not None:
+        metrics = {"dev": result.dev, "test": result.test, "best_epoch": best_epoch, "layers": result.layers,
+                   "seconds": result.seconds, "feature_seconds": feature_seconds, "metric": opts.metric,
+                   "seed": opts.seed}
+        result.output = clf.save(output, log=history, metrics=metrics)
+    return result
+
+
+def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions, gen: torch.Generator,
+         say: Callable[[str], None], show: bool) -> tuple[list[dict[str, Any]], int]:
+    """The epoch loop with early stopping; leaves ``clf`` at its best epoch. Returns the log and the best epoch."""
+    from tqdm.auto import tqdm
+
+    ex, config = clf.extractor, clf.config
+    params = [{"params": list(clf.head.parameters()), "lr": opts.lr}]
     if config.mode == "finetune":
-        params.append({"params": list(ex.model.parameters()), "lr": encoder_lr})
-    opt = torch.optim.AdamW(params, weight_decay=weight_decay)
+        params.append({"params": list(ex.model.parameters()), "lr": opts.encoder_lr})
+    opt = torch.optim.AdamW(params, weight_decay=opts.weight_decay)
     tr = splits["train"]
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     best, best_epoch, best_state, stale = -1.0, 0, None, 0
-    for epoch in range(1, epochs + 1):
+    for epoch in range(1, opts.epochs + 1):
         t_epoch = time.perf_counter()
         clf.head.train()
         ex.model.train(config.mode == "finetune")
         order = torch.randperm(len(tr), generator=gen)
         total, seen = 0.0, 0
-        for start in tqdm(range(0, len(tr), batch_size), disable=not show, leave=False, desc=f"epoch {epoch}", file=sys.stderr):
-            index = order[start : start + batch_size]
+        steps = range(0, len(tr), opts.batch_size)
+        for start in tqdm(steps, disable=not show, leave=False, desc=f"epoch {epoch}", file=sys.stderr):
+            index = order[start : start + opts.batch_size]
             x, mask = _batches(clf, tr, index, train=True)
             loss = clf.head.loss(x, tr.y[index].to(x.device), mask)
             opt.zero_grad()
@@ -212,36 +243,30 @@ def train(
             total += loss.item() * len(index)
             seen += len(index)
         scores = _scores(clf, splits["dev"])
-        improved = scores[metric] > best
+        improved = scores[opts.metric] > best
         entry = {"epoch": epoch, "loss": total / seen, "dev_accuracy": scores["accuracy"],
-                 "dev_macro_f1": scores["macro_f1"], "seconds": round(time.perf_counter() - t_epoch, 3), "best": improved}
+                 "dev_macro_f1": scores["macro_f1"], "seconds": round(time.perf_counter() - t_epoch, 3),
+                 "best": improved}
         history.append(entry)
-        say(f"epoch {epoch}/{epochs}  loss {entry['loss']:.4f}  dev accuracy {scores['accuracy']:.4f}  "
+        say(f"epoch {epoch}/{opts.epochs}  loss {entry['loss']:.4f}  dev accuracy {scores['accuracy']:.4f}  "
             f"macro-F1 {scores['macro_f1']:.4f}  {entry['seconds']:.1f}s{'  *best' if improved else ''}")
         if improved:
-            best, best_epoch, stale = scores[metric], epoch, 0
+            best, best_epoch, stale = scores[opts.metric], epoch, 0
             best_state = (copy.deepcopy(clf.head.state_dict()),
                           copy.deepcopy(ex.model.state_dict()) if config.mode == "finetune" else None)
         else:
             stale += 1
-            if stale >= patience:
-                say(f"early stop: no better dev {metric} for {patience} epochs; keeping epoch {best_epoch}")
+            if stale >= opts.patience:
+                say(f"early stop: no better dev {opts.metric} for {opts.patience} epochs; keeping epoch {best_epoch}")
                 break
+    if best_state is None:  # pragma: no cover - epochs >= 1 and the first epoch always improves on -1
+        raise RuntimeError("no epoch was trained")
     clf.head.load_state_dict(best_state[0])
     if best_state[1] is not None:
         ex.model.load_state_dict(best_state[1])
     ex.model.eval()
     clf.head.eval()
-    result = TrainResult(clf, history, best_epoch, _scores(clf, splits["dev"]), feature_seconds=feature_seconds)
-    if "test" in splits:
-        result.test = _scores(clf, splits["test"])
-    result.layers = _layer_report(clf, splits["dev"])
-    result.seconds = time.perf_counter() - t0
-    if output is not None:
-        metrics = {"dev": result.dev, "test": result.test, "best_epoch": best_epoch, "layers": result.layers,
-                   "seconds": result.seconds, "feature_seconds": feature_seconds, "metric": metric, "seed": seed}
-        result.output = clf.save(output, log=history, metrics=metrics)
-    return result
+    return history, best_epoch
 
 
 def _layer_report(clf: SequenceClassifier, dev: _Split) -> list[dict]:

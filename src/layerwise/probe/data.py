@@ -20,9 +20,11 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ..engine import ExtractOptions, extract
 from ..extractor import Extractor
-from ..readers import detect_format
-from ..store import FeatureStore, extract, open_store
+from ..readers import ReadOptions, detect_format
+from ..spec import EncodeSpec
+from ..store import FeatureStore, open_store
 
 Task = Literal["sentence", "tagging"]
 TASKS = ("sentence", "tagging")
@@ -85,14 +87,15 @@ def split_features(
     progress: bool | None = None,
 ) -> ProbeSplit:
     """Extract (or find cached) all-layer features of one split and load them."""
+    options = ExtractOptions(progress=progress)
     if task == "tagging":
-        keep = [column] + (["doc"] if fmt == "conll" else [])
-        extract(path, store_dir, model=ex, layers="all", combine="stack", level="word", subword=subword,
-                format=fmt, keep=keep, dtype="float16", progress=progress,
-                context="document" if document_context else None)
+        keep = (column, "doc") if fmt == "conll" else (column,)
+        spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, dtype="float16")
+        reading = ReadOptions(format=fmt, keep=keep, context="document" if document_context else None)
     else:
-        extract(path, store_dir, model=ex, layers="all", combine="stack", pool=pool, level="sentence",
-                format=fmt, text_field=text_field, keep=[column], dtype="float16", progress=progress)
+        spec = EncodeSpec(layers="all", combine="stack", level="sentence", pool=pool, dtype="float16")
+        reading = ReadOptions(format=fmt, text_field=text_field, keep=(column,))
+    extract(path, store_dir, spec, model=ex, reading=reading, options=options)
     store = open_store(store_dir)
     if len(store) == 0:
         raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")

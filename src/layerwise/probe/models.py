@@ -1,7 +1,8 @@
 """Probe models: which layers (and how combined) a probe reads, and the sequence probes (BiLSTM, CRF).
 
 Linear and MLP probes reuse :class:`layerwise.heads.LayerHead` on per-word (or per-sentence) features
-``[rows, K, W]``. Tagging can also use :class:`SequenceProbe`: the layers combined per word, a 2-layer BiLSTM over
+``[rows, K, W]``. Tagging can also use :class:`SequenceProbe`: the layers combined per word (with
+:func:`layerwise.combine.combine`; ``scalar_mix`` learned), a 2-layer BiLSTM over
 the sentence (hidden size per direction configurable; the BERT paper's feature-based NER uses 768) and a linear
 layer, optionally followed by a linear-chain :class:`CRF`.
 """
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..combine import ScalarMix, combine, combined_shape, learned_combiner
 from ..heads import HeadConfig, LayerHead
 
 PROBES = ("linear", "mlp", "bilstm")
@@ -110,15 +112,21 @@ class SequenceProbe(nn.Module):
 
     def __init__(self, spec: ProbeSpec, num_tags: int, width: int, hidden: int = 256, crf: bool = False, dropout: float = 0.1):
         super().__init__()
-        self.mixer = word_head(spec, [str(i) for i in range(max(num_tags, 2))], width, "linear", hidden, 0.0)
-        dim = len(spec.layers) * width if spec.combine == "concat" else width
+        self.combine_mode = spec.combine
+        self.mix = learned_combiner(spec.combine, len(spec.layers), width)
+        (dim,) = combined_shape(spec.combine, len(spec.layers), width)
         self.lstm = nn.LSTM(dim, hidden, num_layers=2, bidirectional=True, batch_first=True, dropout=dropout)
         self.drop = nn.Dropout(dropout)
         self.out = nn.Linear(2 * hidden, num_tags)
         self.crf = CRF(num_tags) if crf else None
 
+    def layer_weights(self) -> torch.Tensor | None:
+        """The learned layer weights of a ``scalar_mix`` probe (``[K]``), else ``None``."""
+        return self.mix.mixing_weights().detach() if isinstance(self.mix, ScalarMix) else None
+
     def emissions(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.mixer.combine(x)  # [batch, T, D]
+        """Tag scores ``[batch, T, C]`` for word features ``x [batch, T, K, W]``."""
+        h = combine(x.movedim(-2, 0), self.mix if self.mix is not None else self.combine_mode)  # [batch, T, D]
         lengths = mask.sum(1).cpu()
         packed = pack_padded_sequence(h, lengths, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)

@@ -68,19 +68,24 @@ def markdown(results) -> str:
     return "\n".join(lines)
 
 
-def plot_layers(results, path: Path) -> None:
-    import matplotlib
+def _figure(figsize: tuple[float, float]):
+    # The object API (no pyplot): draws on its own Agg canvas and leaves the user's backend and pyplot state alone.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # file output only; a no-op when a backend is already set by the user
-    import matplotlib.pyplot as plt
+    return Figure(figsize=figsize, dpi=120)
+
+
+def plot_layers(results, path: Path) -> None:
+    from matplotlib import rcParams
 
     singles = [r for r in results.rows if r["kind"] == "layer"]
     strategies = [r for r in results.rows if r["kind"] == "strategy" and len(r["layers"]) > 1]
     xs = [r["layers"][0] for r in singles]
     ys = [100 * r["dev_mean"] for r in singles]
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=120)
+    fig = _figure((7.5, 4.2))
+    ax = fig.subplots()
     ax.errorbar(xs, ys, yerr=[100 * r["dev_std"] for r in singles], marker="o", capsize=3, label="single layer")
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(strategies):
         ax.axhline(100 * r["dev_mean"], ls="--", lw=1, color=colors[(i + 1) % len(colors)], label=r["name"])
     ax.set_xticks(xs, ["emb" if x == 0 else str(x) for x in xs])
@@ -94,17 +99,12 @@ def plot_layers(results, path: Path) -> None:
     ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def plot_similarity(cka: np.ndarray, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     k = cka.shape[0]
-    fig, ax = plt.subplots(figsize=(5.2, 4.4), dpi=120)
+    fig = _figure((5.2, 4.4))
+    ax = fig.subplots()
     im = ax.imshow(cka, vmin=0, vmax=1, cmap="viridis")
     labels = ["emb"] + [str(i) for i in range(1, k)]
     ax.set_xticks(range(k), labels)
@@ -117,7 +117,6 @@ def plot_similarity(cka: np.ndarray, path: Path, title: str) -> None:
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def write_all(results, out: Path) -> dict[str, Path]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from ..rng import seeded
 from .data import ProbeSplit
 from .metrics import sentence_scores, tagging_scores
 from .models import ProbeSpec, SequenceProbe, word_head
@@ -37,13 +36,6 @@ class ProbeRun:
     epochs: int
     weights: list[float] | None = None  # learned layer weights (scalar mixes)
     extra: dict = field(default_factory=dict)
-
-
-def _seed(seed: int) -> torch.Generator:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def _main(scores: dict) -> float:
@@ -110,8 +102,18 @@ def fit_probe(
     spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str, labels: list[str],
     scheme: str, opts: ProbeOptions, seed: int,
 ) -> ProbeRun:
-    """Train ``spec`` on ``train``; keep the epoch with the best dev score; score dev (and test) with it."""
-    gen = _seed(seed)
+    """Train ``spec`` on ``train``; keep the epoch with the best dev score; score dev (and test) with it.
+
+    Deterministic for a given ``seed``; the global Python, NumPy and torch random states are left untouched.
+    """
+    with seeded(seed, opts.device) as gen:
+        return _fit(spec, train, dev, test, task=task, labels=labels, scheme=scheme, opts=opts, gen=gen)
+
+
+def _fit(
+    spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str, labels: list[str],
+    scheme: str, opts: ProbeOptions, gen: torch.Generator,
+) -> ProbeRun:
     index = {label: i for i, label in enumerate(labels)}
     pos = list(spec.layers)
     width = train.x.shape[-1]
@@ -160,8 +162,7 @@ def fit_probe(
     model.load_state_dict(best_state)
     run = ProbeRun(dev=score(dev, predict(dev)), test=score(test, predict(test)) if test is not None else None,
                    epochs=best_epoch)
-    head = model.mixer if sequence else model
-    w = head.layer_weights()
+    w = model.layer_weights()
     if w is not None and spec.combine == "scalar_mix":
         run.weights = [round(float(v), 4) for v in w]
     return run

@@ -1,10 +1,15 @@
-"""``layerwise serve``: an HTTP service for layer features with dynamic batching, and its Python client."""
+"""``layerwise serve``: an HTTP service for layer features with dynamic batching (FastAPI + uvicorn).
 
+Its Python client, :class:`layerwise.Client`, lives in :mod:`layerwise.client` (standard library only), so
+``import layerwise`` never loads the web stack.
+"""
+
+from ..client import Client, ServiceError
+from ..extractor import Extractor
 from .app import EncodeRequest, Limits, create_app
-from .client import Client, ServiceError
 
 
-def serve(extractor, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+def serve(extractor: Extractor, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           log_level: str = "info") -> None:
     """Run the service with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise)."""
     import uvicorn

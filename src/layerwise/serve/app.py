@@ -18,21 +18,20 @@ from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
 import numpy as np
-import torch
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..combine import FIXED_COMBINES
 from ..extractor import Extractor
-from ..layers import SITES
-from ..pooling import POOL_MODES, WORD_POOL_MODES
-from ..combine import COMBINE_MODES
 from ..families import SUPPORTED_MODEL_TYPES
+from ..pooling import POOL_MODES, WORD_POOL_MODES
+from ..spec import LEVELS, EncodeSpec
+from ..version import __version__
 from .batcher import Batcher
 from .metrics import Metrics
 
 log = logging.getLogger("layerwise.serve")
-LEVELS = ("sentence", "token", "word")
 
 
 @dataclass
@@ -46,7 +45,12 @@ class Limits:
 
 
 class EncodeRequest(BaseModel):
-    """Body of ``POST /v1/encode``. Give ``texts`` (any level) or ``words`` (pre-tokenised; word level)."""
+    """Body of ``POST /v1/encode``: the fields of an :class:`~layerwise.EncodeSpec`, the input and the encoding.
+
+    Give ``texts`` (any level) or ``words`` (pre-tokenised; level ``word``). Unknown fields are refused (422).
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     texts: Optional[list[str]] = Field(None, description="Texts to encode.")
     words: Optional[list[list[str]]] = Field(None, description="Pre-tokenised words (level 'word').")
@@ -55,13 +59,18 @@ class EncodeRequest(BaseModel):
     site: str = "block"
     combine: str = "concat"
     weights: Optional[list[float]] = None
-    pool: Optional[str] = Field("mean", description="Sentence pool; ignored at token/word level.")
+    pool: Optional[str] = Field(None, description="Sentence pool (level 'sentence' only; default mean).")
     level: Literal["sentence", "token", "word"] = "sentence"
-    subword: str = "first"
+    subword: Optional[str] = Field(None, description="Sub-token pooling (level 'word' only; default first).")
     skip_special_tokens: bool = False
     truncate: bool = False
     dtype: Literal["float32", "float16"] = "float32"
     encoding: Literal["json", "base64"] = "json"
+
+    def spec(self) -> EncodeSpec:
+        """The request's :class:`~layerwise.EncodeSpec` (``ValueError`` for invalid or inapplicable options)."""
+        fields = self.model_dump(exclude={"texts", "words", "encoding"})
+        return EncodeSpec.from_dict(fields)
 
 
 def _pack(arr: np.ndarray, dtype: str, encoding: str):
@@ -125,7 +134,7 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
         yield
         batcher.close()  # stop the worker thread when the server stops
 
-    app = FastAPI(title="layerwise", version=_version(), lifespan=lifespan,
+    app = FastAPI(title="layerwise", version=__version__, lifespan=lifespan,
                   description="Hidden layers of a BERT-family encoder as features, with dynamic batching.")
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
     app.state.batcher, app.state.metrics, app.state.extractor = batcher, metrics, ex
@@ -140,8 +149,8 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
         return {
             "name": lm.name, "family": lm.family.name, "families": list(SUPPORTED_MODEL_TYPES),
             "num_layers": lm.num_layers, "layers": f"0..{lm.num_layers} (0 = embeddings; negatives count from the end)",
-            "hidden_size": lm.hidden_size, "intermediate_size": lm.intermediate_size, "sites": list(SITES),
-            "combine": list(COMBINE_MODES), "pools": [p for p in POOL_MODES if p != "attention"],
+            "hidden_size": lm.hidden_size, "intermediate_size": lm.intermediate_size, "sites": list(ex.sites),
+            "combine": list(FIXED_COMBINES), "pools": [p for p in POOL_MODES if p != "attention"],
             "subword": list(WORD_POOL_MODES), "levels": list(LEVELS), "max_length": ex.max_length,
             "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
             "limits": {"max_texts": limits.max_texts, "max_text_chars": limits.max_text_chars,
@@ -157,19 +166,19 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
     async def encode(req: EncodeRequest, request: Request):
         t0 = time.perf_counter()
         try:
-            items, key = _validate(ex, req, limits)
+            items, spec = _validate(ex, req, limits)
         except HTTPException as exc:
             metrics.request(str(exc.status_code), time.perf_counter() - t0)
             raise
         cost = sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
         try:
-            rows = await batcher.submit(key, items, cost)
+            rows = await batcher.submit(spec, items, cost)
         except Exception:
             log.exception("encode failed")
             metrics.request("500", time.perf_counter() - t0)
             return JSONResponse({"detail": "internal error while encoding; see the server log"}, status_code=500)
         try:
-            body = _response(ex, req, key, items, rows)
+            body = _response(ex, spec, req.encoding, items, rows)
         except HTTPException as exc:
             metrics.request(str(exc.status_code), time.perf_counter() - t0)
             raise
@@ -179,18 +188,18 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
     return app
 
 
-def _response(ex: Extractor, req: EncodeRequest, key: tuple, items: list, rows: list) -> dict:
-    """The JSON body for one request's rows ``[(vector, Tokenized)]``."""
-    body: dict = {"model": ex.loaded.name, "layers": list(key[1]), "level": req.level}
+def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows: list) -> dict:
+    """The JSON body for one request's rows ``[(vector, Tokenized)]``; ``spec`` is the resolved request spec."""
+    body: dict = {"model": ex.loaded.name, "layers": list(spec.layers), "level": spec.level, "spec": spec.to_dict()}
     vecs = [v for v, _ in rows]
-    if req.level == "sentence":
+    if spec.level == "sentence":
         arr = np.stack(vecs)
         body["shape"] = list(arr.shape)
-        body["vectors"] = _pack(arr, req.dtype, req.encoding)
+        body["vectors"] = _pack(arr, spec.dtype, encoding)
     else:
         body["shapes"] = [list(v.shape) for v in vecs]
-        body["vectors"] = [_pack(v, req.dtype, req.encoding) for v in vecs]
-        if req.level == "token":
+        body["vectors"] = [_pack(v, spec.dtype, encoding) for v in vecs]
+        if spec.level == "token":
             tok = ex.tokenizer
             body["tokens"] = [tok.convert_ids_to_tokens(t.ids) for _, t in rows]
             body["offsets"] = [[list(o) for o in t.offsets] for _, t in rows]
@@ -199,8 +208,8 @@ def _response(ex: Extractor, req: EncodeRequest, key: tuple, items: list, rows: 
     return body
 
 
-def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, tuple]:
-    """Items and the batching key; HTTP 422 with the library's message for anything invalid."""
+def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, EncodeSpec]:
+    """Items and the resolved spec (the batching key); HTTP 422 with the library's message for anything invalid."""
     if (req.texts is None) == (req.words is None):
         raise HTTPException(422, "give exactly one of 'texts' (strings) or 'words' (lists of word strings)")
     if req.words is not None and req.level != "word":
@@ -217,42 +226,19 @@ def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, 
     if req.level == "word" and req.texts is not None:
         items = [t.split() for t in req.texts]
     try:
-        layers, site = ex._prepare(req.layers, req.site, req.combine, req.weights)
-        if req.level == "sentence":
-            if req.pool is None:
-                raise ValueError("level 'sentence' needs a pool; use level 'token' for one vector per token")
-            ex._check_pool_fits(req.pool, req.combine, layers, site, req.skip_special_tokens)
-        elif req.level == "word":
-            ex._check_subword(req.subword, req.combine)
+        spec = req.spec().resolve(ex)
     except (ValueError, TypeError) as exc:
         raise HTTPException(422, str(exc)) from None
-    key = (req.level, layers, site, req.combine, tuple(req.weights) if req.weights else None,
-           req.pool if req.level == "sentence" else None, bool(req.skip_special_tokens),
-           req.subword if req.level == "word" else None, bool(req.truncate))
-    return list(items), key
+    return list(items), spec
 
 
 def _runner(ex: Extractor, metrics: Metrics):
-    """The worker's model call for one merged batch: ``(key, items) -> [(vector ndarray, Tokenized)]``."""
+    """The worker's model call for one merged batch: ``(spec, items) -> [(vector ndarray, Tokenized)]``."""
 
-    def run(key: tuple, items: list) -> list:
+    def run(spec: EncodeSpec, items: list) -> list:
         t0 = time.perf_counter()
-        level, layers, site, combine, weights, pool, skip, subword, truncate = key
-        words = level == "word"
-        reduce = ex._word_reducer(subword) if words else ex._sentence_reducer(pool if level == "sentence" else None, skip)
-        out: list = [None] * len(items)
-        for index, vec, tok in ex._stream(items, words=words, layers=layers, site=site, combine=combine,
-                                          weights=list(weights) if weights else None, reduce=reduce,
-                                          truncate=truncate, batch_tokens=ex.batch_tokens):
-            out[index] = (vec.to("cpu", torch.float32).numpy(), tok)
+        out = [(res.features.numpy(), res.tokens) for res in ex.stream(items, spec)]
         metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
         return out
 
     return run
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
-

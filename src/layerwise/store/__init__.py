@@ -1,11 +1,18 @@
-"""The sharded on-disk feature store: extraction (resumable), memory-mapped reading, export.
+"""The feature store's on-disk format: layout, the writer of a store directory, the reader, exporters.
 
-See :mod:`layerwise.store.shards` for the on-disk layout, :func:`extract` to write one,
-:func:`open_store` to read one and :func:`export` to convert one.
+This package knows files only; it imports nothing that computes features. Extraction into a store (streaming,
+resume, bad records, progress) is the engine's job: :func:`layerwise.extract` in :mod:`layerwise.engine`.
+
+See :mod:`layerwise.store.layout` for the layout, :class:`StoreWriter` to write one, :func:`open_store` to read one
+and :func:`export` to convert one.
 """
 
 from .export import EXPORT_FORMATS, export
-from .writer import LEVELS, ExtractError, ExtractSummary, extract
+from .layout import FORMAT_VERSION, STORE_DTYPES, StoreError, StoreFullError
 from .reader import FeatureStore, open_store
+from .writer import StoreWriter
 
-__all__ = ["EXPORT_FORMATS", "LEVELS", "ExtractError", "ExtractSummary", "FeatureStore", "export", "extract", "open_store"]
+__all__ = [
+    "EXPORT_FORMATS", "FORMAT_VERSION", "FeatureStore", "STORE_DTYPES", "StoreError", "StoreFullError", "StoreWriter",
+    "export", "open_store",
+]

@@ -21,7 +21,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .shards import ERRORS, MANIFEST, ShardFile, list_shards, read_json
+from ..spec import EncodeSpec
+from .layout import ERRORS, FORMAT, MANIFEST, ShardFile, list_shards, read_json
 
 
 class FeatureStore:
@@ -29,7 +30,8 @@ class FeatureStore:
 
     Attributes:
         path: the store directory.
-        manifest: the parsed ``manifest.json`` (options, provenance, counts).
+        manifest: the parsed ``manifest.json`` (spec, model, input, counts; see :mod:`layerwise.store.layout`).
+        spec: the :class:`~layerwise.EncodeSpec` the features were computed with (layers resolved).
         level: ``sentence``, ``token`` or ``word``.
         feature_shape: ``(D,)``, or ``(K, width)`` for ``combine="stack"``.
 
@@ -43,10 +45,15 @@ class FeatureStore:
         if not mpath.is_file():
             raise ValueError(f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST}); create one with layerwise extract")
         self.manifest: dict[str, Any] = read_json(mpath)
-        if self.manifest.get("format") != "layerwise-store":
+        if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{mpath} is not a layerwise store manifest")
-        options = self.manifest["options"]
-        self.level: str = options["level"]
+        if self.manifest.get("format_version") != 2:
+            raise ValueError(
+                f"{mpath} is store format {self.manifest.get('format_version')}; this layerwise reads format 2. "
+                f"Extract it again with this version (the same command, with --overwrite)"
+            )
+        self.spec = EncodeSpec.from_dict(self.manifest["spec"])
+        self.level: str = self.spec.level
         self.feature_shape: tuple[int, ...] = tuple(self.manifest["feature_shape"])
         self._shards = [ShardFile(p) for p in list_shards(self.path)]
         counts = [int(s.shape("lines")[0]) for s in self._shards]
@@ -62,11 +69,13 @@ class FeatureStore:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(self.manifest["options"]["dtype"])
+        """The dtype of the features on disk."""
+        return np.dtype(self.spec.dtype)
 
     @property
-    def options(self) -> dict:
-        return self.manifest["options"]
+    def model(self) -> dict:
+        """The model the features came from: ``name``, ``fingerprint`` (weights sha256), ``family``, ``num_layers``."""
+        return dict(self.manifest["model"])
 
     @property
     def num_shards(self) -> int:
@@ -82,10 +91,10 @@ class FeatureStore:
         return sum(s.path.stat().st_size for s in self._shards)
 
     def __repr__(self) -> str:
-        o = self.options
+        s = self.spec
         return (
             f"FeatureStore({str(self.path)!r}, records={len(self)}, level={self.level!r}, "
-            f"feature_shape={self.feature_shape}, layers={o['layers']}, combine={o['combine']!r}, dtype={o['dtype']})"
+            f"feature_shape={self.feature_shape}, layers={list(s.layers)}, combine={s.combine!r}, dtype={s.dtype})"
         )
 
     # ---- access -----------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import base64
 import json
 import urllib.error
 import urllib.request
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -61,12 +61,31 @@ class Client:
     def health(self) -> bool:
         return self._call("GET", "/health").get("status") == "ok"
 
-    def encode(self, texts: Sequence[str], *, layers=-1, site="block", combine="concat", weights=None, pool="mean",
-               level="sentence", subword="first", skip_special_tokens=False, truncate=False, dtype="float32"):
-        """Sentence level: ``[n, D]``; token/word level: a list of ``[n_i, D]`` arrays. Raises :class:`ServiceError`."""
-        body = {"texts": list(texts), "layers": layers, "site": site, "combine": combine, "weights": weights,
-                "pool": pool, "level": level, "subword": subword, "skip_special_tokens": skip_special_tokens,
-                "truncate": truncate, "dtype": dtype, "encoding": "base64"}
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        layers: int | str | list[int | str] = -1,
+        site: str = "block",
+        combine: str = "concat",
+        weights: Sequence[float] | None = None,
+        pool: str | None = None,
+        level: str = "sentence",
+        subword: str | None = None,
+        skip_special_tokens: bool = False,
+        truncate: bool = False,
+        dtype: str = "float32",
+    ) -> Any:
+        """Encode ``texts`` with the fields of an ``EncodeSpec`` (``pool`` default ``mean``, ``subword`` ``first``).
+
+        Returns:
+            Sentence level: ``[n, D]``; token/word level: a list of ``[n_i, D]`` arrays. Raises :class:`ServiceError`.
+        """
+        body: dict[str, Any] = {"texts": list(texts), "layers": layers, "site": site, "combine": combine,
+                                "level": level, "truncate": truncate, "dtype": dtype, "encoding": "base64"}
+        optional = {"weights": weights, "pool": pool, "subword": subword,
+                    "skip_special_tokens": skip_special_tokens or None}
+        body.update({k: v for k, v in optional.items() if v is not None})
         out = self._call("POST", "/v1/encode", body)
         if level == "sentence":
             return _unpack(out["vectors"])

@@ -1,9 +1,9 @@
-"""On-disk pieces of a feature store: atomic files, the manifest, and safetensors shards read by memory map.
+"""The on-disk layout of a feature store: files, atomic writes, the manifest, safetensors shards read by memory map.
 
 A store is a directory::
 
     STORE/
-      manifest.json             provenance and options (written first, rewritten atomically after every shard)
+      manifest.json             spec, model, input and counts (written first, rewritten atomically after every shard)
       shard-000000.safetensors  features of consecutive records (written to a temporary name, then renamed)
       shard-000001.safetensors
       errors.jsonl              skipped records: {"line": 12, "reason": "empty text ..."} one per line
@@ -22,10 +22,17 @@ tensor           shape, dtype     meaning
 
 and string metadata ``columns`` (JSON: kept column name -> list of R values) and, at word level, ``words``
 (JSON: R word lists). No pickle anywhere: safetensors' header is JSON and its data raw little-endian arrays.
+
+The manifest (``format_version`` 2) holds ``spec`` (the resolved :class:`~layerwise.EncodeSpec`), ``model``
+(``name``, ``fingerprint``: sha256 of the weights, ``family``, ``num_layers``, ``hidden_size``), ``tokenizer``
+(class, vocabulary size, window length and stride), ``input`` (``path``, ``format``, ``sha256`` of the file,
+``text_field``, ``keep``, ``context``), ``feature_shape``, ``status`` (``running | partial | complete``),
+``counts`` and the list of ``shards`` with their record ranges.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -34,13 +41,30 @@ from typing import Any
 
 import numpy as np
 
+FORMAT = "layerwise-store"
+FORMAT_VERSION = 2
+STORE_DTYPES = {"float32": np.float32, "float16": np.float16}
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64}
 
 
+class StoreError(ValueError):
+    """A store that cannot be opened or written (not a store, made with other options, disk full...)."""
+
+
+class StoreFullError(StoreError):
+    """The disk filled up while writing; what was finished is safe and the same command resumes."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is "no space left on device" (or over a disk quota)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def shard_name(index: int) -> str:
+    """The file name of shard ``index``: ``shard-000003.safetensors``."""
     return f"shard-{index:06d}.safetensors"
 
 
@@ -70,31 +94,53 @@ def _commit(tmp: Path, path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
+    """Write ``data`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part.
+
+    On any error (a full disk included) the temporary file is removed and the error re-raised.
+    """
     tmp = _tmp_name(path)
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    _commit(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        _commit(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented UTF-8 JSON, atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def read_json(path: Path) -> Any:
+    """Parse a JSON file."""
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:
-    """Save one shard atomically as safetensors (straight to a temporary file, no copy in memory); returns its size."""
+def save_tensors(tmp: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """Write ``tensors`` and string ``metadata`` as a safetensors file at ``tmp`` (no copy of the data in memory)."""
     from safetensors.numpy import save_file
 
-    tmp = _tmp_name(path)
-    with open(tmp, "wb"):
-        mode = os.stat(tmp).st_mode & 0o777  # the permissions the user's umask gives a new file
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.chmod(tmp, mode)  # safetensors writes 0600 files; a store is shared like any other output
-    _commit(tmp, path)
+
+
+def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:
+    """Save one shard atomically as safetensors (straight to a temporary file, no copy in memory); returns its size.
+
+    On any error (a full disk included) the temporary file is removed and the error re-raised; ``path`` is then
+    absent or the previous file.
+    """
+    tmp = _tmp_name(path)
+    try:
+        with open(tmp, "wb"):
+            mode = os.stat(tmp).st_mode & 0o777  # the permissions the user's umask gives a new file
+        save_tensors(tmp, tensors, metadata)
+        os.chmod(tmp, mode)  # safetensors writes 0600 files; a store is shared like any other output
+        _commit(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path.stat().st_size
 
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime backend: the encoder exported once per (model, layers), ending after the deepest requested layer.
+"""The ONNX Runtime backend: the encoder exported once per (model, layers), ending after the deepest requested layer.
 
 ``Extractor(..., backend="onnx")`` runs the same pipeline (tokenise, windows, token-budget batches, combine,
 pool) with the forward pass executed by ONNX Runtime instead of PyTorch. For each set of requested layers the
@@ -19,18 +19,17 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from .loading import LoadedModel
+from ..loading import LoadedModel
+from .base import Backend
 
-BACKENDS = ("torch", "onnx")
 
-
-def _require_ort():
+def _require_ort() -> Any:
     try:
         import onnxruntime as ort
     except ImportError as exc:
@@ -69,17 +68,8 @@ def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     return model
 
 
-def weights_key(loaded: LoadedModel) -> str:
-    """A content hash of the model's parameters and buffers (one pass over the weights)."""
-    h = hashlib.sha256()
-    for name, p in sorted(loaded.model.state_dict().items()):
-        h.update(name.encode())
-        h.update(str(tuple(p.shape)).encode())
-        h.update(p.detach().cpu().float().contiguous().numpy().tobytes())
-    return h.hexdigest()[:24]
-
-
 def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """The directory for exported graphs: ``explicit``, else ``$XDG_CACHE_HOME/layerwise/onnx``."""
     if explicit is not None:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -107,28 +97,36 @@ def export(loaded: LoadedModel, layers: Sequence[int], path: Path) -> Path:
     return path
 
 
-class OnnxRunner:
-    """Runs exported graphs for an Extractor: ``run(ids, mask, layers) -> [K, batch, tokens, hidden]``."""
+class OnnxBackend(Backend):
+    """ONNX Runtime on the CPU, block site only; one exported graph per set of requested layers.
+
+    Args:
+        loaded: the model (exported from its PyTorch weights).
+        cache: directory for exported graphs (default ``~/.cache/layerwise/onnx``).
+        threads: intra-op threads (default: torch's thread count).
+    """
+
+    name = "onnx"
+    sites = ("block",)
 
     def __init__(self, loaded: LoadedModel, cache: str | os.PathLike | None = None, threads: int | None = None):
+        super().__init__(loaded)
+        if loaded.device.type != "cpu":
+            raise ValueError("backend='onnx' runs on the CPU here; use backend='torch' for CUDA")
         self.ort = _require_ort()
-        self.loaded = loaded
         self.root = cache_dir(cache)
         self.threads = threads or torch.get_num_threads()
-        self._key = None
-        self._sessions: dict[tuple[int, ...], object] = {}
+        self._sessions: dict[tuple[int, ...], Any] = {}
 
     def path_for(self, layers: Sequence[int]) -> Path:
-        import onnxruntime
-
-        if self._key is None:
-            self._key = weights_key(self.loaded)
-        spec = {"weights": self._key, "family": self.loaded.family.name, "layers": list(layers),
-                "torch": torch.__version__, "ort": onnxruntime.__version__}
+        """Where the graph for ``layers`` is cached (keyed by weights, family, layers and exporter versions)."""
+        spec = {"weights": self.fingerprint(), "family": self.loaded.family.name, "layers": list(layers),
+                "torch": torch.__version__, "ort": self.ort.__version__}
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
         return self.root / f"{self.loaded.family.name}-{digest}.onnx"
 
-    def session(self, layers: Sequence[int]):
+    def session(self, layers: Sequence[int]) -> Any:
+        """The inference session for ``layers`` (exported on first use, then read from the cache)."""
         key = tuple(layers)
         if key not in self._sessions:
             path = self.path_for(layers)
@@ -140,19 +138,13 @@ class OnnxRunner:
             self._sessions[key] = self.ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         return self._sessions[key]
 
-    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
-        sess = self.session(layers)
-        (states,) = sess.run(None, {"input_ids": input_ids.numpy().astype(np.int64),
-                                    "attention_mask": attention_mask.numpy().astype(np.int64)})
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> torch.Tensor:
+        """``[K, batch, tokens, hidden]`` from ONNX Runtime (see :meth:`Backend.forward`)."""
+        (states,) = self.session(layers).run(None, {"input_ids": input_ids.numpy().astype(np.int64),
+                                                    "attention_mask": attention_mask.numpy().astype(np.int64)})
         return torch.from_numpy(states)
 
 
-def check_backend(backend: object, site: str | None = None) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}. Valid backends are: {', '.join(BACKENDS)}")
-    if backend == "onnx" and site not in (None, "block"):
-        raise ValueError(f"backend='onnx' exports block outputs only; site {site!r} needs backend='torch'")
-    return backend
-
-
-__all__ = ["BACKENDS", "OnnxRunner", "check_backend", "export", "truncated_copy"]
+__all__ = ["OnnxBackend", "cache_dir", "export", "truncated_copy"]

@@ -1,0 +1,65 @@
+"""``ProbeConfig``: what a probing run trains and reports (the data and the model are given to :func:`run`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .data import TASKS
+from .metrics import SCHEMES
+from .models import PROBES
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """A probing run's settings.
+
+    Attributes:
+        task: ``tagging`` (one label per word) or ``sentence`` (one label per record).
+        column: tag column (CoNLL-2003: ``ner`` default, ``chunk``, ``pos``; CoNLL-U: ``upos`` default, ``xpos``)
+            or the sentence label column (default ``label``).
+        probe: ``linear`` (default), ``mlp`` (``hidden`` units) or ``bilstm`` (tagging; 2 layers, ``hidden`` per
+            direction; the BERT paper used 768), with ``crf=True`` for a CRF output layer.
+        hidden, epochs, lr: probe size and training.
+        restarts: seeds per probe; tables show mean ± std (the paper averages 5).
+        scheme: tag scheme for entity F1: ``auto`` (detected), ``IOB1``, ``IOB2``, ``IOBES`` or ``none``.
+        subword: how a word's sub-tokens are pooled (``first`` as in the paper; ``mean``, ``last``, ...).
+        pool: sentence tasks: how tokens are pooled per layer.
+        document_context: CoNLL-2003: encode sentences with their document neighbours (the paper's setting).
+        layers_only: train single-layer probes only (skip the strategies).
+    """
+
+    task: str = "tagging"
+    column: str | None = None
+    probe: str = "linear"
+    crf: bool = False
+    hidden: int = 256
+    epochs: int = 8
+    lr: float = 1e-3
+    restarts: int = 1
+    scheme: str = "auto"
+    subword: str = "first"
+    pool: str = "mean"
+    document_context: bool = False
+    layers_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}. Valid tasks are: {', '.join(TASKS)}")
+        if self.probe not in PROBES:
+            raise ValueError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
+        for name in ("restarts", "hidden", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.probe == "bilstm" and self.task != "tagging":
+            raise ValueError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
+        if self.crf and self.probe != "bilstm":
+            raise ValueError(f"crf=True is the output layer of the bilstm probe; use probe='bilstm' (got {self.probe!r})")
+
+    def replace(self, **changes: Any) -> "ProbeConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)

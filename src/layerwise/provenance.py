@@ -1,0 +1,64 @@
+"""Hashing and provenance in one place: file and weight fingerprints, timestamps, and option differences.
+
+Stores, the frozen feature cache of heads and the ONNX export cache all identify their inputs by content:
+:func:`file_sha256` for input files, :func:`tensors_fingerprint` for a model's weights (names, shapes and values, so
+a model fine-tuned in memory gets a new fingerprint), and :func:`content_key` for a dict of options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import torch
+
+from .version import __version__
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read ``chunk`` bytes at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tensors_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, shape and float32 values, in name order (one pass over the weights)."""
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def content_key(obj: Any, length: int = 20) -> str:
+    """A short, stable hash of a JSON-able object (keys sorted)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:length]
+
+
+def differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Human-readable differences between two nested dicts: ``"spec.pool (store: "mean", now: "max")"``."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out.append(f"{prefix}{key} (store: {json.dumps(a)}, now: {json.dumps(b)})")
+    return out
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def stamp() -> dict[str, str]:
+    """What wrote a file and when: ``{"layerwise_version": ..., "created": ...}``."""
+    return {"layerwise_version": __version__, "created": now()}
