@@ -80,7 +80,7 @@ def main(argv=None) -> None:
           f"(mean pool), float32; corpus: {rows[0][1]['source']}\n")
     print("| records | tokens | seconds | tokens/s | writing shards | store MB | shards | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|")
-    for n, r in rows:
+    for _, r in rows:
         print(f"| {r['records']:,} | {r['tokens']:,} | {r['seconds']:.1f} | {r['tokens'] / r['seconds']:,.0f} | "
               f"{r['write_seconds'] / r['seconds']:.1%} | {r['bytes'] / 1e6:,.0f} | {r['shards']} | "
               f"{r['peak_rss_mb']:,.0f} |")

@@ -179,12 +179,15 @@ def main(argv=None) -> None:
     rows = []
     if seed_times:
         med = statistics.median(seed_times)
-        rows.append(("seed-style (1 at a time, pad 512, autograd)", med * len(texts) / len(seed_texts), seed_tokens / med, L))
+        rows.append(
+            ("seed-style (1 at a time, pad 512, autograd)", med * len(texts) / len(seed_texts), seed_tokens / med, L)
+        )
     for name in runs:
         med = statistics.median(times[name])
         layers = int(name.split()[1]) if name.startswith("layer ") else L
-        label = {"layerwise": f"layerwise (layer {L} of {L})", "unsorted": "batched unsorted, hidden_states",
-                 "sbert": "sentence-transformers encode", "onnx": "layerwise, backend='onnx'"}.get(name, f"layerwise layer {layers} of {L} (early exit)")
+        labels = {"layerwise": f"layerwise (layer {L} of {L})", "unsorted": "batched unsorted, hidden_states",
+                  "sbert": "sentence-transformers encode", "onnx": "layerwise, backend='onnx'"}
+        label = labels.get(name, f"layerwise layer {layers} of {L} (early exit)")
         rows.append((label, med, n_tokens / med, layers))
     g = max(gemm, gemm2)
     for label, med, tps, layers in rows:

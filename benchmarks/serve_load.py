@@ -165,7 +165,8 @@ def main(argv=None) -> None:
         for c in clients:
             b0, r0 = metric(port, "layerwise_batches_total"), metric(port, "layerwise_batch_requests_sum")
             wall, lat = run_load(port, requests, c, options)
-            merged = (metric(port, "layerwise_batch_requests_sum") - r0) / max(metric(port, "layerwise_batches_total") - b0, 1)
+            merged_requests = metric(port, "layerwise_batch_requests_sum") - r0
+            merged = merged_requests / max(metric(port, "layerwise_batches_total") - b0, 1)
             rows.append((f"server, {c} client{'s' if c > 1 else ''}", wall, np.percentile(lat, 50),
                          np.percentile(lat, 99), f"{merged:.1f}"))
     finally:
@@ -184,14 +185,19 @@ def main(argv=None) -> None:
         t1 = time.perf_counter()
         ex.encode(req, layers=layers, pool=args.pool)
         lat.append(time.perf_counter() - t1)
-    rows.append(("direct `Extractor.encode`, per request", sum(lat), np.percentile(lat, 50), np.percentile(lat, 99), "-"))
+    rows.append(
+        ("direct `Extractor.encode`, per request", sum(lat), np.percentile(lat, 50), np.percentile(lat, 99), "-")
+    )
 
     print(f"\nlayerwise serve load on {ex!r}: {args.requests} requests x {k} texts ({source}), {len(texts)} texts, "
           f"{n_tokens:,} tokens, layers={layers!r}, pool={args.pool}, {torch.get_num_threads()} torch threads\n")
     print("| mode | wall s | texts/s | tokens/s | p50 ms | p99 ms | requests / model call |")
     print("|---|---|---|---|---|---|---|")
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.1f}"
+
     for name, wall, p50, p99, merged in rows:
-        ms = (lambda v: "-" if v is None else f"{v * 1000:.1f}")
         print(f"| {name} | {wall:.2f} | {len(texts) / wall:,.0f} | {n_tokens / wall:,.0f} | {ms(p50)} | {ms(p99)} | "
               f"{merged} |")
 

@@ -108,7 +108,8 @@ def main(argv=None) -> None:
     for r in rows:
         if r["layers"]:
             print(f"\n({r['key']}) learned layer weights: " + ", ".join(
-                f"layer {e['layer']}: w={e['weight']:.3f}" + (f" (own dev acc {e['dev_accuracy']:.3f})" if "dev_accuracy" in e else "")
+                f"layer {e['layer']}: w={e['weight']:.3f}"
+                + (f" (own dev acc {e['dev_accuracy']:.3f})" if "dev_accuracy" in e else "")
                 for e in r["layers"]))
 
 

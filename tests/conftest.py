@@ -9,9 +9,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
-from tiny import FAMILIES, build  # noqa: E402
-
 import layerwise as lw  # noqa: E402
+
+from tiny import FAMILIES, build  # noqa: E402
 
 SENTENCES = [
     "EU rejects German call to boycott British lamb .",

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from layerwise.capture import capture, count_layer_calls
-from tiny import module_hook_count
 from layerwise.families import layer_modules
+
+from tiny import module_hook_count
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés in Paris"]
 
@@ -106,6 +107,7 @@ def test_early_exit_runs_no_later_layer(tiny_extractors, family, k):
         assert count_layer_calls(ex.loaded, ids, mask, (k,), "attention") == k
 
 
+@pytest.mark.slow
 def test_early_exit_default_model_counts(default_extractor):
     ex = default_extractor
     ids, mask = _batch(ex)

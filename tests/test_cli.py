@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from layerwise.cli.demo import sample_sentences
 from layerwise.cli.main import app
+
 from tiny import pickle_only_copy
 
 TEXTS = ["I love Paris", "EU rejects German call"]
@@ -48,6 +49,7 @@ def _user_error(result) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_demo_default_model_per_layer_table(runner):
     result = _ok(runner.invoke(app, ["demo", "--device", "cpu"], env={"COLUMNS": "200"}))
     out = result.stdout
@@ -62,8 +64,19 @@ def test_demo_default_model_per_layer_table(runner):
 
 
 def test_encode_json_matches_extractor(runner, default_extractor):
-    args = ["encode", *TEXTS, "--layers=-4:", "--combine", "concat", "--pool", "mean", "--format", "json",
-            "--device", "cpu"]
+    args = [
+        "encode",
+        *TEXTS,
+        "--layers=-4:",
+        "--combine",
+        "concat",
+        "--pool",
+        "mean",
+        "--format",
+        "json",
+        "--device",
+        "cpu",
+    ]
     doc = json.loads(_ok(runner.invoke(app, args)).stdout)
     assert doc["shape"] == [2, 1536] and doc["layers"] == [3, 4, 5, 6]
     assert doc["model"] == "sentence-transformers/all-MiniLM-L6-v2"
@@ -107,8 +120,11 @@ def test_encode_pool_none_gives_token_vectors(runner, tiny):
 def test_encode_stdin_one_text_per_line(runner, tiny):
     model, ex = tiny
     lines = ["EU rejects German call", "", "I love Paris"]
-    result = _ok(runner.invoke(app, ["encode", "-", "--layers", "all", "--combine", "mean", *model],
-                               input="\n".join(lines) + "\n"))
+    result = _ok(
+        runner.invoke(
+            app, ["encode", "-", "--layers", "all", "--combine", "mean", *model], input="\n".join(lines) + "\n"
+        )
+    )
     doc = json.loads(result.stdout)
     assert doc["shape"] == [3, 32] and doc["layers"] == [0, 1, 2]
     want = ex.encode(lines, layers="all", combine="mean", pool="mean")
@@ -128,8 +144,7 @@ def test_encode_weighted_and_options(runner, tiny, tmp_path):
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        (["--layers", "9"], ['layer 9 in layer spec 9 is out of range', "this model has layers 0..2",
-                             'layers="-2:"']),
+        (["--layers", "9"], ["layer 9 in layer spec 9 is out of range", "this model has layers 0..2", 'layers="-2:"']),
         (["--layers", "0,9"], ["layer 9 in layer spec [0, 9] is out of range"]),
         (["--layers", "top4"], ["malformed layer spec 'top4'", "'embeddings', 'last'"]),
         (["--layers", "::0"], ["layer slice '::0' has step 0"]),

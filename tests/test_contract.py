@@ -33,12 +33,15 @@ def _scramble_padding(h, mask, seed=1):
     return out
 
 
-COMBINERS = [(m, {"weights": [0.2, 0.3, 0.5]} if m == "weighted" else {}) for m in FIXED_COMBINES] + [
-    (learned_combiner(m, K, W), {}) for m in LEARNED_COMBINES] + [
-    (ScalarMix(K), {}),
-    (ScalarMix(K, layer_norm=True, initial_weights=[0.1, -0.3, 0.7]), {}),
-    (ScalarMix(K, normalize="sum", initial_weights=[1.0, 2.0, 3.0]), {}),
-]
+COMBINERS = (
+    [(m, {"weights": [0.2, 0.3, 0.5]} if m == "weighted" else {}) for m in FIXED_COMBINES]
+    + [(learned_combiner(m, K, W), {}) for m in LEARNED_COMBINES]
+    + [
+        (ScalarMix(K), {}),
+        (ScalarMix(K, layer_norm=True, initial_weights=[0.1, -0.3, 0.7]), {}),
+        (ScalarMix(K, normalize="sum", initial_weights=[1.0, 2.0, 3.0]), {}),
+    ]
+)
 POOLERS = [m for m in POOL_MODES if m != "attention"] + [AttentionPool(K * W)]
 
 
@@ -133,8 +136,13 @@ def test_pool_values_by_hand():
     empty = pool(x, torch.zeros_like(mask), "max")
     assert empty.flatten().tolist() == [0.0, 0.0]
     attn = AttentionPool(1)
-    got = attn(x, mask.bool())
-    assert 1.0 <= got[0].item() <= 3.0  # a convex combination of the real tokens only
+    with torch.no_grad():
+        attn.query.fill_(0.5)
+        got = attn(x, mask.bool())
+    w = torch.softmax(torch.tensor([0.5, 1.5]), 0)  # scores x * q / sqrt(1) of the real tokens 1.0 and 3.0 only
+    assert got[0].item() == pytest.approx(float(w[0] * 1.0 + w[1] * 3.0))
+    w2 = torch.softmax(torch.tensor([1.0, -2.5, 3.5]), 0)
+    assert got[1].item() == pytest.approx(float(w2 @ torch.tensor([2.0, -5.0, 7.0])))
 
 
 def test_word_pooling_by_hand():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import layerwise as lw
+
 from tiny import pickle_only_copy
 
 CALLS = {
@@ -29,7 +30,9 @@ def forward_count(default_extractor):
 
 @pytest.mark.parametrize("call", CALLS)
 def test_out_of_range_layer_before_any_compute(default_extractor, forward_count, call):
-    with pytest.raises(ValueError, match=r"layer 7 in layer spec 7 is out of range: this model has layers 0\.\.6") as info:
+    with pytest.raises(
+        ValueError, match=r"layer 7 in layer spec 7 is out of range: this model has layers 0\.\.6"
+    ) as info:
         CALLS[call](default_extractor, layers=7)
     assert 'layers="-4:"' in str(info.value) and "-7..-1" in str(info.value)
     with pytest.raises(ValueError, match=r"layer -8 in layer spec \[0, -8\] is out of range"):
@@ -41,7 +44,9 @@ def test_out_of_range_layer_before_any_compute(default_extractor, forward_count,
 
 @pytest.mark.parametrize("call", CALLS)
 def test_unknown_site_lists_valid_sites(default_extractor, call):
-    with pytest.raises(ValueError, match=r"unknown site 'ffn'\. Valid sites are: block, attention, intermediate, pre_ln"):
+    with pytest.raises(
+        ValueError, match=r"unknown site 'ffn'\. Valid sites are: block, attention, intermediate, pre_ln"
+    ):
         CALLS[call](default_extractor, site="ffn")
     with pytest.raises(ValueError, match=r"exists only in encoder layers 1\.\.L"):
         CALLS[call](default_extractor, layers="all", site="pre_ln")
@@ -49,8 +54,11 @@ def test_unknown_site_lists_valid_sites(default_extractor, call):
 
 @pytest.mark.parametrize("call", ["encode", "encode_words"])
 def test_unknown_combine_and_return_tensors(default_extractor, forward_count, call):
-    with pytest.raises(ValueError, match=r"unknown combine mode 'avg'\. Valid combine modes are: concat, sum, mean, "
-                                         r"weighted, stack"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown combine mode 'avg'\. Valid combine modes are: concat, sum, mean, "
+        r"weighted, stack",
+    ):
         CALLS[call](default_extractor, combine="avg")
     with pytest.raises(ValueError, match=r"unknown return_tensors 'tf'\. Valid values are: np, pt"):
         CALLS[call](default_extractor, return_tensors="tf")
@@ -59,8 +67,11 @@ def test_unknown_combine_and_return_tensors(default_extractor, forward_count, ca
 
 def test_unknown_pool_and_subword(default_extractor, forward_count):
     ex = default_extractor
-    with pytest.raises(ValueError, match=r"unknown pool mode 'avg'\. Valid pool modes are: cls, pooler, mean, max, "
-                                         r"mean_max, last"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown pool mode 'avg'\. Valid pool modes are: cls, pooler, mean, max, "
+        r"mean_max, last",
+    ):
         ex.encode(["x"], pool="avg")
     with pytest.raises(ValueError, match=r"pool='attention' needs learned weights: pass a module"):
         ex.encode(["x"], pool="attention")
@@ -68,8 +79,11 @@ def test_unknown_pool_and_subword(default_extractor, forward_count):
         ex.encode(["x"], pool="cls", skip_special_tokens=True)
     with pytest.raises(ValueError, match=r"pool='pooler' applies the model's pooler"):
         ex.encode(["x"], layers="-2:", combine="concat", pool="pooler")
-    with pytest.raises(ValueError, match=r"unknown subword pooling 'avg'\. Valid subword modes are: first, last, mean, "
-                                         r"max, first_last"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown subword pooling 'avg'\. Valid subword modes are: first, last, mean, "
+        r"max, first_last",
+    ):
         ex.encode_words([["x"]], subword="avg")
     with pytest.raises(ValueError, match=r"subword='first_last' concatenates features"):
         ex.encode_words([["x"]], layers="-2:", combine="stack", subword="first_last")
@@ -129,8 +143,11 @@ def test_empty_string_is_special_tokens_only(default_extractor):
 
 
 def test_missing_path_and_file_path(tmp_path, tiny_dirs):
-    with pytest.raises(lw.ModelLoadError, match=r"model path '.*nope' does not exist\. Pass an existing local model "
-                                                r"directory"):
+    with pytest.raises(
+        lw.ModelLoadError,
+        match=r"model path '.*nope' does not exist\. Pass an existing local model "
+        r"directory",
+    ):
         lw.Extractor(str(tmp_path / "nope"), device="cpu")
     assert issubclass(lw.ModelLoadError, ValueError)
     with pytest.raises(ValueError, match=r"is a file; pass the directory that holds config\.json"):
@@ -161,8 +178,11 @@ def test_unsupported_family(tmp_path, tiny_dirs):
     AutoModel.from_config(cfg).save_pretrained(path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_dirs["bert"] / name, path / name)
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not a supported encoder family\. Supported model types "
-                                         r"are: bert, roberta") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"model_type 'gpt2' is not a supported encoder family\. Supported model types "
+        r"are: bert, roberta",
+    ) as info:
         lw.Extractor(str(path), device="cpu")
     for model_type in lw.SUPPORTED_MODEL_TYPES:
         assert model_type in str(info.value)
@@ -173,8 +193,11 @@ def test_unsupported_family(tmp_path, tiny_dirs):
 
 def test_uncached_hub_id_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(lw.ModelLoadError, match=r"could not load 'nobody-xyz/no-such-model-123' from the Hugging Face "
-                                                r"hub") as info:
+    with pytest.raises(
+        lw.ModelLoadError,
+        match=r"could not load 'nobody-xyz/no-such-model-123' from the Hugging Face "
+        r"hub",
+    ) as info:
         lw.Extractor("nobody-xyz/no-such-model-123", device="cpu")
     msg = str(info.value)
     assert "not a local directory" in msg

@@ -58,8 +58,9 @@ def test_return_tensors_and_stack(default_extractor):
     ex = default_extractor
     pt = ex.encode(["I love Paris"], layers="-3:", combine="stack", pool="mean", return_tensors="pt")
     assert isinstance(pt, torch.Tensor) and pt.shape == (1, 3, 384)
-    words = ex.encode_words([["I", "love", "Paris"]], layers=[3, 6], combine="mean", subword="first_last",
-                            return_tensors="pt")
+    words = ex.encode_words(
+        [["I", "love", "Paris"]], layers=[3, 6], combine="mean", subword="first_last", return_tensors="pt"
+    )
     assert words[0].shape == (3, 768)
 
 

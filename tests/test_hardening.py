@@ -37,11 +37,13 @@ def _stack(num_layers: int = 3, batch: int = 2, tokens: int = 4, width: int = 5)
     k = num_layers + 1
     return LayerStack(
         tensor=torch.arange(k * batch * tokens * width, dtype=torch.float32).reshape(k, batch, tokens, width),
-        layers=tuple(range(k)), sites=("block",) * k,
+        layers=tuple(range(k)),
+        sites=("block",) * k,
         attention_mask=torch.ones(batch, tokens, dtype=torch.long),
         input_ids=torch.zeros(batch, tokens, dtype=torch.long),
         special_tokens_mask=torch.zeros(batch, tokens, dtype=torch.long),
-        word_ids=[[None] * tokens for _ in range(batch)], offsets=[[(0, 0)] * tokens for _ in range(batch)],
+        word_ids=[[None] * tokens for _ in range(batch)],
+        offsets=[[(0, 0)] * tokens for _ in range(batch)],
         num_layers=num_layers,
     )
 
@@ -86,6 +88,7 @@ def test_stack_docstring_says_padding_is_zero_filled():
 # --- 2. Plots with matplotlib's object API: no backend switch, no pyplot --------------------------------------
 
 
+@pytest.mark.slow
 def test_plots_keep_the_users_backend_and_write_pngs(tmp_path):
     script = textwrap.dedent(
         """
@@ -110,8 +113,9 @@ def test_plots_keep_the_users_backend_and_write_pngs(tmp_path):
         print("pyplot", "matplotlib.pyplot" in sys.modules)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert "backend svg" in done.stdout, done.stdout  # the old code switched it to agg
     assert "pyplot False" in done.stdout, done.stdout
@@ -153,8 +157,13 @@ def _probe_case(kind: str) -> dict:
         tags = ["B-PER", "I-PER", "O", "B-LOC", "O", "O"] * 6
         off = np.arange(0, len(tags) + 1, 6)
         splits = [_split(len(tags), tags, off, seed) for seed in (1, 2, 3)]
-        return {"task": "tagging", "labels": ["B-LOC", "B-PER", "I-PER", "O"], "scheme": "IOB2", "splits": splits,
-                "spec": spec}
+        return {
+            "task": "tagging",
+            "labels": ["B-LOC", "B-PER", "I-PER", "O"],
+            "scheme": "IOB2",
+            "splits": splits,
+            "spec": spec,
+        }
     labels = ["neg", "pos"] * 20
     splits = [_split(len(labels), labels, None, seed) for seed in (1, 2, 3)]
     return {"task": "sentence", "labels": ["neg", "pos"], "scheme": "none", "splits": splits, "spec": spec}
@@ -167,8 +176,17 @@ def test_fit_probe_is_deterministic_and_leaves_global_rng_alone(kind):
     opts = ProbeOptions(probe=kind, hidden=16, dropout=0.5, epochs=3, patience=5, batch_size=8)
 
     def fit(seed: int):
-        return fit_probe(case["spec"], train, dev, test, task=case["task"], labels=case["labels"],
-                         scheme=case["scheme"], opts=opts, seed=seed)
+        return fit_probe(
+            case["spec"],
+            train,
+            dev,
+            test,
+            task=case["task"],
+            labels=case["labels"],
+            scheme=case["scheme"],
+            opts=opts,
+            seed=seed,
+        )
 
     random.seed(123)
     np.random.seed(123)
@@ -194,6 +212,7 @@ def runner() -> CliRunner:
 def _raise(exc: Exception):
     def fail(*args, **kwargs):
         raise exc
+
     return fail
 
 

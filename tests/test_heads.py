@@ -24,14 +24,19 @@ from layerwise.heads.data import encode_labels, frozen_features, label_map, read
 
 from tiny import TOY_FILLER as FILLER  # noqa: F401
 from tiny import toy
-QUIET = dict(log=lambda line: None)  # and TrainOptions(progress=False)
 
+QUIET = dict(log=lambda line: None)  # and TrainOptions(progress=False)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, tiny_dirs, tiny_extractors):
     root = tmp_path_factory.mktemp("heads")
-    files = {"train": root / "train.tsv", "dev": root / "dev.csv", "train3": root / "train3.jsonl", "dev3": root / "dev3.tsv"}
+    files = {
+        "train": root / "train.tsv",
+        "dev": root / "dev.csv",
+        "train3": root / "train3.jsonl",
+        "dev3": root / "dev3.tsv",
+    }
     toy(files["train"], 48, 0), toy(files["dev"], 24, 1)
     toy(files["train3"], 60, 2, ("pos", "neg", "mid")), toy(files["dev3"], 30, 3, ("pos", "neg", "mid"))
     return dict(root=root, cache=root / "cache", model=str(tiny_dirs["bert"]), ex=tiny_extractors["bert"], **files)
@@ -43,17 +48,29 @@ def fit(env, three=False, extractor=None, cache=None, output=None, files=None, *
     ``files``: ``(train, dev)`` paths instead of the env's toy files.
     """
     opts = {k: kw.pop(k) for k in list(kw) if k in ("epochs", "lr", "seed", "encoder_lr", "patience")}
-    opts = TrainOptions(**{"epochs": 6, "lr": 1e-2, "batch_size": 16, "cache_dir": cache or env["cache"],
-                           "progress": False, **opts})
+    opts = TrainOptions(
+        **{"epochs": 6, "lr": 1e-2, "batch_size": 16, "cache_dir": cache or env["cache"], "progress": False, **opts}
+    )
     cfg = HeadConfig(model=env["model"], layers=kw.pop("layers", "all"), **kw)
     tr, dv = files or ((env["train3"], env["dev3"]) if three else (env["train"], env["dev"]))
     return train(cfg, tr, dv, extractor=extractor or env["ex"], options=opts, output=output, **QUIET)
 
 
-KINDS = [dict(classifier="linear", combine="concat", pool="mean"), dict(classifier="mlp", three=True),
-         dict(classifier="per_layer"), dict(pool="cls"), dict(combine="sum"), dict(combine="mean", three=True),
-         dict(combine="scalar_mix"), dict(combine="attention"), dict(pool="max"),
-         dict(pool="mean_max"), dict(pool="last"), dict(pool="attention"), dict(pool="attention", combine="attention")]
+KINDS = [
+    dict(classifier="linear", combine="concat", pool="mean"),
+    dict(classifier="mlp", three=True),
+    dict(classifier="per_layer"),
+    dict(pool="cls"),
+    dict(combine="sum"),
+    dict(combine="mean", three=True),
+    dict(combine="scalar_mix"),
+    dict(combine="attention"),
+    dict(pool="max"),
+    dict(pool="mean_max"),
+    dict(pool="last"),
+    dict(pool="attention"),
+    dict(pool="attention", combine="attention"),
+]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: "-".join(f"{a}_{v}" for a, v in k.items()))
@@ -80,8 +97,14 @@ def test_finetune_learns_and_saves_encoder(env, kind, tmp_path):
     np.testing.assert_allclose(again.predict_proba(texts), result.classifier.predict_proba(texts), atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", [dict(classifier="per_layer"), dict(pool="attention", combine="attention"),
-                                  dict(combine="scalar_mix", classifier="mlp", pool="mean_max", dropout=0.3)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        dict(classifier="per_layer"),
+        dict(pool="attention", combine="attention"),
+        dict(combine="scalar_mix", classifier="mlp", pool="mean_max", dropout=0.3),
+    ],
+)
 def test_save_load_round_trip_and_model_dir(env, kind, tmp_path):
     result = fit(env, epochs=2, output=tmp_path / "m", **kind)
     out = tmp_path / "m"
@@ -100,10 +123,20 @@ def test_save_load_round_trip_and_model_dir(env, kind, tmp_path):
 
 def test_saved_dir_names_the_encoder_it_was_trained_with(env, tmp_path):
     cfg = HeadConfig(layers=-1)  # no model: the encoder is only given as extractor=
-    result = train(cfg, env["train"], env["dev"], extractor=env["ex"],
-                   options=TrainOptions(cache_dir=env["cache"], epochs=1, progress=False), output=tmp_path / "m", **QUIET)
-    np.testing.assert_allclose(load(tmp_path / "m", device="cpu").predict_proba(["paris"]),
-                               result.classifier.predict_proba(["paris"]), atol=1e-6)
+    result = train(
+        cfg,
+        env["train"],
+        env["dev"],
+        extractor=env["ex"],
+        options=TrainOptions(cache_dir=env["cache"], epochs=1, progress=False),
+        output=tmp_path / "m",
+        **QUIET,
+    )
+    np.testing.assert_allclose(
+        load(tmp_path / "m", device="cpu").predict_proba(["paris"]),
+        result.classifier.predict_proba(["paris"]),
+        atol=1e-6,
+    )
 
 
 def _randomise(module, seed=0):
@@ -146,18 +179,22 @@ def test_scalar_mix_and_layer_attention_formulas():
     np.testing.assert_allclose(mix(x).detach().numpy(), by_hand, atol=1e-6)
     np.testing.assert_allclose(mix.mixing_weights().detach().numpy(), s, atol=1e-6)
     att = _randomise(LayerAttention(5))
-    a = torch.softmax((x * att.query).sum(-1) / 5 ** 0.5, dim=0)  # [K, batch]
+    a = torch.softmax((x * att.query).sum(-1) / 5**0.5, dim=0)  # [K, batch]
     assert torch.allclose(att.weights(x), a, atol=1e-6)
     assert torch.allclose(att(x), (a[..., None] * x).sum(0), atol=1e-6)
     assert torch.allclose(LayerAttention(5)(x), x.mean(0), atol=1e-6)  # zero query: the mean of the layers
 
 
-@pytest.mark.parametrize("combine,dim", [("concat", 12), ("sum", 4), ("mean", 4), ("weighted", 4), ("scalar_mix", 4),
-                                         ("attention", 4)])
+@pytest.mark.parametrize(
+    "combine,dim", [("concat", 12), ("sum", 4), ("mean", 4), ("weighted", 4), ("scalar_mix", 4), ("attention", 4)]
+)
 def test_layer_head_shapes_and_combine(combine, dim):
     weights = [0.2, -0.3, 1.5] if combine == "weighted" else None
-    head = _randomise(LayerHead(HeadConfig(labels=["a", "b", "c"], combine=combine, weights=weights, classifier="mlp",
-                                           hidden=[7]), 3, 4))
+    head = _randomise(
+        LayerHead(
+            HeadConfig(labels=["a", "b", "c"], combine=combine, weights=weights, classifier="mlp", hidden=[7]), 3, 4
+        )
+    )
     x = torch.randn(5, 3, 4)  # LayerHead.combine takes the layers second-to-last: [batch, K, W]
     assert head.combine(x).shape == (5, dim) and head(x).shape == (5, 3)
     assert head.classifier[1].in_features == dim
@@ -170,7 +207,7 @@ def test_layer_head_shapes_and_combine(combine, dim):
         expected = head.mix.gamma * (torch.softmax(head.mix.weights, 0)[None, :, None] * x).sum(1)
     if combine == "attention":
         assert isinstance(head.mix, LayerAttention)
-        a = torch.softmax((x * head.mix.query).sum(-1) / 4 ** 0.5, dim=1)  # [batch, K]
+        a = torch.softmax((x * head.mix.query).sum(-1) / 4**0.5, dim=1)  # [batch, K]
         expected = (a[..., None] * x).sum(1)
     assert torch.allclose(head.combine(x), expected, atol=1e-6)
     with pytest.raises(ValueError, match=r"\[\.\.\., 3, 4\]"):
@@ -194,7 +231,9 @@ def test_attention_pool_head_needs_a_mask_and_mean_max_doubles_width(env):
     head = LayerHead(HeadConfig(labels=["a", "b"], pool="attention"), 2, 4)
     with pytest.raises(ValueError, match="needs token features"):
         head(torch.randn(3, 5, 2, 4))
-    clf = SequenceClassifier(HeadConfig(labels=["a", "b"], model=env["model"], layers="-2:", pool="mean_max"), env["ex"])
+    clf = SequenceClassifier(
+        HeadConfig(labels=["a", "b"], model=env["model"], layers="-2:", pool="mean_max"), env["ex"]
+    )
     assert (clf.head.num_layers, clf.head.width) == (2, 64) and clf.features(["paris"])[0].shape == (1, 2, 64)
 
 
@@ -217,7 +256,8 @@ def test_training_leaves_global_rng_state_alone_and_same_seed_same_weights(env):
     a, b = first.classifier.head.state_dict(), second.classifier.head.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [{k: v for k, v in e.items() if k != "seconds"} for e in first.log] == [
-        {k: v for k, v in e.items() if k != "seconds"} for e in second.log]
+        {k: v for k, v in e.items() if k != "seconds"} for e in second.log
+    ]
 
 
 def test_second_run_reuses_the_feature_cache(env, tmp_path, monkeypatch):
@@ -273,8 +313,11 @@ def test_feature_cache_is_keyed_by_content_not_path(env, tmp_path, monkeypatch):
 @pytest.mark.parametrize("pool", ["max", "attention"])
 def test_cached_training_features_equal_inference_features(env, tmp_path, pool):
     clf = fit(env, cache=tmp_path, layers=[2, 0], pool=pool, epochs=1).classifier
-    (store,) = [s for s in map(lw.open_store, tmp_path.iterdir())
-                if s.manifest["input"]["path"] == os.path.abspath(env["train"])]
+    (store,) = [
+        s
+        for s in map(lw.open_store, tmp_path.iterdir())
+        if s.manifest["input"]["path"] == os.path.abspath(env["train"])
+    ]
     assert store.spec.pool == (None if pool == "attention" else pool)  # attention: token features, pooled by the head
     cached = frozen_features(store, clf.layers, "label")
     texts = read_labelled(env["train"]).texts
@@ -320,8 +363,18 @@ def test_iter_predict_streams_batch_by_batch(env, monkeypatch):
 
 
 def test_head_config_json_round_trip(tmp_path):
-    cfg = HeadConfig(labels=["x", "y", "z"], layers=[0, 2], pool="max", combine="attention", classifier="mlp",
-                     hidden=[8, 4], activation="gelu", dropout=0.25, mode="finetune", max_length=32)
+    cfg = HeadConfig(
+        labels=["x", "y", "z"],
+        layers=[0, 2],
+        pool="max",
+        combine="attention",
+        classifier="mlp",
+        hidden=[8, 4],
+        activation="gelu",
+        dropout=0.25,
+        mode="finetune",
+        max_length=32,
+    )
     assert HeadConfig.from_json(cfg.to_json()) == cfg
     cfg.to_json(tmp_path / "c.json")
     assert HeadConfig.from_json(tmp_path / "c.json") == cfg
@@ -332,11 +385,24 @@ def test_head_config_json_round_trip(tmp_path):
 
 
 def test_head_config_keeps_its_encode_spec_through_json(tmp_path):
-    cfg = HeadConfig(labels=["neg", "pos"], layers="-2:", site="block", pool="mean_max", combine="weighted",
-                     weights=[0.25, 0.75], classifier="mlp", hidden=[8])
+    cfg = HeadConfig(
+        labels=["neg", "pos"],
+        layers="-2:",
+        site="block",
+        pool="mean_max",
+        combine="weighted",
+        weights=[0.25, 0.75],
+        classifier="mlp",
+        hidden=[8],
+    )
     assert isinstance(cfg.encode, lw.EncodeSpec)
-    assert (cfg.layers, cfg.site, cfg.pool, cfg.combine, cfg.weights) == ("-2:", "block", "mean_max", "weighted",
-                                                                         (0.25, 0.75))
+    assert (cfg.layers, cfg.site, cfg.pool, cfg.combine, cfg.weights) == (
+        "-2:",
+        "block",
+        "mean_max",
+        "weighted",
+        (0.25, 0.75),
+    )
     data = json.loads(cfg.to_json())
     assert isinstance(data["encode"], dict) and data["encode"] == cfg.encode.to_dict()
     assert data["encode"]["combine"] == "weighted" and data["encode"]["weights"] == [0.25, 0.75]
@@ -373,19 +439,34 @@ def test_head_config_missing_file_stack_and_weighted(env, tmp_path):
         fit(env, combine="weighted", weights=[0.5, 0.5], layers="all", epochs=1)
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(pool="avg"), "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
-    (dict(combine="median"),
-     "unknown combine 'median'. Valid combine values are: concat, sum, mean, weighted, scalar_mix, attention"),
-    (dict(combine="stack"), ("combine='stack' keeps the layer axis, which a classifier cannot read; use concat, sum, "
-                             "mean, weighted, scalar_mix or attention, or classifier='per_layer'")),
-    (dict(classifier="svm"), "unknown classifier 'svm'. Valid classifier values are: linear, mlp, per_layer"),
-    (dict(activation="swish"), "unknown activation 'swish'. Valid activation values are: relu, gelu, tanh"),
-    (dict(mode="lora"), "unknown mode 'lora'. Valid mode values are: frozen, finetune"),
-    (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"), (dict(hidden=[0]), "positive ints (MLP layer sizes), got [0]"),
-    (dict(classifier="mlp", hidden=[]), "needs at least one hidden size"), (dict(labels=["x"]), "at least 2 labels"),
-    (dict(classifier="per_layer", pool="attention"), "needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(pool="avg"), "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
+        (
+            dict(combine="median"),
+            "unknown combine 'median'. Valid combine values are: concat, sum, mean, weighted, scalar_mix, attention",
+        ),
+        (
+            dict(combine="stack"),
+            (
+                "combine='stack' keeps the layer axis, which a classifier cannot read; use concat, sum, "
+                "mean, weighted, scalar_mix or attention, or classifier='per_layer'"
+            ),
+        ),
+        (dict(classifier="svm"), "unknown classifier 'svm'. Valid classifier values are: linear, mlp, per_layer"),
+        (dict(activation="swish"), "unknown activation 'swish'. Valid activation values are: relu, gelu, tanh"),
+        (dict(mode="lora"), "unknown mode 'lora'. Valid mode values are: frozen, finetune"),
+        (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
+        (dict(hidden=[0]), "positive ints (MLP layer sizes), got [0]"),
+        (dict(classifier="mlp", hidden=[]), "needs at least one hidden size"),
+        (dict(labels=["x"]), "at least 2 labels"),
+        (
+            dict(classifier="per_layer", pool="attention"),
+            "needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'",
+        ),
+    ],
+)
 def test_head_config_rejects_bad_values(kw, message):
     with pytest.raises(ValueError) as info:
         HeadConfig(**kw)
@@ -393,49 +474,88 @@ def test_head_config_rejects_bad_values(kw, message):
 
 
 def test_labels_unknown_single_class_and_sorting():
-    with pytest.raises(ValueError, match=r"\['maybe'\] that the model was not trained on; known labels are: \['neg', 'pos'\]"):
+    with pytest.raises(
+        ValueError, match=r"\['maybe'\] that the model was not trained on; known labels are: \['neg', 'pos'\]"
+    ):
         encode_labels(["pos", "maybe"], ["neg", "pos"], "dev")
     with pytest.raises(ValueError, match="single class \\('pos'\\)"):
         label_map(["pos", "pos"])
     assert label_map(["10", "2", "-1", "2"]) == ["-1", "2", "10"]
 
 
-@pytest.mark.parametrize("name,content,message", [
-    ("nolabel.tsv", "text\tsentiment\nparis\tpos\nlamb\tneg\n", "has no column 'label'; its columns are ['text', 'sentiment']"),
-    ("notext.csv", "body,label\nparis,pos\nlamb,neg\n", "has no 'text' or 'sentence' column"),
-    ("single.tsv", "text\tlabel\nparis\tpos\nlamb\tpos\n", "single class ('pos')"),
-    ("empty.tsv", "", "holds no usable record"),
-    ("header.tsv", "text\tlabel\n", "holds no usable record"),
-    ("bad.jsonl", '{"text": "", "label": "pos"}\nnot json\n{"text": 3, "label": "neg"}\n', "holds no usable record"),
-    ("dev-unk.tsv", "text\tlabel\nparis\tpos\nlamb\tmaybe\n",
-     "dev file {dev!r} has label(s) ['maybe'] that the model was not trained on; known labels are: ['neg', 'pos']"),
-])
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        (
+            "nolabel.tsv",
+            "text\tsentiment\nparis\tpos\nlamb\tneg\n",
+            "has no column 'label'; its columns are ['text', 'sentiment']",
+        ),
+        ("notext.csv", "body,label\nparis,pos\nlamb,neg\n", "has no 'text' or 'sentence' column"),
+        ("single.tsv", "text\tlabel\nparis\tpos\nlamb\tpos\n", "single class ('pos')"),
+        ("empty.tsv", "", "holds no usable record"),
+        ("header.tsv", "text\tlabel\n", "holds no usable record"),
+        (
+            "bad.jsonl",
+            '{"text": "", "label": "pos"}\nnot json\n{"text": 3, "label": "neg"}\n',
+            "holds no usable record",
+        ),
+        (
+            "dev-unk.tsv",
+            "text\tlabel\nparis\tpos\nlamb\tmaybe\n",
+            "dev file {dev!r} has label(s) ['maybe'] that the model was not trained on; "
+            "known labels are: ['neg', 'pos']",
+        ),
+    ],
+)
 @pytest.mark.parametrize("mode", ["frozen", "finetune"])
 def test_bad_training_files(env, tmp_path, name, content, message, mode):
     bad = tmp_path / name
     bad.write_text(content)
     files = (env["train"], bad) if name.startswith("dev") else (bad, env["dev"])
     with pytest.raises(ValueError) as info:
-        train(HeadConfig(model=env["model"], mode=mode), *files, extractor=env["ex"],
-              options=TrainOptions(cache_dir=tmp_path / "c", epochs=1, progress=False), **QUIET)
+        train(
+            HeadConfig(model=env["model"], mode=mode),
+            *files,
+            extractor=env["ex"],
+            options=TrainOptions(cache_dir=tmp_path / "c", epochs=1, progress=False),
+            **QUIET,
+        )
     assert message.format(dev=str(bad)) in str(info.value)
 
 
 def test_frozen_mode_skips_records_without_a_label(env, tmp_path):
     (tmp_path / "holes.tsv").write_text("text\tlabel\nparis paris\tpos\nlamb lamb\tneg\nparis lamb\t\nlamb\tneg\n")
-    result = train(HeadConfig(model=env["model"]), tmp_path / "holes.tsv", env["dev"], extractor=env["ex"],
-                   options=TrainOptions(cache_dir=tmp_path / "c", epochs=1, progress=False), **QUIET)
+    result = train(
+        HeadConfig(model=env["model"]),
+        tmp_path / "holes.tsv",
+        env["dev"],
+        extractor=env["ex"],
+        options=TrainOptions(cache_dir=tmp_path / "c", epochs=1, progress=False),
+        **QUIET,
+    )
     assert result.classifier.labels == ["neg", "pos"]
 
 
-@pytest.mark.parametrize("kw,message", [
-    (dict(epochs=0), "epochs must be a positive int, got 0"), (dict(lr=-1.0), "lr must be a positive number, got -1.0"),
-    (dict(batch_size=1.5), "batch_size must be a positive int"), (dict(metric="f1"), "Valid metrics are: accuracy, macro_f1"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        (dict(epochs=0), "epochs must be a positive int, got 0"),
+        (dict(lr=-1.0), "lr must be a positive number, got -1.0"),
+        (dict(batch_size=1.5), "batch_size must be a positive int"),
+        (dict(metric="f1"), "Valid metrics are: accuracy, macro_f1"),
+    ],
+)
 def test_bad_training_options_fail_before_any_compute(env, tmp_path, kw, message):
     with pytest.raises(ValueError) as info:  # TrainOptions refuses them when it is built: before train() runs at all
-        train(HeadConfig(model=env["model"]), env["train"], env["dev"], extractor=env["ex"],
-              options=TrainOptions(cache_dir=tmp_path / "c", **kw), **QUIET)
+        train(
+            HeadConfig(model=env["model"]),
+            env["train"],
+            env["dev"],
+            extractor=env["ex"],
+            options=TrainOptions(cache_dir=tmp_path / "c", **kw),
+            **QUIET,
+        )
     assert message in str(info.value) and not (tmp_path / "c").exists()
     with pytest.raises(ValueError, match=re.escape(message)):
         TrainOptions(**kw)

@@ -18,7 +18,6 @@ from tiny import TOY_FILLER as FILLER  # noqa: F401
 from tiny import toy
 
 
-
 def _ok(result):
     assert result.exit_code == 0, (result.output, result.exception)
     return result
@@ -41,8 +40,13 @@ def runner() -> CliRunner:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, tiny_dirs):
     root = tmp_path_factory.mktemp("heads_cli")
-    files = {"train": root / "train.tsv", "dev": root / "dev.csv", "test": root / "test.jsonl",
-             "train3": root / "train3.jsonl", "dev3": root / "dev3.tsv"}
+    files = {
+        "train": root / "train.tsv",
+        "dev": root / "dev.csv",
+        "test": root / "test.jsonl",
+        "train3": root / "train3.jsonl",
+        "dev3": root / "dev3.tsv",
+    }
     toy(files["train"], 48, 0), toy(files["dev"], 24, 1), toy(files["test"], 16, 4)
     toy(files["train3"], 60, 2, ("pos", "neg", "mid")), toy(files["dev3"], 30, 3, ("pos", "neg", "mid"))
     common = ["--model", str(tiny_dirs["bert"]), "--device", "cpu", "--cache-dir", str(root / "cache"), "--quiet"]
@@ -57,8 +61,23 @@ def train_args(env, out, *extra, train="train", dev="dev"):
 def trained(runner, env):
     """The README-style run: mlp head on the last two layers, max pool, 3 epochs, with a test file."""
     out = env["root"] / "model"
-    args = train_args(env, out, "--test", str(env["test"]), "--head", "mlp", "--layers=-2:", "--pool", "max",
-                      "--epochs", "3", "--seed", "0", "--lr", "1e-2")
+    args = train_args(
+        env,
+        out,
+        "--test",
+        str(env["test"]),
+        "--head",
+        "mlp",
+        "--layers=-2:",
+        "--pool",
+        "max",
+        "--epochs",
+        "3",
+        "--seed",
+        "0",
+        "--lr",
+        "1e-2",
+    )
     return out, _ok(runner.invoke(app, args))
 
 
@@ -73,7 +92,13 @@ def test_train_prints_epochs_and_scores_and_writes_the_model_dir(env, trained):
     assert f"test: n=16  accuracy {test['accuracy']:.4f}  macro-F1 {test['macro_f1']:.4f}" in result.stdout
     assert "confusion (rows = gold, columns = predicted)" in result.stdout
     cfg = HeadConfig.from_json(out / "config.json")
-    assert (cfg.classifier, cfg.pool, cfg.layers, cfg.model, cfg.labels) == ("mlp", "max", "-2:", env["model"], ["neg", "pos"])
+    assert (cfg.classifier, cfg.pool, cfg.layers, cfg.model, cfg.labels) == (
+        "mlp",
+        "max",
+        "-2:",
+        env["model"],
+        ["neg", "pos"],
+    )
     assert json.loads((out / "labels.json").read_text()) == {"neg": 0, "pos": 1}
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in log] == [1, 2, 3]
@@ -96,8 +121,14 @@ def _by_hand(gold, pred, labels):
 def test_evaluate_agrees_with_predictions(runner, env, trained, three, tmp_path):
     if three:  # a 3-class per_layer model: also prints its learned layer weights
         out = tmp_path / "m3"
-        result = _ok(runner.invoke(app, train_args(env, out, "--head", "per_layer", "--layers", "all", "--epochs", "2",
-                                                   train="train3", dev="dev3")))
+        result = _ok(
+            runner.invoke(
+                app,
+                train_args(
+                    env, out, "--head", "per_layer", "--layers", "all", "--epochs", "2", train="train3", dev="dev3"
+                ),
+            )
+        )
         weights = json.loads(result.stdout.split("learned layer weights: ")[1].splitlines()[0])
         assert [w["layer"] for w in weights] == [0, 1, 2] and sum(w["weight"] for w in weights) == pytest.approx(1)
     out, data = (out, env["dev3"]) if three else (trained[0], env["dev"])
@@ -144,13 +175,23 @@ def _check_lines(lines, clf, texts_by_line):
 
 
 def test_predict_jsonl_keeps_order_and_reports_bad_records_in_place(runner, env, trained, tmp_path):
-    records = [('{"text": "paris paris paris"}', "paris paris paris"), ("not json", None),
-               ('{"text": "lamb lamb fox"}', "lamb lamb fox"), ('{"text": ""}', None), ('{"body": "paris"}', None),
-               ('{"text": 7}', None), ('{"text": "monday lamb"}', "monday lamb"), ('{"text": "the dog"}', "the dog")]
+    records = [
+        ('{"text": "paris paris paris"}', "paris paris paris"),
+        ("not json", None),
+        ('{"text": "lamb lamb fox"}', "lamb lamb fox"),
+        ('{"text": ""}', None),
+        ('{"body": "paris"}', None),
+        ('{"text": 7}', None),
+        ('{"text": "monday lamb"}', "monday lamb"),
+        ('{"text": "the dog"}', "the dog"),
+    ]
     (tmp_path / "in.jsonl").write_text("".join(r + "\n" for r, _ in records))
     texts = {n: t for n, (_, t) in enumerate(records, 1)}
-    result = _ok(runner.invoke(app, ["predict", str(trained[0]), str(tmp_path / "in.jsonl"), "--batch-size", "2",
-                                     "--device", "cpu"]))
+    result = _ok(
+        runner.invoke(
+            app, ["predict", str(trained[0]), str(tmp_path / "in.jsonl"), "--batch-size", "2", "--device", "cpu"]
+        )
+    )
     _check_lines([json.loads(line) for line in result.stdout.splitlines()], load(trained[0], device="cpu"), texts)
 
 
@@ -170,40 +211,52 @@ def test_predict_streams_2000_texts_in_batches(runner, trained, tmp_path, monkey
     want = load(trained[0], device="cpu").predict(texts)
     calls, real = [], lw.Extractor.encode
     monkeypatch.setattr(lw.Extractor, "encode", lambda self, t, *a, **k: calls.append(len(t)) or real(self, t, *a, **k))
-    result = _ok(runner.invoke(app, ["predict", str(trained[0]), str(tmp_path / "many.txt"), "--batch-size", "100",
-                                     "--device", "cpu"]))
+    result = _ok(
+        runner.invoke(
+            app, ["predict", str(trained[0]), str(tmp_path / "many.txt"), "--batch-size", "100", "--device", "cpu"]
+        )
+    )
     docs = [json.loads(line) for line in result.stdout.splitlines()]
     assert [d["line"] for d in docs] == list(range(1, 2001))
     assert [d["label"] for d in docs] == want
     assert calls == [100] * 20
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--head", "per_layer", "--pool", "attention"], "needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'"),
-    (["--pool", "avg"], "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
-    (["--combine", "stack"], "combine='stack' keeps the layer axis, which a classifier cannot read"),
-    (["--combine", "avg"], "Valid combine values are: concat, sum, mean, weighted, scalar_mix, attention"),
-    (["--head", "svm"], "Valid classifier values are: linear, mlp, per_layer"),
-    (["--mode", "lora"], "Valid mode values are: frozen, finetune"),
-    (["--activation", "swish"], "Valid activation values are: relu, gelu, tanh"),
-    (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
-    (["--metric", "f1"], "unknown metric 'f1'. Valid metrics are: accuracy, macro_f1"),
-    (["--epochs", "0"], "epochs must be a positive int, got 0"),
-    (["--lr", "0"], "lr must be a positive number, got 0.0"),
-    (["--label-column", "sentiment"], "has no column 'sentiment'; its columns are ['text', 'label']"),
-    (["--text-column", "body"], "has no column 'body'"),
-    (["--layers", "9"], "layer 9 in layer spec 9 is out of range"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (
+            ["--head", "per_layer", "--pool", "attention"],
+            "needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'",
+        ),
+        (["--pool", "avg"], "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
+        (["--combine", "stack"], "combine='stack' keeps the layer axis, which a classifier cannot read"),
+        (["--combine", "avg"], "Valid combine values are: concat, sum, mean, weighted, scalar_mix, attention"),
+        (["--head", "svm"], "Valid classifier values are: linear, mlp, per_layer"),
+        (["--mode", "lora"], "Valid mode values are: frozen, finetune"),
+        (["--activation", "swish"], "Valid activation values are: relu, gelu, tanh"),
+        (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
+        (["--metric", "f1"], "unknown metric 'f1'. Valid metrics are: accuracy, macro_f1"),
+        (["--epochs", "0"], "epochs must be a positive int, got 0"),
+        (["--lr", "0"], "lr must be a positive number, got 0.0"),
+        (["--label-column", "sentiment"], "has no column 'sentiment'; its columns are ['text', 'label']"),
+        (["--text-column", "body"], "has no column 'body'"),
+        (["--layers", "9"], "layer 9 in layer spec 9 is out of range"),
+    ],
+)
 def test_train_bad_options_are_clean_errors(runner, env, tmp_path, extra, message):
     err = _user_error(runner.invoke(app, train_args(env, tmp_path / "m", *extra)))
     assert message in err and not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("content,message", [
-    ("text\tlabel\nparis\tpos\nlamb\tpos\n", "the training data has a single class ('pos')"),
-    ("", "holds no usable record (empty file, or every record was bad)"),
-    ("text\tlabel\n\t\n \tpos\n", "holds no usable record (empty file, or every record was bad)"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("text\tlabel\nparis\tpos\nlamb\tpos\n", "the training data has a single class ('pos')"),
+        ("", "holds no usable record (empty file, or every record was bad)"),
+        ("text\tlabel\n\t\n \tpos\n", "holds no usable record (empty file, or every record was bad)"),
+    ],
+)
 def test_train_bad_training_file(runner, env, tmp_path, content, message):
     (tmp_path / "bad.tsv").write_text(content)
     args = train_args(env, tmp_path / "m")

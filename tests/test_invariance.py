@@ -48,6 +48,7 @@ def _check_invariant(ex, texts):
         np.testing.assert_allclose(unsorted, ref, atol=1e-5, rtol=0, err_msg=str(cfg))
 
 
+@pytest.mark.slow
 def test_default_model_invariance(default_extractor):
     _check_invariant(default_extractor, VARIED)
 
@@ -79,14 +80,17 @@ def test_token_level_output(default_extractor):
     np.testing.assert_allclose(toks[0][:, 384:], stack.tensor[1, 0].numpy(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_matches_sentence_transformers_mean_pooling(default_extractor):
     """Mean pooling on the last layer equals sentence-transformers on 100 varied sentences (cos >= 0.99999)."""
     st = pytest.importorskip("sentence_transformers")
     model = st.SentenceTransformer(lw.default_model_path(), device="cpu")
     rng = random.Random(1)
-    words = ("layer model token paris EU the a of bank river money naïve 1996 résumé !? , ; running ran "
-             "unbelievably quick brown fox jumps lazy dog transformer attention").split()
+    words = (
+        "layer model token paris EU the a of bank river money naïve 1996 résumé !? , ; running ran "
+        "unbelievably quick brown fox jumps lazy dog transformer attention"
+    ).split()
     sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 60))) for _ in range(90)]
     sentences += VARIED + ["x"] * 2
     ours = default_extractor.encode(sentences, layers=-1, pool="mean")

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import layerwise as lw
+
 from tiny import extract
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
+pytestmark = [pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL"), pytest.mark.slow]
 
 # Killer script: runs one extraction in a fresh process and SIGKILLs itself at the named point.
 KILLER = textwrap.dedent(
@@ -126,18 +127,41 @@ def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, poin
     root, corpus, texts, script, model = setup
     clean = root / f"clean-{level}"
     if not clean.exists():
-        extract(corpus, clean, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
-                shard_records=4, batch_tokens=64, progress=False)
+        extract(
+            corpus,
+            clean,
+            model=tiny_extractors["bert"],
+            layers=[1, 2],
+            combine="concat",
+            level=level,
+            shard_records=4,
+            batch_tokens=64,
+            progress=False,
+        )
     store = root / f"killed-{level}-{point}-{k}"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(script), point, str(k), model, str(corpus), str(store), level],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script), point, str(k), model, str(corpus), str(store), level],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     before = lw.open_store(store)
     assert not before.complete and len(before) < len(texts)  # the kill left an unfinished store
     done_before = len(before)
-    summary = extract(corpus, store, model=tiny_extractors["bert"], layers=[1, 2], combine="concat", level=level,
-                      shard_records=4, batch_tokens=64, progress=False)
+    summary = extract(
+        corpus,
+        store,
+        model=tiny_extractors["bert"],
+        layers=[1, 2],
+        combine="concat",
+        level=level,
+        shard_records=4,
+        batch_tokens=64,
+        progress=False,
+    )
     assert summary.status == "complete" and summary.resumed_from == done_before
     assert summary.records == len(texts) - done_before  # finished shards were not redone
     _same(_snapshot(store, level), _snapshot(clean, level), level)
@@ -145,15 +169,8 @@ def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, poin
     assert [e["line"] for e in lw.open_store(store).errors] == [6, 18, 24]
 
 
-def test_external_sigkill_of_the_command(setup, tiny_extractors):
-    """A real `layerwise extract` process killed from outside once its first shards exist, then rerun."""
-    root, corpus, texts, _, model = setup
-    big = root / "big.txt"
-    big.write_text("\n".join(texts * 40) + "\n")
-    store = root / "external"
-    cmd = [sys.executable, "-m", "layerwise.cli.main", "extract", str(big), "-o", str(store), "--model", model,
-           "--device", "cpu", "--layers", "1,2", "--shard-records", "8", "--batch-tokens", "64", "--quiet"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+def _start_and_kill(cmd: list[str], store, env) -> bool:
+    """Start the command, SIGKILL it once 3 shards exist; False if it finished first."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -161,14 +178,34 @@ def test_external_sigkill_of_the_command(setup, tiny_extractors):
             break
         time.sleep(0.005)
     if proc.poll() is not None:
-        pytest.skip("the run finished before it could be killed (machine too fast for this check)")
+        return False
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+    return True
+
+
+def test_external_sigkill_of_the_command(setup, tiny_extractors):
+    """A real `layerwise extract` process killed from outside once its first shards exist, then rerun.
+
+    The kill must land mid-run: if a corpus is done before 3 shards are seen, a 10x larger one is tried (never a skip).
+    """
+    root, corpus, texts, _, model = setup
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    for repeat in (40, 400, 4000):
+        big = root / f"big-{repeat}.txt"
+        big.write_text("\n".join(texts * repeat) + "\n")
+        store = root / f"external-{repeat}"
+        cmd = [sys.executable, "-m", "layerwise.cli.main", "extract", str(big), "-o", str(store), "--model", model,
+               "--device", "cpu", "--layers", "1,2", "--shard-records", "8", "--batch-tokens", "64", "--quiet"]
+        if _start_and_kill(cmd, store, env):
+            break
+    else:
+        pytest.fail("even 4000 copies of the corpus were extracted before 3 shards could be seen")
     assert not lw.open_store(store).complete
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     st = lw.open_store(store)
-    assert st.complete and len(st) == len(texts) * 40
-    want = tiny_extractors["bert"].encode(texts * 40, layers=[1, 2], combine="concat", pool="mean")
+    assert st.complete and len(st) == len(texts) * repeat
+    want = tiny_extractors["bert"].encode(texts * repeat, layers=[1, 2], combine="concat", pool="mean")
     np.testing.assert_allclose(st.to_numpy(), want, atol=1e-5, rtol=0)
     assert json.loads((store / "manifest.json").read_text())["counts"]["records"] == len(want)

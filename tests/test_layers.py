@@ -18,20 +18,46 @@ EXAMPLE6 = 'e.g. layers=-1, layers=[0, 3], layers="-4:", layers="all"'
 @pytest.mark.parametrize(
     "spec, n, want",
     [
-        (0, 6, (0,)), (6, 6, (6,)), (-1, 6, (6,)), (-2, 6, (5,)), (-7, 6, (0,)),
-        (0, 12, (0,)), (12, 12, (12,)), (-1, 12, (12,)), (-13, 12, (0,)),
+        (0, 6, (0,)),
+        (6, 6, (6,)),
+        (-1, 6, (6,)),
+        (-2, 6, (5,)),
+        (-7, 6, (0,)),
+        (0, 12, (0,)),
+        (12, 12, (12,)),
+        (-1, 12, (12,)),
+        (-13, 12, (0,)),
         (np.int64(3), 6, (3,)),
-        ([0, 2, 4, 6], 6, (0, 2, 4, 6)), ([6, 0], 6, (6, 0)), ([-1, 0], 12, (12, 0)), ((1, -1), 6, (1, 6)),
-        (["last", 0], 6, (6, 0)), (["-2:", 0], 6, (5, 6, 0)), (["3", 1], 12, (3, 1)),
-        ("-4:", 6, (3, 4, 5, 6)), ("-4:", 12, (9, 10, 11, 12)),
-        ("1:5", 6, (1, 2, 3, 4)), ("1:5", 12, (1, 2, 3, 4)),
-        ("::2", 6, (0, 2, 4, 6)), ("::2", 12, (0, 2, 4, 6, 8, 10, 12)),
-        ("::-1", 6, (6, 5, 4, 3, 2, 1, 0)), (" -4 : ", 6, (3, 4, 5, 6)), (":2", 12, (0, 1)), ("0:7", 6, ALL6),
-        ("all", 6, ALL6), ("all", 12, ALL12), ("ALL", 6, ALL6),
-        ("embeddings", 6, (0,)), ("embeddings", 12, (0,)),
-        ("last", 6, (6,)), ("last", 12, (12,)),
-        ("second_to_last", 6, (5,)), ("second_to_last", 12, (11,)), ("second-to-last", 6, (5,)),
-        ("3", 6, (3,)), ("-1", 12, (12,)), (" 2 ", 6, (2,)),
+        ([0, 2, 4, 6], 6, (0, 2, 4, 6)),
+        ([6, 0], 6, (6, 0)),
+        ([-1, 0], 12, (12, 0)),
+        ((1, -1), 6, (1, 6)),
+        (["last", 0], 6, (6, 0)),
+        (["-2:", 0], 6, (5, 6, 0)),
+        (["3", 1], 12, (3, 1)),
+        ("-4:", 6, (3, 4, 5, 6)),
+        ("-4:", 12, (9, 10, 11, 12)),
+        ("1:5", 6, (1, 2, 3, 4)),
+        ("1:5", 12, (1, 2, 3, 4)),
+        ("::2", 6, (0, 2, 4, 6)),
+        ("::2", 12, (0, 2, 4, 6, 8, 10, 12)),
+        ("::-1", 6, (6, 5, 4, 3, 2, 1, 0)),
+        (" -4 : ", 6, (3, 4, 5, 6)),
+        (":2", 12, (0, 1)),
+        ("0:7", 6, ALL6),
+        ("all", 6, ALL6),
+        ("all", 12, ALL12),
+        ("ALL", 6, ALL6),
+        ("embeddings", 6, (0,)),
+        ("embeddings", 12, (0,)),
+        ("last", 6, (6,)),
+        ("last", 12, (12,)),
+        ("second_to_last", 6, (5,)),
+        ("second_to_last", 12, (11,)),
+        ("second-to-last", 6, (5,)),
+        ("3", 6, (3,)),
+        ("-1", 12, (12,)),
+        (" 2 ", 6, (2,)),
     ],
 )
 def test_resolve_valid_specs(spec, n, want):
@@ -93,8 +119,14 @@ def test_empty_list(spec):
 
 @pytest.mark.parametrize(
     "spec, dup",
-    [([1, 1], r"\[1\]"), ([6, -1], r"\[6\]"), (["last", 6], r"\[6\]"), (["all", 0, 2], r"\[0, 2\]"),
-     (["-2:", "5"], r"\[5\]"), (["embeddings", "0"], r"\[0\]")],
+    [
+        ([1, 1], r"\[1\]"),
+        ([6, -1], r"\[6\]"),
+        (["last", 6], r"\[6\]"),
+        (["all", 0, 2], r"\[0, 2\]"),
+        (["-2:", "5"], r"\[5\]"),
+        (["embeddings", "0"], r"\[0\]"),
+    ],
 )
 def test_duplicates_refused(spec, dup):
     with pytest.raises(ValueError, match=rf"names layer\(s\) {dup} more than once"):
@@ -167,8 +199,14 @@ def _stack(layers=(0, 2, 4, 6), num_layers=6) -> LayerStack:
     tensor = torch.randn(len(layers), 2, 3, 4, generator=g)
     ones = torch.ones(2, 3, dtype=torch.long)
     return LayerStack(
-        tensor=tensor, layers=tuple(layers), sites=("block",) * len(layers), attention_mask=ones, input_ids=ones,
-        special_tokens_mask=ones, word_ids=[[None, 0, None]] * 2, offsets=[[(0, 0), (0, 1), (0, 0)]] * 2,
+        tensor=tensor,
+        layers=tuple(layers),
+        sites=("block",) * len(layers),
+        attention_mask=ones,
+        input_ids=ones,
+        special_tokens_mask=ones,
+        word_ids=[[None, 0, None]] * 2,
+        offsets=[[(0, 0), (0, 1), (0, 0)]] * 2,
         num_layers=num_layers,
     )
 

@@ -13,7 +13,8 @@ import layerwise as lw
 from layerwise.tokenize import plan_batches, window_starts
 
 LONG = " ".join(
-    f"Sentence {i} says that layer {i % 12} of the encoder knows something about token {i * 7 % 101}." for i in range(140)
+    f"Sentence {i} says that layer {i % 12} of the encoder knows something about token {i * 7 % 101}."
+    for i in range(140)
 )
 
 
@@ -26,6 +27,7 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@pytest.mark.slow
 def test_2000_token_text_default_model(default_extractor):
     ex = default_extractor
     n_tokens = len(ex.tokenizer(LONG, verbose=False)["input_ids"])

@@ -34,9 +34,28 @@ def conll(tmp_path):
 
 def test_probe_command(tmp_path, conll, tiny_dirs):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["probe", "--train", str(conll), "--dev", str(conll), "--task", "tagging",
-                                      "--column", "ner", "--model", str(tiny_dirs["bert"]), "--device", "cpu",
-                                      "-o", str(out), "--epochs", "1"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "probe",
+            "--train",
+            str(conll),
+            "--dev",
+            str(conll),
+            "--task",
+            "tagging",
+            "--column",
+            "ner",
+            "--model",
+            str(tiny_dirs["bert"]),
+            "--device",
+            "cpu",
+            "-o",
+            str(out),
+            "--epochs",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     text = result.output
     assert "best:" in text and "NER tagging (ner.conll)" in text
@@ -51,15 +70,33 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
     assert best.startswith(f"best: {top['name']} (dev entity F1 {100 * top['dev_mean']:.2f}); wrote ")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--task", "parsing"], "Valid tasks are: sentence, tagging"),
-    (["--probe", "svm"], "Valid probes are: linear, mlp, bilstm"),
-    (["--restarts", "0"], "restarts must be a positive int"),
-    (["--crf"], "crf=True is the output layer of the bilstm probe; use probe='bilstm' (got 'linear')"),
-    (["--probe", "bilstm", "--task", "sentence"], "use it with task='tagging'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "parsing"], "Valid tasks are: sentence, tagging"),
+        (["--probe", "svm"], "Valid probes are: linear, mlp, bilstm"),
+        (["--restarts", "0"], "restarts must be a positive int"),
+        (["--crf"], "crf=True is the output layer of the bilstm probe; use probe='bilstm' (got 'linear')"),
+        (["--probe", "bilstm", "--task", "sentence"], "use it with task='tagging'"),
+    ],
+)
 def test_probe_command_bad_input(tmp_path, conll, tiny_dirs, args, message):
-    result = CliRunner().invoke(app, ["probe", "--train", str(conll), "--dev", str(conll), "--model", str(tiny_dirs["bert"]),
-                                      "--device", "cpu", "-o", str(tmp_path / "out"), *args])
+    result = CliRunner().invoke(
+        app,
+        [
+            "probe",
+            "--train",
+            str(conll),
+            "--dev",
+            str(conll),
+            "--model",
+            str(tiny_dirs["bert"]),
+            "--device",
+            "cpu",
+            "-o",
+            str(tmp_path / "out"),
+            *args,
+        ],
+    )
     assert result.exit_code == 2 and message in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()

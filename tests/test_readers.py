@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from layerwise.cli.main import app
 from layerwise import ExtractError
+from layerwise.cli.main import app
 from layerwise.store import open_store
+
 from tiny import extract
 
 TEXTS = [
@@ -73,8 +74,9 @@ def write_input(fmt: str, tmp_path):
         return p, {}, {}
     if fmt == "jsonl":
         p = tmp_path / "in.jsonl"
-        rows = [json.dumps({"id": i, "body": t, "label": lab}, ensure_ascii=False)
-                for i, t, lab in zip(ids, TEXTS, LABELS)]
+        rows = [
+            json.dumps({"id": i, "body": t, "label": lab}, ensure_ascii=False) for i, t, lab in zip(ids, TEXTS, LABELS)
+        ]
         p.write_text("\n".join(rows) + "\n", encoding="utf-8")
         return p, {"text_field": "body", "keep": ["id", "label"]}, {"id": ids, "label": LABELS}
     if fmt == "csv":
@@ -188,8 +190,9 @@ def test_conll2003_docstart_words_and_columns(bert, tmp_path, level):
 def test_conllu_skips_multiword_and_empty_nodes(bert, tmp_path):
     p = tmp_path / "ud.conllu"
     p.write_text(CONLLU, encoding="utf-8")
-    extract(p, tmp_path / "u", model=bert, layers=[0, 2], level="word", subword="last",
-            keep=["upos", "head", "sent_id"])
+    extract(
+        p, tmp_path / "u", model=bert, layers=[0, 2], level="word", subword="last", keep=["upos", "head", "sent_id"]
+    )
     st = open_store(tmp_path / "u")
     words = [["I", "can", "not", "go"], ["Hello", "Paris"]]
     assert [st.words(i) for i in range(len(st))] == words
@@ -213,15 +216,27 @@ BAD_CASES = {
         b'{"text": "\xff\xfe", "id": 5}\n{"text": "  ", "id": 6}\n[1, 2]\n{"text": null, "id": 8}\n'
         b'{"text": "good two", "id": 9}\n',
         {"keep": ["id"]},
-        [(2, "is not a string"), (3, "invalid JSON"), (4, "missing field 'text'"), (5, "invalid UTF-8"),
-         (6, "empty text"), (7, "must hold an object"), (8, "missing value")],
+        [
+            (2, "is not a string"),
+            (3, "invalid JSON"),
+            (4, "missing field 'text'"),
+            (5, "invalid UTF-8"),
+            (6, "empty text"),
+            (7, "must hold an object"),
+            (8, "missing value"),
+        ],
         ["good one", "good two"],
     ),
     "csv": (
         b'id,text\n1,good one\n2,too,many\n3\n4,"broken "quote"\n5,\xff\xfe\n6," "\n7,good two\n',
         {"keep": ["id"]},
-        [(3, "row has 3 fields, the header has 2"), (4, "row has 1 fields, the header has 2"),
-         (5, "malformed CSV row"), (6, "invalid UTF-8"), (7, "empty text")],
+        [
+            (3, "row has 3 fields, the header has 2"),
+            (4, "row has 1 fields, the header has 2"),
+            (5, "malformed CSV row"),
+            (6, "invalid UTF-8"),
+            (7, "empty text"),
+        ],
         ["good one", "good two"],
     ),
 }
@@ -285,12 +300,15 @@ def test_cli_extract_stdin_and_csv(bert, tiny_dirs, tmp_path):
     runner = CliRunner()
     model = ["--model", str(tiny_dirs["bert"]), "--device", "cpu"]
     text = "\n".join(TEXTS[:2]) + "\n\n" + TEXTS[3] + "\n"
-    res = runner.invoke(app, ["extract", "-", "-o", str(tmp_path / "s"), "--layers", "0,2", "--pool", "max", *model],
-                        input=text)
+    res = runner.invoke(
+        app, ["extract", "-", "-o", str(tmp_path / "s"), "--layers", "0,2", "--pool", "max", *model], input=text
+    )
     assert res.exit_code == 0, res.output
-    m = re.search(r"([\d,]+) records, ([\d,]+) tokens in [\d.]+s \([\d,]+ tokens/s\), ([\d.,]+) MB\b"
-                  r".*?([\d,]+) skipped",
-                  " ".join(res.stderr.split()))
+    m = re.search(
+        r"([\d,]+) records, ([\d,]+) tokens in [\d.]+s \([\d,]+ tokens/s\), ([\d.,]+) MB\b"
+        r".*?([\d,]+) skipped",
+        " ".join(res.stderr.split()),
+    )
     assert m and res.stdout == "", res.stderr
     want_tokens = sum(len(bert.tokenizer(t)["input_ids"]) for t in [TEXTS[0], TEXTS[1], TEXTS[3]])
     assert [int(m[i].replace(",", "")) for i in (1, 2, 4)] == [3, want_tokens, 1]
@@ -300,8 +318,27 @@ def test_cli_extract_stdin_and_csv(bert, tiny_dirs, tmp_path):
     assert_store_equals(st, bert.encode([TEXTS[0], TEXTS[1], TEXTS[3]], layers=[0, 2], pool="max"), "sentence")
 
     path, _, cols = write_input("csv", tmp_path)
-    args = ["extract", str(path), "-o", str(tmp_path / "c"), "--layers", "1", "--level", "word", "--subword", "max",
-            "--text-column", "review", "--keep", "id,label", "--shard-records", "2", "--dtype", "float16", "--quiet"]
+    args = [
+        "extract",
+        str(path),
+        "-o",
+        str(tmp_path / "c"),
+        "--layers",
+        "1",
+        "--level",
+        "word",
+        "--subword",
+        "max",
+        "--text-column",
+        "review",
+        "--keep",
+        "id,label",
+        "--shard-records",
+        "2",
+        "--dtype",
+        "float16",
+        "--quiet",
+    ]
     res = runner.invoke(app, [*args, *model])
     assert res.exit_code == 0, res.output
     assert res.stderr == "" and res.stdout == ""

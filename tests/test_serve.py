@@ -19,9 +19,9 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 import uvicorn
-from conftest import SENTENCES
 
 import layerwise as lw
+from conftest import SENTENCES
 from layerwise.serve import ServiceError, create_app
 
 LIMITS = {"max_texts": 8, "max_text_chars": 400, "max_body_bytes": 4000}
@@ -65,12 +65,26 @@ def _close(got, ref, fp16=False):
 @pytest.fixture(scope="module")
 def server(tiny_dirs, tmp_path_factory):
     port, url = _free_port(), ""
-    cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(tiny_dirs["bert"]), "--device", "cpu",
-           "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "layerwise.cli.main",
+        "serve",
+        "--model",
+        str(tiny_dirs["bert"]),
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     cmd += [a for k, v in LIMITS.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with open(tmp_path_factory.mktemp("serve") / "server.log", "w+") as log, \
-            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+    with (
+        open(tmp_path_factory.mktemp("serve") / "server.log", "w+") as log,
+        subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc,
+    ):
         url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -128,8 +142,9 @@ def test_sentence_level_equals_extractor(server, ex, opts, encoding):
 
 @pytest.mark.parametrize("encoding", ["json", "base64"])
 def test_token_level_with_tokens_and_offsets(server, ex, encoding):
-    status, body = _request(server, "POST", "/v1/encode",
-                            {"texts": SENTENCES, "level": "token", "layers": "-2:", "encoding": encoding})
+    status, body = _request(
+        server, "POST", "/v1/encode", {"texts": SENTENCES, "level": "token", "layers": "-2:", "encoding": encoding}
+    )
     assert status == 200, body
     refs = ex.encode(SENTENCES, layers="-2:", pool=None)
     assert body["shapes"] == [list(r.shape) for r in refs]
@@ -148,8 +163,12 @@ WORDS = [["EU", "rejects", "German", "call"], ["naïve", "cafés"], ["Peter"], [
 def test_word_level_equals_encode_words(server, ex, subword, source):
     words = [t.split() for t in SENTENCES] if source == "texts" else WORDS
     payload = {"texts": SENTENCES} if source == "texts" else {"words": WORDS}
-    status, body = _request(server, "POST", "/v1/encode",
-                            {**payload, "level": "word", "layers": [0, 2], "subword": subword, "encoding": "base64"})
+    status, body = _request(
+        server,
+        "POST",
+        "/v1/encode",
+        {**payload, "level": "word", "layers": [0, 2], "subword": subword, "encoding": "base64"},
+    )
     assert status == 200, body
     refs = ex.encode_words(words, layers=[0, 2], subword=subword)
     assert body["words"] == words and body["shapes"] == [list(r.shape) for r in refs]
@@ -160,8 +179,9 @@ def test_word_level_equals_encode_words(server, ex, subword, source):
 @pytest.mark.parametrize("encoding", ["json", "base64"])
 def test_float16_within_rounding(server, ex, encoding):
     opts = {"layers": "-2:", "combine": "concat", "pool": "mean"}
-    status, body = _request(server, "POST", "/v1/encode", {"texts": SENTENCES, **opts, "dtype": "float16",
-                                                           "encoding": encoding})
+    status, body = _request(
+        server, "POST", "/v1/encode", {"texts": SENTENCES, **opts, "dtype": "float16", "encoding": encoding}
+    )
     assert status == 200, body
     if encoding == "base64":
         assert body["vectors"]["dtype"] == "float16"
@@ -205,6 +225,7 @@ COMBOS = [
 ]
 
 
+@pytest.mark.slow
 def test_concurrent_clients_batched_and_correct(server, ex):
     words = "the a of to and in model layer token paris EU rejects german call boycott british lamb quick fox".split()
     rng = random.Random(0)
@@ -214,8 +235,12 @@ def test_concurrent_clients_batched_and_correct(server, ex):
     refs = {}  # computed sequentially, one text at a time, before any client starts
     for k, t in sorted({(k, t) for reqs in plan for k, texts in reqs for t in texts}):
         o = COMBOS[k]
-        refs[k, t] = ex.encode([t], layers=o["layers"], combine=o.get("combine", "concat"),
-                               pool=None if o.get("level") == "token" else o["pool"])[0]
+        refs[k, t] = ex.encode(
+            [t],
+            layers=o["layers"],
+            combine=o.get("combine", "concat"),
+            pool=None if o.get("level") == "token" else o["pool"],
+        )[0]
     before = _request(server, "GET", "/metrics")[1]
     start = threading.Barrier(64)
 
@@ -242,7 +267,10 @@ def test_concurrent_clients_batched_and_correct(server, ex):
     after = _request(server, "GET", "/metrics")[1]
     n, ok = 64 * 20, 'layerwise_requests_total{status="200"}'
     names = (ok, "layerwise_batches_total", "layerwise_batch_requests_sum", "layerwise_batch_requests_count")
-    value = lambda text, m: sum(float(v) for v in re.findall(rf"^{re.escape(m)} (\S+)$", text, flags=re.MULTILINE))
+
+    def value(text, m):
+        return sum(float(v) for v in re.findall(rf"^{re.escape(m)} (\S+)$", text, flags=re.MULTILINE))
+
     delta = {m: value(after, m) - value(before, m) for m in names}
     assert delta[ok] == delta["layerwise_batch_requests_sum"] == n
     assert 0 < delta["layerwise_batches_total"] < n
@@ -251,6 +279,8 @@ def test_concurrent_clients_batched_and_correct(server, ex):
 
 def _bad(**kw):
     return {"texts": ["a text"], **kw}
+
+
 BAD = [  # (id, body, status, substrings of the detail)
     ("texts", {"texts": ["x"] * 9}, 422, ["9 texts", "limit is 8"]),
     ("chars", {"texts": ["ok", "y" * 401]}, 422, ["401 characters", "limit is 400"]),
@@ -306,8 +336,13 @@ def test_chunked_body_over_limit_413(server, ex):
     data = json.dumps({"texts": ["hello world " * 30] * 20}).encode()
     assert len(data) > LIMITS["max_body_bytes"]
     conn = http.client.HTTPConnection("127.0.0.1", urlparse(server).port, timeout=60)
-    conn.request("POST", "/v1/encode", body=iter([data[i:i + 500] for i in range(0, len(data), 500)]),
-                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    conn.request(
+        "POST",
+        "/v1/encode",
+        body=iter([data[i : i + 500] for i in range(0, len(data), 500)]),
+        headers={"Content-Type": "application/json"},
+        encode_chunked=True,
+    )
     resp = conn.getresponse()
     status, text = resp.status, resp.read().decode()
     _assert_still_serving(server, ex)

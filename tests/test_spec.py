@@ -19,24 +19,27 @@ def test_defaults_per_level():
     assert EncodeSpec(level="token").pool is None and EncodeSpec(level="token").subword is None
 
 
-@pytest.mark.parametrize("kw,message", [
-    ({"level": "doc"}, "unknown level 'doc'. Valid levels are: sentence, token, word"),
-    ({"combine": "avg"}, "Valid combine modes are: concat, sum, mean, weighted, stack, scalar_mix, attention"),
-    ({"pool": "median"}, "Valid pool modes are: cls, pooler, mean, max, mean_max, last, attention"),
-    ({"level": "word", "subword": "middle"}, "Valid subword modes are: first, last, mean, max, first_last"),
-    ({"site": "ffn"}, "unknown site 'ffn'. Valid sites are: block, attention, intermediate, pre_ln"),
-    ({"dtype": "bfloat16"}, "Valid dtypes are: float32, float16"),
-    ({"level": "token", "pool": "max"}, "pool='max' applies to level 'sentence' only"),
-    ({"level": "word", "pool": "cls"}, "pool='cls' applies to level 'sentence' only"),
-    ({"subword": "last"}, "subword='last' applies to level 'word' only, not level 'sentence'"),
-    ({"level": "token", "skip_special_tokens": True}, "skip_special_tokens applies to level 'sentence' only"),
-    ({"pool": "cls", "skip_special_tokens": True}, "cannot be used with skip_special_tokens=True"),
-    ({"combine": "weighted", "weights": [1.0, math.nan]}, "weight 1 is nan; layer weights must be finite"),
-    ({"combine": "weighted", "weights": [1.0, math.inf]}, "weight 1 is inf"),
-    ({"combine": "weighted", "weights": ["a"]}, "weight 0 ('a') is not a number"),
-    ({"level": "word", "combine": "stack", "subword": "first_last"}, "subword='first_last' concatenates"),
-    ({"truncate": "yes"}, "truncate must be True or False, got 'yes'"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"level": "doc"}, "unknown level 'doc'. Valid levels are: sentence, token, word"),
+        ({"combine": "avg"}, "Valid combine modes are: concat, sum, mean, weighted, stack, scalar_mix, attention"),
+        ({"pool": "median"}, "Valid pool modes are: cls, pooler, mean, max, mean_max, last, attention"),
+        ({"level": "word", "subword": "middle"}, "Valid subword modes are: first, last, mean, max, first_last"),
+        ({"site": "ffn"}, "unknown site 'ffn'. Valid sites are: block, attention, intermediate, pre_ln"),
+        ({"dtype": "bfloat16"}, "Valid dtypes are: float32, float16"),
+        ({"level": "token", "pool": "max"}, "pool='max' applies to level 'sentence' only"),
+        ({"level": "word", "pool": "cls"}, "pool='cls' applies to level 'sentence' only"),
+        ({"subword": "last"}, "subword='last' applies to level 'word' only, not level 'sentence'"),
+        ({"level": "token", "skip_special_tokens": True}, "skip_special_tokens applies to level 'sentence' only"),
+        ({"pool": "cls", "skip_special_tokens": True}, "cannot be used with skip_special_tokens=True"),
+        ({"combine": "weighted", "weights": [1.0, math.nan]}, "weight 1 is nan; layer weights must be finite"),
+        ({"combine": "weighted", "weights": [1.0, math.inf]}, "weight 1 is inf"),
+        ({"combine": "weighted", "weights": ["a"]}, "weight 0 ('a') is not a number"),
+        ({"level": "word", "combine": "stack", "subword": "first_last"}, "subword='first_last' concatenates"),
+        ({"truncate": "yes"}, "truncate must be True or False, got 'yes'"),
+    ],
+)
 def test_bad_specs_name_the_value_and_the_valid_ones(kw, message):
     with pytest.raises(ValueError) as info:
         EncodeSpec(**kw)
@@ -50,7 +53,9 @@ def test_resolve_against_a_model(tiny_extractors):
     assert spec.feature_shape(ex.hidden_size) == (2 * 2 * ex.hidden_size,)
     assert EncodeSpec(layers="all", combine="stack").resolve(ex).feature_shape(32) == (3, 32)
     assert EncodeSpec(layers=[0, 1], level="word", subword="first_last").resolve(ex).feature_shape(32) == (128,)
-    with pytest.raises(ValueError, match=r"layer 5 in layer spec \[0, 5\] is out of range: this model has layers 0\.\.2"):
+    with pytest.raises(
+        ValueError, match=r"layer 5 in layer spec \[0, 5\] is out of range: this model has layers 0\.\.2"
+    ):
         EncodeSpec(layers=[0, 5]).resolve(ex)
     with pytest.raises(ValueError, match="combine='weighted' got 1 weights for 2 selected layers"):
         EncodeSpec(layers="-2:", combine="weighted", weights=[1.0]).resolve(ex)
@@ -77,13 +82,16 @@ def test_learned_pool_name_is_refused_where_nothing_is_trained(tiny_extractors):
         tiny_extractors["bert"].encode(["a b"], pool="attention")
 
 
-@pytest.mark.parametrize("spec", [
-    EncodeSpec(),
-    EncodeSpec(layers="-4:", combine="concat", pool="max", dtype="float16"),
-    EncodeSpec(layers=[0, 2, 4], combine="weighted", weights=[0.2, 0.3, 0.5], skip_special_tokens=True),
-    EncodeSpec(layers=(1, 2), level="word", subword="first_last", truncate=True),
-    EncodeSpec(layers="all", level="token", site="pre_ln"),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        EncodeSpec(),
+        EncodeSpec(layers="-4:", combine="concat", pool="max", dtype="float16"),
+        EncodeSpec(layers=[0, 2, 4], combine="weighted", weights=[0.2, 0.3, 0.5], skip_special_tokens=True),
+        EncodeSpec(layers=(1, 2), level="word", subword="first_last", truncate=True),
+        EncodeSpec(layers="all", level="token", site="pre_ln"),
+    ],
+)
 def test_json_round_trip(spec, tmp_path):
     assert EncodeSpec.from_json(spec.to_json()) == spec
     assert EncodeSpec.from_dict(spec.to_dict()) == spec

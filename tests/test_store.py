@@ -15,13 +15,20 @@ import pytest
 from typer.testing import CliRunner
 
 import layerwise as lw
-from layerwise.cli.main import app
 from layerwise import ExtractError
+from layerwise.cli.main import app
 from layerwise.store import export, open_store
+
 from tiny import extract
 
-TEXTS = ["EU rejects German call", "Peter Blackburn", "I love Paris in the springtime", "a", "naïve cafés",
-         "the lazy dog"]
+TEXTS = [
+    "EU rejects German call",
+    "Peter Blackburn",
+    "I love Paris in the springtime",
+    "a",
+    "naïve cafés",
+    "the lazy dog",
+]
 JSONL = [{"id": 100 + i, "text": t, "label": "pos" if i % 2 else "neg"} for i, t in enumerate(TEXTS)]
 
 
@@ -40,8 +47,11 @@ def corpus(tmp_path):
 
 
 def snapshot(root):
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
-            if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_same(a, b, tol=1e-5):
@@ -153,8 +163,15 @@ def stores(bert, tmp_path, corpus):
     for level in ("sentence", "token"):
         for multi in (False, True):
             path = tmp_path / f"{level}-{multi}"
-            extract(corpus, path, model=bert, layers=[1, 2], level=level, keep=["id", "label"],
-                    shard_records=2 if multi else 100)
+            extract(
+                corpus,
+                path,
+                model=bert,
+                layers=[1, 2],
+                level=level,
+                keep=["id", "label"],
+                shard_records=2 if multi else 100,
+            )
             out[level, multi] = open_store(path)
     return out
 
@@ -294,8 +311,24 @@ def test_cli_inspect_export_and_errors(bert, tiny_dirs, tmp_path, corpus):
     runner, env = CliRunner(), {"COLUMNS": "200"}
     model = ["--model", str(tiny_dirs["bert"]), "--device", "cpu"]
     store = tmp_path / "s"
-    args = ["extract", str(corpus), "-o", str(store), "--layers", "0,2", "--level", "token", "--keep", "id",
-            "--keep", "label", "--shard-records", "3", "--quiet", *model]
+    args = [
+        "extract",
+        str(corpus),
+        "-o",
+        str(store),
+        "--layers",
+        "0,2",
+        "--level",
+        "token",
+        "--keep",
+        "id",
+        "--keep",
+        "label",
+        "--shard-records",
+        "3",
+        "--quiet",
+        *model,
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0 and res.stdout == "" and res.stderr == "", res.output
     st = open_store(store)
@@ -319,10 +352,26 @@ def test_cli_inspect_export_and_errors(bert, tiny_dirs, tmp_path, corpus):
     before = snapshot(store)
     (tmp_path / "in.csv").write_text("id,sentence\n1,hello\n")
     errors = [
-        (["extract", str(corpus), "-o", str(store), "--layers", "1", "--level", "token", "--keep", "id,label", *model],
-         "spec.layers"),
-        (["extract", str(tmp_path / "in.csv"), "-o", str(tmp_path / "n"), "--text-column", "body", *model],
-         "the CSV header has no column 'body'"),
+        (
+            [
+                "extract",
+                str(corpus),
+                "-o",
+                str(store),
+                "--layers",
+                "1",
+                "--level",
+                "token",
+                "--keep",
+                "id,label",
+                *model,
+            ],
+            "spec.layers",
+        ),
+        (
+            ["extract", str(tmp_path / "in.csv"), "-o", str(tmp_path / "n"), "--text-column", "body", *model],
+            "the CSV header has no column 'body'",
+        ),
         (["inspect", str(tmp_path)], "not a layerwise store"),
         (["export", str(store), "--to", "csv"], "Valid formats are: npy, hdf5, parquet"),
     ]
@@ -391,8 +440,9 @@ def test_full_disk_on_the_manifest_is_the_same_message(bert, tmp_path, corpus, m
 
 def test_full_disk_in_the_cli_is_one_line(bert, tiny_dirs, tmp_path, corpus, monkeypatch):
     _disk_full_at(monkeypatch, 1)
-    res = CliRunner().invoke(app, ["extract", str(corpus), "-o", str(tmp_path / "s"), "--model",
-                                   str(tiny_dirs["bert"]), "--quiet"])
+    res = CliRunner().invoke(
+        app, ["extract", str(corpus), "-o", str(tmp_path / "s"), "--model", str(tiny_dirs["bert"]), "--quiet"]
+    )
     assert res.exit_code == 2 and res.stderr.startswith("error: no space left on the device")
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
 

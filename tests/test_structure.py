@@ -12,8 +12,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "layerwise"
-HEAVY = {"fastapi", "uvicorn", "matplotlib", "prometheus_client", "sklearn", "seqeval", "onnxruntime", "tensorflow",
-         "ray", "pandas"}
+HEAVY = {
+    "fastapi",
+    "uvicorn",
+    "matplotlib",
+    "prometheus_client",
+    "sklearn",
+    "seqeval",
+    "onnxruntime",
+    "tensorflow",
+    "ray",
+    "pandas",
+}
 
 
 def _private(name: str) -> bool:
@@ -45,15 +55,19 @@ def test_the_checker_catches_a_reach_in(tmp_path):
     assert private_reach_ins(bad) == ["reach_in.py:1: import _helper", "reach_in.py:5: ._stream"]
 
 
+@pytest.mark.slow
 def test_import_layerwise_is_light():
-    code = ("import layerwise, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            f"{sorted(HEAVY)!r}))")
+    code = f"import layerwise, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(HEAVY)!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_subpackages_load_on_first_use():
-    code = "import layerwise as lw, sys; a = 'layerwise.heads' in sys.modules; lw.heads; print(a, 'layerwise.heads' in sys.modules)"
+    code = (
+        "import layerwise as lw, sys; a = 'layerwise.heads' in sys.modules; lw.heads; "
+        "print(a, 'layerwise.heads' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
 
@@ -77,8 +91,9 @@ def test_architecture_doc_names_only_real_modules():
     assert missing == [], f"docs/architecture.md names modules that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("module", ["layerwise.store.layout", "layerwise.store.reader", "layerwise.store.writer",
-                                    "layerwise.store.export"])
+@pytest.mark.parametrize(
+    "module", ["layerwise.store.layout", "layerwise.store.reader", "layerwise.store.writer", "layerwise.store.export"]
+)
 def test_store_format_imports_nothing_above_it(module):
     path = SRC / Path(*module.split(".")[1:]).with_suffix(".py")
     tree = ast.parse(path.read_text(encoding="utf-8"))

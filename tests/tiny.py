@@ -10,8 +10,15 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
-    AlbertConfig, AutoModel, BertConfig, DebertaV2Config, DistilBertConfig, ElectraConfig,
-    PreTrainedTokenizerFast, RobertaConfig, XLMRobertaConfig,
+    AlbertConfig,
+    AutoModel,
+    BertConfig,
+    DebertaV2Config,
+    DistilBertConfig,
+    ElectraConfig,
+    PreTrainedTokenizerFast,
+    RobertaConfig,
+    XLMRobertaConfig,
 )
 
 CORPUS = [
@@ -35,7 +42,8 @@ def _wordpiece() -> tuple[Tokenizer, dict]:
     tok.decoder = decoders.WordPiece()
     tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
     )
     return tok, dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
@@ -47,12 +55,23 @@ def _bytelevel_bpe() -> tuple[Tokenizer, dict]:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(
-        CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
     )
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
-    return tok, dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>", pad_token="<pad>",
-                     unk_token="<unk>", mask_token="<mask>")
+    tok.post_processor = processors.RobertaProcessing(
+        ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False
+    )
+    return tok, dict(
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
 
 
 def _unigram(cls: str, sep: str, pad: str, unk: str, first: list[str]) -> tuple[Tokenizer, dict]:
@@ -63,10 +82,13 @@ def _unigram(cls: str, sep: str, pad: str, unk: str, first: list[str]) -> tuple[
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=200, special_tokens=specials, unk_token=unk))
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
         special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
     )
-    return tok, dict(cls_token=cls, sep_token=sep, pad_token=pad, unk_token=unk, mask_token="[MASK]" if cls == "[CLS]" else "<mask>")
+    return tok, dict(
+        cls_token=cls, sep_token=sep, pad_token=pad, unk_token=unk, mask_token="[MASK]" if cls == "[CLS]" else "<mask>"
+    )
 
 
 def build(family: str, directory: Path, seed: int = 0) -> Path:
@@ -85,25 +107,66 @@ def build(family: str, directory: Path, seed: int = 0) -> Path:
     if family == "bert":
         config = BertConfig(vocab_size=vocab, max_position_embeddings=MAXPOS, pad_token_id=pad_id, **common)
     elif family == "electra":
-        config = ElectraConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=MAXPOS, pad_token_id=pad_id,
-                               **common)
+        config = ElectraConfig(
+            vocab_size=vocab, embedding_size=16, max_position_embeddings=MAXPOS, pad_token_id=pad_id, **common
+        )
     elif family == "distilbert":
-        config = DistilBertConfig(vocab_size=vocab, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTER,
-                                  max_position_embeddings=MAXPOS, pad_token_id=pad_id)
+        config = DistilBertConfig(
+            vocab_size=vocab,
+            dim=HIDDEN,
+            n_layers=LAYERS,
+            n_heads=HEADS,
+            hidden_dim=INTER,
+            max_position_embeddings=MAXPOS,
+            pad_token_id=pad_id,
+        )
     elif family == "roberta":
-        config = RobertaConfig(vocab_size=vocab, max_position_embeddings=MAXPOS + 2, pad_token_id=1, bos_token_id=0,
-                               eos_token_id=2, type_vocab_size=1, **common)
+        config = RobertaConfig(
+            vocab_size=vocab,
+            max_position_embeddings=MAXPOS + 2,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            type_vocab_size=1,
+            **common,
+        )
     elif family == "xlm-roberta":
-        config = XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=MAXPOS + 2, pad_token_id=pad_id,
-                                  bos_token_id=0, eos_token_id=2, type_vocab_size=1, **common)
+        config = XLMRobertaConfig(
+            vocab_size=vocab,
+            max_position_embeddings=MAXPOS + 2,
+            pad_token_id=pad_id,
+            bos_token_id=0,
+            eos_token_id=2,
+            type_vocab_size=1,
+            **common,
+        )
     elif family == "albert":
-        config = AlbertConfig(vocab_size=vocab, embedding_size=16, max_position_embeddings=MAXPOS, pad_token_id=pad_id,
-                              num_hidden_groups=1, inner_group_num=1, hidden_act="gelu_new", **common)
+        config = AlbertConfig(
+            vocab_size=vocab,
+            embedding_size=16,
+            max_position_embeddings=MAXPOS,
+            pad_token_id=pad_id,
+            num_hidden_groups=1,
+            inner_group_num=1,
+            hidden_act="gelu_new",
+            **common,
+        )
     elif family == "deberta-v2":
-        config = DebertaV2Config(vocab_size=vocab, max_position_embeddings=MAXPOS, pad_token_id=pad_id,
-                                 relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16,
-                                 max_relative_positions=-1, position_biased_input=False, type_vocab_size=0,
-                                 norm_rel_ebd="layer_norm", conv_kernel_size=3, hidden_act="gelu", **common)
+        config = DebertaV2Config(
+            vocab_size=vocab,
+            max_position_embeddings=MAXPOS,
+            pad_token_id=pad_id,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_buckets=16,
+            max_relative_positions=-1,
+            position_biased_input=False,
+            type_vocab_size=0,
+            norm_rel_ebd="layer_norm",
+            conv_kernel_size=3,
+            hidden_act="gelu",
+            **common,
+        )
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
@@ -175,9 +238,16 @@ def extract(input, output, *, model=None, device=None, stdin=None, on_shard=None
         parts[lw.ReadOptions]["keep"] = tuple(parts[lw.ReadOptions]["keep"])
     if device is not None and not isinstance(model, lw.Extractor):
         model = lw.Extractor(model, device=device)
-    return lw.extract(input, output, lw.EncodeSpec(**parts[lw.EncodeSpec]), model=model,
-                      reading=lw.ReadOptions(**parts[lw.ReadOptions]), options=lw.ExtractOptions(**parts[lw.ExtractOptions]),
-                      stdin=stdin, on_shard=on_shard)
+    return lw.extract(
+        input,
+        output,
+        lw.EncodeSpec(**parts[lw.EncodeSpec]),
+        model=model,
+        reading=lw.ReadOptions(**parts[lw.ReadOptions]),
+        options=lw.ExtractOptions(**parts[lw.ExtractOptions]),
+        stdin=stdin,
+        on_shard=on_shard,
+    )
 
 
 def module_hook_count(model) -> int:

@@ -23,9 +23,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch import nn
 
 from .families import layer_modules, post_layer1_override, site_module
 from .loading import LoadedModel
@@ -52,7 +53,8 @@ class Recorder:
         self._chunks: dict[int, list[torch.Tensor]] = {}
 
     # ---- hooks -------------------------------------------------------------------------------------
-    def layer_pre(self, module, args, kwargs):
+    def layer_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook of a layer module: count the call; record layer 0 (the first layer's input)."""
         self.current += 1
         if self.current == 1 and 0 in self.wanted:
             hidden = args[0] if args else kwargs["hidden_states"]
@@ -60,7 +62,10 @@ class Recorder:
             if self.deepest == 0:
                 raise _StopForward
 
-    def layer_post(self, module, args, output, *, overridden_first: bool = False):
+    def layer_post(
+        self, module: nn.Module, args: tuple[Any, ...], output: Any, *, overridden_first: bool = False
+    ) -> None:
+        """Forward hook of a layer module: record its output (site ``block``); stop after the deepest layer."""
         i = self.current
         if self.site == "block" and i in self.wanted and not (overridden_first and i == 1):
             self.tensors[i] = _first(output)
@@ -69,20 +74,22 @@ class Recorder:
         if i == self.deepest and not (overridden_first and i == 1):
             raise _StopForward
 
-    def override_post(self, module, args, output):
+    def override_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """DeBERTa-v2 convolution after layer 1: its output is ``hidden_states[1]``."""
         if self.site == "block" and 1 in self.wanted:
             self.tensors[1] = _first(output)
         if self.deepest == 1:
             raise _StopForward
 
-    def site_post(self, module, args, output):
+    def site_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook of a site module whose output is the site (``attention``, ``intermediate``)."""
         self._site_value(_first(output))
 
-    def site_pre(self, module, args):
+    def site_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """Forward pre-hook of a site module whose first input is the site (``pre_ln``)."""
         self._site_value(args[0])
 
-    def _site_value(self, value: torch.Tensor):
+    def _site_value(self, value: torch.Tensor) -> None:
         i = self.current
         if i not in self.wanted:
             return
@@ -111,14 +118,18 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> I
     chunked = int(getattr(model.config, "chunk_size_feed_forward", 0) or 0) > 0
     rec = Recorder(layers, site, chunked)
     override = post_layer1_override(family, model)
+
+    def layer_post_overridden(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        rec.layer_post(module, args, output, overridden_first=True)
+
     handles = []
     try:
         for layer in layer_modules(family, model):
             handles.append(layer.register_forward_pre_hook(rec.layer_pre, with_kwargs=True))
             if site == "block" or chunked:
-                post = rec.layer_post
+                post: Callable[[nn.Module, tuple[Any, ...], Any], None] = rec.layer_post
                 if override is not None:
-                    post = lambda m, a, o, _r=rec: _r.layer_post(m, a, o, overridden_first=True)  # noqa: E731
+                    post = layer_post_overridden
                 handles.append(layer.register_forward_hook(post))
             if site != "block":
                 sub, where = site_module(family, layer, site)
@@ -165,7 +176,11 @@ def capture(
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
     """
     # hooks live on the shared modules: one capture per model at a time (threads queue here)
-    with loaded.lock, (contextlib.nullcontext() if grad else torch.inference_mode()), record(loaded, layers, site) as rec:
+    with (
+        loaded.lock,
+        contextlib.nullcontext() if grad else torch.inference_mode(),
+        record(loaded, layers, site) as rec,
+    ):
         _forward(loaded, input_ids, attention_mask)
     missing = [i for i in layers if i not in rec.tensors]
     if missing:  # pragma: no cover - a family table error, not a user error

@@ -30,7 +30,8 @@ class ServiceError(RuntimeError):
 def _unpack(obj) -> np.ndarray:
     if isinstance(obj, dict):
         dtype = np.dtype(np.float16 if obj["dtype"] == "float16" else np.float32).newbyteorder("<")
-        return np.frombuffer(base64.b64decode(obj["base64"]), dtype=dtype).reshape(obj["shape"]).astype(dtype.newbyteorder("="))
+        flat = np.frombuffer(base64.b64decode(obj["base64"]), dtype=dtype)
+        return flat.reshape(obj["shape"]).astype(dtype.newbyteorder("="))
     return np.asarray(obj, dtype=np.float32)
 
 

@@ -262,6 +262,7 @@ class ScalarMix(nn.Module):
             layer = _masked_layer_norm(h[k], mask) if self.layer_norm else h[k]
             term = s[k] * layer
             out = term if out is None else out + term
+        assert out is not None  # mixture_size >= 1 (checked in __init__)
         return self.gamma.to(h.dtype) * out
 
     def extra_repr(self) -> str:

@@ -83,25 +83,29 @@ def with_document_context(items: Iterator[Item], max_words: int = 250) -> Iterat
     doc: list[Item] = []
     current = None
 
-    def flush():
+    def flush() -> Iterator[Item]:
         good = [r for r in doc if isinstance(r, Record)]
         where = {id(r): i for i, r in enumerate(good)}
+        words: list[list[str]] = []  # words[i]: the words of good[i]
+        for r in good:
+            assert r.words is not None  # read_conll2003 gives every sentence its words
+            words.append(r.words)
         for item in doc:
             if isinstance(item, Record):
                 i = where[id(item)]
                 left: list[str] = []
                 right: list[str] = []
-                total, lo, hi = len(item.words), i - 1, i + 1
+                total, lo, hi = len(words[i]), i - 1, i + 1
                 while lo >= 0 or hi < len(good):
                     grew = False
-                    if lo >= 0 and total + len(good[lo].words) <= max_words:
-                        left = good[lo].words + left
-                        total += len(good[lo].words)
+                    if lo >= 0 and total + len(words[lo]) <= max_words:
+                        left = words[lo] + left
+                        total += len(words[lo])
                         lo -= 1
                         grew = True
-                    if hi < len(good) and total + len(good[hi].words) <= max_words:
-                        right = right + good[hi].words
-                        total += len(good[hi].words)
+                    if hi < len(good) and total + len(words[hi]) <= max_words:
+                        right = right + words[hi]
+                        total += len(words[hi])
                         hi += 1
                         grew = True
                     if not grew:
@@ -124,7 +128,9 @@ def read_conllu(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     allowed = set(CONLLU_COLUMNS[2:]) | {"sent_id", "sent_text"}
     unknown = [k for k in keep if k not in allowed]
     if unknown:
-        raise ValueError(f"--keep {unknown[0]!r} is not a CoNLL-U column. Valid columns are: {', '.join(sorted(allowed))}")
+        raise ValueError(
+            f"--keep {unknown[0]!r} is not a CoNLL-U column. Valid columns are: {', '.join(sorted(allowed))}"
+        )
     for start, block in _sentences(fh):
         if isinstance(block, BadRecord):
             yield block

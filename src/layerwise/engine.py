@@ -195,7 +195,8 @@ class _Run:
         self.skipped_before = writer.trim_errors()
         d = int(np.prod(writer.header["feature_shape"]))
         rows = 1 if spec.level == "sentence" else TOKENS_PER_RECORD
-        self.per_shard = options.shard_records or max(16, SHARD_BYTES // (d * STORE_DTYPES[spec.dtype]().itemsize * rows))
+        itemsize = STORE_DTYPES[spec.dtype]().itemsize
+        self.per_shard = options.shard_records or max(16, SHARD_BYTES // (d * itemsize * rows))
         self.buffer: list[Record] = []
 
     def loop(self, items: Iterator[Item], input_path: str, bar: Any) -> None:

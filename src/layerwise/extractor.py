@@ -171,8 +171,9 @@ class Extractor:
     def __repr__(self) -> str:
         lm = self.loaded
         return (
-            f"Extractor(model={lm.name!r}, family={lm.family.name}, layers=0..{lm.num_layers}, hidden={lm.hidden_size}, "
-            f"device={lm.device}, dtype={str(lm.dtype).replace('torch.', '')}, backend={self.backend.name})"
+            f"Extractor(model={lm.name!r}, family={lm.family.name}, layers=0..{lm.num_layers}, "
+            f"hidden={lm.hidden_size}, device={lm.device}, dtype={str(lm.dtype).replace('torch.', '')}, "
+            f"backend={self.backend.name})"
         )
 
     # ---- the pipeline -----------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ class Extractor:
             toks = self.tokenize(items, words=words, truncate=spec.truncate)
             done: dict[int, torch.Tensor] = {}
             following = 0
-            for group in self._forward(toks, spec.layers, spec.site, budget):
+            for group in self._forward(toks, spec.layer_indices, spec.site, budget):
                 mask, special = group.masks(toks)
                 rows = [toks[i] for i in group.texts]
                 with torch.inference_mode():
@@ -273,11 +274,12 @@ class Extractor:
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         toks = self.tokenize(texts, words=False, truncate=truncate)
         longest = max(len(t.ids) for t in toks)
-        out = torch.zeros((len(spec.layers), len(texts), longest, self.site_width(site)), dtype=self.loaded.dtype)
-        for group in self._forward(toks, spec.layers, site, budget):
+        layers = spec.layer_indices
+        out = torch.zeros((len(layers), len(texts), longest, self.site_width(site)), dtype=self.loaded.dtype)
+        for group in self._forward(toks, layers, site, budget):
             for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
                 out[:, text, :n] = group.states[:, r, :n].cpu()
-        return LayerStack.from_tokens(out, spec.layers, site, toks, self.tokenizer.pad_token_id or 0, self.num_layers)
+        return LayerStack.from_tokens(out, layers, site, toks, self.tokenizer.pad_token_id or 0, self.num_layers)
 
     def encode(
         self,
@@ -358,7 +360,9 @@ class Extractor:
         self, items: list[Any], spec: EncodeSpec, return_tensors: str, batch_tokens: int | None, show_progress: bool
     ) -> list[Any]:
         if return_tensors not in RETURN_TENSORS:
-            raise ValueError(f"unknown return_tensors {return_tensors!r}. Valid values are: {', '.join(RETURN_TENSORS)}")
+            raise ValueError(
+                f"unknown return_tensors {return_tensors!r}. Valid values are: {', '.join(RETURN_TENSORS)}"
+            )
         from tqdm.auto import tqdm
 
         out: list[Any] = []

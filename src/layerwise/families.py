@@ -1,21 +1,24 @@
 """Supported model families and where each site lives in their modules.
 
 One table maps the site names of :mod:`layerwise.layers` to each family's modules (paths are relative to
-the module that implements one encoder layer; ``out`` means the module's output, or its first element when
-the module returns a tuple; ``in`` means the first input of the module, read by a forward pre-hook):
+the module that implements one encoder layer). The ``attention`` and ``intermediate`` sites read the module's
+output, or its first element when the module returns a tuple; ``pre_ln`` reads the first input of the module,
+with a forward pre-hook:
 
-============  =======================================  ================  ========================  ===========================
-family        layer module (``hidden_states`` class)   ``attention``     ``intermediate``          ``pre_ln``
-============  =======================================  ================  ========================  ===========================
-bert          ``encoder.layer[i]`` (BertLayer)         ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
-roberta       ``encoder.layer[i]`` (RobertaLayer)      ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
-xlm-roberta   ``encoder.layer[i]`` (XLMRobertaLayer)   ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
-electra       ``encoder.layer[i]`` (ElectraLayer)      ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
-deberta-v2    ``encoder.layer[i]`` (DebertaV2Layer)    ``attention`` out ``intermediate`` out      ``output.LayerNorm`` in
-distilbert    ``transformer.layer[i]`` (TransformerBlock) ``sa_layer_norm`` out ``ffn.activation`` out ``output_layer_norm`` in
-albert        ``encoder.albert_layer_groups[g].albert_layers[j]`` (AlbertLayer, shared: called once per layer)
-                                                       ``attention`` out ``activation`` out        ``full_layer_layer_norm`` in
-============  =======================================  ================  ========================  ===========================
+============  ======================================  =================  ==================  =========================
+family        layer module (``hidden_states`` class)  ``attention``      ``intermediate``    ``pre_ln``
+============  ======================================  =================  ==================  =========================
+bert          ``encoder.layer[i]`` (BertLayer)        ``attention``      ``intermediate``    ``output.LayerNorm``
+roberta       ``encoder.layer[i]`` (RobertaLayer)     ``attention``      ``intermediate``    ``output.LayerNorm``
+xlm-roberta   ``encoder.layer[i]`` (XLMRobertaLayer)  ``attention``      ``intermediate``    ``output.LayerNorm``
+electra       ``encoder.layer[i]`` (ElectraLayer)     ``attention``      ``intermediate``    ``output.LayerNorm``
+deberta-v2    ``encoder.layer[i]`` (DebertaV2Layer)   ``attention``      ``intermediate``    ``output.LayerNorm``
+distilbert    ``transformer.layer[i]``                ``sa_layer_norm``  ``ffn.activation``  ``output_layer_norm``
+              (TransformerBlock)
+albert        ``encoder.albert_layer_groups[g]``      ``attention``      ``activation``      ``full_layer_layer_norm``
+              ``.albert_layers[j]`` (AlbertLayer,
+              shared: called once per layer)
+============  ======================================  =================  ==================  =========================
 
 Layer ``0`` (``block`` site only) is the input of the first layer call, and layer ``i`` is the output of the
 ``i``-th call of a layer module, exactly as transformers records ``hidden_states``. This also covers ALBERT,
@@ -65,7 +68,8 @@ def _albert_pooler(model: nn.Module):
     pooler = getattr(model, "pooler", None)
     if pooler is None:
         return None
-    return lambda cls: model.pooler_activation(pooler(cls))
+    # pooler_activation is a transformers submodule that mypy sees through nn.Module.__getattr__ (Tensor | Module)
+    return lambda cls: model.pooler_activation(pooler(cls))  # type: ignore[operator]
 
 
 _BERT_SITES = {
@@ -145,7 +149,12 @@ def layer_modules(family: Family, model: nn.Module) -> list[nn.Module]:
         for container in _resolve(model, path):
             out.extend(container.children() if isinstance(container, nn.ModuleList) else [container])
     seen: set[int] = set()
-    return [m for m in out if not (id(m) in seen or seen.add(id(m)))]
+    distinct: list[nn.Module] = []
+    for m in out:
+        if id(m) not in seen:
+            seen.add(id(m))
+            distinct.append(m)
+    return distinct
 
 
 def site_module(family: Family, layer: nn.Module, site: str) -> tuple[nn.Module, str]:

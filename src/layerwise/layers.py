@@ -114,7 +114,9 @@ def _one(item: object, num_layers: int, spec: object) -> list[int]:
                 )
         picked = list(range(num_layers + 1))[slice(start, stop, step)]
         if not picked:
-            raise ValueError(f"layer slice {item!r} selects no layer: {_range_text(num_layers)}; {_example(num_layers)}")
+            raise ValueError(
+                f"layer slice {item!r} selects no layer: {_range_text(num_layers)}; {_example(num_layers)}"
+            )
         return picked
     raise ValueError(
         f"malformed layer spec {item!r}: expected an int, a slice string like '-4:' or '1:5', "

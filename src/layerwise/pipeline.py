@@ -140,19 +140,19 @@ def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor
     if spec.level == "word":
         subword = str(spec.subword)
 
-        def words(x, mask, special, rows):  # type: ignore[no-untyped-def]
+        def words(x, mask, special, rows):
             return pool_words(x, [t.word_ids for t in rows], [t.n_words for t in rows], subword)
 
         return words
     if spec.level == "token":
 
-        def tokens(x, mask, special, rows):  # type: ignore[no-untyped-def]
+        def tokens(x, mask, special, rows):
             return [x[r, : len(t.ids)] for r, t in enumerate(rows)]
 
         return tokens
     mode, skip = spec.pool, spec.skip_special_tokens
 
-    def sentences(x, mask, special, rows):  # type: ignore[no-untyped-def]
+    def sentences(x, mask, special, rows):
         return pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
 
     return sentences

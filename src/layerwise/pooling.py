@@ -91,9 +91,13 @@ def validate_pool(mode: object, *, skip_special_tokens: bool = False, has_pooler
             "and train it (layerwise heads do)"
         )
     if mode in ("cls", "pooler") and skip_special_tokens:
-        raise ValueError(f"pool={mode!r} reads the first special token; it cannot be used with skip_special_tokens=True")
+        raise ValueError(
+            f"pool={mode!r} reads the first special token; it cannot be used with skip_special_tokens=True"
+        )
     if mode == "pooler" and not has_pooler:
-        raise ValueError("pool='pooler' needs a model with a pooler (BERT, RoBERTa, XLM-R, ALBERT); use 'cls' or 'mean'")
+        raise ValueError(
+            "pool='pooler' needs a model with a pooler (BERT, RoBERTa, XLM-R, ALBERT); use 'cls' or 'mean'"
+        )
 
 
 def validate_word_pool(mode: object) -> None:
@@ -147,6 +151,7 @@ def pool(
     if mode == "cls":
         return x[:, 0]
     if mode == "pooler":
+        assert pooler is not None  # validate_pool above refuses mode "pooler" without a pooler
         return pooler(x[:, 0])
     if mode == "mean":
         return _mean(x, keep)

@@ -78,7 +78,7 @@ def _open_binary(path: str | os.PathLike, stdin: IO[bytes] | None) -> IO[bytes]:
     return open(p, "rb")
 
 
-def _check_text(value: object, name: str, line: int) -> Item | str:
+def _check_text(value: object, name: str, line: int) -> BadRecord | str:
     if value is None:
         return BadRecord(line, f"missing value for text field {name!r}")
     if not isinstance(value, str):
@@ -148,8 +148,9 @@ def _read_jsonl(fh: IO[bytes], text_field: str | None, keep: Sequence[str]) -> I
 
 def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
     stream = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(stream, delimiter=delimiter, quoting=quoting, strict=True)
+    reader = csv.reader(
+        stream, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL, strict=True
+    )
     try:
         header = next(reader)
     except StopIteration:
@@ -175,11 +176,10 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
         if isinstance(text, BadRecord):
             yield text
             continue
-        values = {k: row[col[k]] for k in keep}
-        if any("\udc80" <= ch <= "\udcff" for v in values.values() for ch in v):
+        if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):
             yield BadRecord(start, "invalid UTF-8")
             continue
-        yield Record(start, text, fields=values)
+        yield Record(start, text, fields={k: row[col[k]] for k in keep})
 
 
 def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:

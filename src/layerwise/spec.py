@@ -40,7 +40,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, Sequence, TypeGuard, get_args
 
 from torch import nn
 
@@ -77,6 +77,13 @@ def _plain_layers(layers: object) -> object:
     return layers
 
 
+def _are_indices(layers: LayerSpec) -> TypeGuard[tuple[int, ...]]:
+    """Whether ``layers`` is a tuple of non-negative int indices (what :meth:`EncodeSpec.resolve` leaves)."""
+    return isinstance(layers, tuple) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers
+    )
+
+
 @dataclass(frozen=True)
 class EncodeSpec:
     """What to compute from a model's hidden layers (see the module docstring for every field's valid values).
@@ -88,7 +95,7 @@ class EncodeSpec:
     layers: LayerSpec = -1
     site: str = "block"
     combine: str | nn.Module = "concat"
-    weights: tuple[float, ...] | None = None
+    weights: Sequence[float] | None = None  # stored as a tuple of floats (see check_weights)
     level: str = "sentence"
     pool: str | nn.Module | None = None
     subword: str | None = None
@@ -146,9 +153,19 @@ class EncodeSpec:
     @property
     def is_resolved(self) -> bool:
         """Whether ``layers`` is a tuple of non-negative indices (as :meth:`resolve` leaves it)."""
-        return isinstance(self.layers, tuple) and all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.layers
-        )
+        return _are_indices(self.layers)
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        """``layers`` of a resolved spec: the tuple of indices in ``0..L`` that :meth:`resolve` leaves.
+
+        Raises:
+            ValueError: the spec is not resolved (call ``spec.resolve(extractor)`` first).
+        """
+        layers = self.layers
+        if not _are_indices(layers):
+            raise ValueError(f"layers {layers!r} are not resolved indices: call spec.resolve(extractor) first")
+        return layers
 
     @property
     def learned(self) -> list[str]:
@@ -199,9 +216,10 @@ class EncodeSpec:
         ``concat``: ``(K * width,)``; ``stack``: ``(K, width)``; other modes ``(width,)``; ``mean_max`` pools and
         ``first_last`` sub-word pools double the last axis.
         """
-        if not self.is_resolved:
+        layers = self.layers
+        if not _are_indices(layers):
             raise ValueError("feature_shape needs resolved layers: call spec.resolve(extractor) first")
-        shape = list(combined_shape(self.combine, len(self.layers), width))
+        shape = list(combined_shape(self.combine, len(layers), width))
         if (self.level == "sentence" and self.pool == "mean_max") or (
             self.level == "word" and self.subword == "first_last"
         ):
@@ -258,7 +276,9 @@ def read_json_arg(text_or_path: str | Path, what: str) -> Any:
     else:
         path = Path(raw)
         if not path.is_file():
-            raise ValueError(f"{what} file {raw!r} does not exist (give a .json file written by layerwise, or JSON text)")
+            raise ValueError(
+                f"{what} file {raw!r} does not exist (give a .json file written by layerwise, or JSON text)"
+            )
         source, text = repr(raw), path.read_text(encoding="utf-8")
     try:
         return json.loads(text)

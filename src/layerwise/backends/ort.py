@@ -54,7 +54,8 @@ def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     model = copy.deepcopy(loaded.model).cpu().float().eval()
     fam = loaded.family
     if fam.name == "albert":  # one shared layer run num_hidden_layers times
-        model.config.num_hidden_layers = depth
+        # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
+        model.config.num_hidden_layers = depth  # type: ignore[union-attr]
         return model
     container_path = fam.layer_paths[0]
     parent = model
@@ -86,7 +87,8 @@ def export(loaded: LoadedModel, layers: Sequence[int], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer warnings about Python-side shape checks; the graph is verified by tests
+        # tracer warnings about Python-side shape checks; the graph is verified by tests
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             module, (ids, mask), str(tmp), input_names=["input_ids", "attention_mask"], output_names=["states"],
             dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},

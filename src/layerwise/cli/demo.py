@@ -46,7 +46,7 @@ def demo(
     for col in ("idx", "label", "shape", "token norm", "mean |x|", "sent. cos", "cos next"):
         table.add_column(col, justify="right")
     pooled = []
-    for k, idx in enumerate(stack.layers):
+    for k in range(len(stack.layers)):
         h = stack.tensor[k]
         m = mask.unsqueeze(-1).to(h.dtype)
         pooled.append((h * m).sum(1) / m.sum(1))

@@ -12,8 +12,18 @@ import typer
 
 from ..spec import EncodeSpec
 from .options import (
-    AllowPickleOpt, BackendOpt, DeviceOpt, DtypeOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, extractor, parse_layers,
-    parse_weights, user_errors,
+    AllowPickleOpt,
+    BackendOpt,
+    DeviceOpt,
+    DtypeOpt,
+    LayersOpt,
+    ModelOpt,
+    SiteOpt,
+    TrustCodeOpt,
+    extractor,
+    parse_layers,
+    parse_weights,
+    user_errors,
 )
 
 FORMATS = ("json", "npy")
@@ -22,12 +32,21 @@ FORMATS = ("json", "npy")
 def encode(
     texts: List[str] = typer.Argument(..., help="Texts to encode; '-' reads one text per line from stdin."),
     layers: str = LayersOpt,
-    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
+    combine: str = typer.Option(
+        "concat",
+        "--combine",
+        "-c",
+        help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train.",
+    ),
+    weights: Optional[str] = typer.Option(
+        None, "--weights", help="Comma-separated layer weights for --combine weighted."
+    ),
     pool: str = typer.Option("mean", "--pool", "-p", help="cls, pooler, mean, max, mean_max, last, or none (tokens)."),
     site: str = SiteOpt,
     skip_special: bool = typer.Option(False, "--skip-special", help="Leave special tokens out of the pool."),
-    truncate: bool = typer.Option(False, "--truncate", help="Cut long texts at the model maximum instead of windowing."),
+    truncate: bool = typer.Option(
+        False, "--truncate", help="Cut long texts at the model maximum instead of windowing."
+    ),
     fmt: str = typer.Option("json", "--format", "-f", help="json or npy."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
     model: Optional[str] = ModelOpt,
@@ -50,9 +69,10 @@ def encode(
                         skip_special_tokens=skip_special, truncate=truncate)
         if fmt == "json":
             vectors = [v.tolist() for v in out] if pool_mode is None else out.tolist()
+            resolved = EncodeSpec(layers=parse_layers(layers), site=site, level="token").resolve(ex)
             doc = {
                 "model": ex.loaded.name,
-                "layers": list(EncodeSpec(layers=parse_layers(layers), site=site, level="token").resolve(ex).layers),
+                "layers": list(resolved.layer_indices),
                 "site": site, "combine": combine, "pool": pool,
                 "shape": [[*v.shape] for v in out] if pool_mode is None else list(out.shape),
                 "vectors": vectors,

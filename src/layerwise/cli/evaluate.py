@@ -13,7 +13,9 @@ from .options import DeviceOpt, user_errors
 def evaluate(
     model_dir: str = typer.Argument(..., help="A model directory written by layerwise train."),
     data: str = typer.Argument(..., help="Labelled file (.tsv, .csv, .jsonl, .parquet) with text and label columns."),
-    text_field: Optional[str] = typer.Option(None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."),
+    text_field: Optional[str] = typer.Option(
+        None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."
+    ),
     label_field: str = typer.Option("label", "--label-column", "--label-field"),
     fmt: Optional[str] = typer.Option(None, "--format"),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),

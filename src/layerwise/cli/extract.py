@@ -8,36 +8,78 @@ from typing import List, Optional
 import typer
 
 from .options import (
-    AllowPickleOpt, BackendOpt, DeviceOpt, LayersOpt, ModelOpt, SiteOpt, TrustCodeOpt, err_console, extractor, parse_layers,
-    parse_weights, user_errors,
+    AllowPickleOpt,
+    BackendOpt,
+    DeviceOpt,
+    LayersOpt,
+    ModelOpt,
+    SiteOpt,
+    TrustCodeOpt,
+    err_console,
+    extractor,
+    parse_layers,
+    parse_weights,
+    user_errors,
 )
 
 
 def extract(
-    input: str = typer.Argument(..., help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, CoNLL-2003, .conllu, or - (stdin)."),
+    input: str = typer.Argument(
+        ..., help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, CoNLL-2003, .conllu, or - (stdin)."
+    ),
     output: str = typer.Option(..., "--output", "-o", help="Store directory (created; resumed if it holds this run)."),
     layers: str = LayersOpt,
     site: str = SiteOpt,
-    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
-    pool: Optional[str] = typer.Option(None, "--pool", "-p", help="Sentence level: cls, pooler, mean (default), max, mean_max, last."),
+    combine: str = typer.Option(
+        "concat",
+        "--combine",
+        "-c",
+        help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train.",
+    ),
+    weights: Optional[str] = typer.Option(
+        None, "--weights", help="Comma-separated layer weights for --combine weighted."
+    ),
+    pool: Optional[str] = typer.Option(
+        None, "--pool", "-p", help="Sentence level: cls, pooler, mean (default), max, mean_max, last."
+    ),
     level: str = typer.Option("sentence", "--level", help="sentence (one vector a record), token or word (ragged)."),
-    subword: Optional[str] = typer.Option(None, "--subword", help="Word level: first (default), last, mean, max or first_last."),
+    subword: Optional[str] = typer.Option(
+        None, "--subword", help="Word level: first (default), last, mean, max or first_last."
+    ),
     skip_special: bool = typer.Option(False, "--skip-special", help="Leave special tokens out of the sentence pool."),
-    truncate: bool = typer.Option(False, "--truncate", help="Cut long texts at the model maximum instead of windowing."),
+    truncate: bool = typer.Option(
+        False, "--truncate", help="Cut long texts at the model maximum instead of windowing."
+    ),
     dtype: str = typer.Option("float32", "--dtype", help="Store dtype: float32 or float16."),
-    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="Input format if the suffix does not tell: txt, jsonl, csv, tsv, parquet, conll, conllu."),
-    text_field: Optional[str] = typer.Option(None, "--text-field", "--text-column", help="Column/field with the text (default: text, else sentence)."),
-    keep: List[str] = typer.Option([], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."),
+    fmt: Optional[str] = typer.Option(
+        None,
+        "--format",
+        "-f",
+        help="Input format if the suffix does not tell: txt, jsonl, csv, tsv, parquet, conll, conllu.",
+    ),
+    text_field: Optional[str] = typer.Option(
+        None, "--text-field", "--text-column", help="Column/field with the text (default: text, else sentence)."
+    ),
+    keep: List[str] = typer.Option(
+        [], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."
+    ),
+    batch_tokens: Optional[int] = typer.Option(
+        None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."
+    ),
     max_records: Optional[int] = typer.Option(None, "--max-records", help="Stop after this many records in the store."),
-    shard_records: Optional[int] = typer.Option(None, "--shard-records", help="Records per shard (default: ~32 MB of features)."),
-    strict: bool = typer.Option(False, "--strict", help="Stop at the first bad record instead of logging and skipping it."),
+    shard_records: Optional[int] = typer.Option(
+        None, "--shard-records", help="Records per shard (default: ~32 MB of features)."
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Stop at the first bad record instead of logging and skipping it."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a store made with other options."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary line."),
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
-    compute_dtype: Optional[str] = typer.Option(None, "--compute-dtype", help="Model dtype: float32 (default), float16/bfloat16 (CUDA)."),
+    compute_dtype: Optional[str] = typer.Option(
+        None, "--compute-dtype", help="Model dtype: float32 (default), float16/bfloat16 (CUDA)."
+    ),
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
     backend: str = BackendOpt,

@@ -31,7 +31,7 @@ def inspect(
     rows = [
         ("status", st.manifest.get("status")),
         ("model", f"{m['name']} ({m['family']}, {m['num_layers']} layers) weights {str(m.get('fingerprint'))[:12]}"),
-        ("layers / site", f"{list(o.layers)} / {o.site}"),
+        ("layers / site", f"{list(o.layer_indices)} / {o.site}"),
         ("combine", f"{o.combine}" + (f" {list(o.weights)}" if o.weights else "")),
         ("level", o.level + (f", pool {o.pool}" if o.pool else "") + (f", subword {o.subword}" if o.subword else "")),
         ("features", f"{list(st.feature_shape)} {o.dtype}"),

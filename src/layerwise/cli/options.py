@@ -7,29 +7,44 @@ import os
 import re
 import sys
 import traceback
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-ModelOpt = typer.Option(None, "--model", "-m", help="Local model directory or hub id (default: embedded all-MiniLM-L6-v2).")
+if TYPE_CHECKING:
+    from ..extractor import Extractor
+
+ModelOpt = typer.Option(
+    None, "--model", "-m", help="Local model directory or hub id (default: embedded all-MiniLM-L6-v2)."
+)
 DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu).")
 DtypeOpt = typer.Option(None, "--dtype", help="float32 (default), float16 or bfloat16 (meant for CUDA; slow on CPU).")
-LayersOpt = typer.Option("-1", "--layers", "-l", help="Layer spec: -1, 0, '-4:', '1:5', 'all', '0,2,4,6', 'second_to_last'.")
+LayersOpt = typer.Option(
+    "-1", "--layers", "-l", help="Layer spec: -1, 0, '-4:', '1:5', 'all', '0,2,4,6', 'second_to_last'."
+)
 SiteOpt = typer.Option("block", "--site", help="block (= hidden_states), attention, intermediate or pre_ln.")
 AllowPickleOpt = typer.Option(
-    False, "--allow-pickle", help="Also load pickle checkpoints. RISK: unpickling can run arbitrary code; trusted files only."
+    False,
+    "--allow-pickle",
+    help="Also load pickle checkpoints. RISK: unpickling can run arbitrary code; trusted files only.",
 )
-BackendOpt = typer.Option("torch", "--backend", help="torch (default) or onnx (ONNX Runtime, CPU, block site; exported once and cached).")
+BackendOpt = typer.Option(
+    "torch",
+    "--backend",
+    help="torch (default) or onnx (ONNX Runtime, CPU, block site; exported once and cached).",
+)
 TrustCodeOpt = typer.Option(
-    False, "--trust-remote-code", help="Run modelling code shipped with a hub repo. RISK: it runs with your permissions."
+    False,
+    "--trust-remote-code",
+    help="Run modelling code shipped with a hub repo. RISK: it runs with your permissions.",
 )
 
 err_console = Console(stderr=True)
 
 
-def parse_layers(text: str):
+def parse_layers(text: str) -> int | str | list[int | str]:
     """CLI layer text -> spec: '0,2,4' -> [0, 2, 4]; '-1' -> -1; slices and names stay strings."""
     text = text.strip()
     if "," in text:
@@ -37,7 +52,7 @@ def parse_layers(text: str):
     return _int_or_text(text)
 
 
-def _int_or_text(part: str):
+def _int_or_text(part: str) -> int | str:
     part = part.strip()
     return int(part) if re.fullmatch(r"-?\d+", part) else part
 
@@ -60,8 +75,8 @@ _state = {"debug": False}  # the global --debug flag of the running invocation (
 # typer's own exceptions pass through user_errors: Exit and Abort are control flow (both RuntimeErrors), and usage
 # errors (BadParameter and its ClickException base) are reported by typer. The base is looked up by name because
 # recent typer versions vendor click as ``typer._click``.
-_PASS_THROUGH = (typer.Exit, typer.Abort) + tuple(
-    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+_PASS_THROUGH: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort) + tuple(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException" and issubclass(c, BaseException)
 )
 
 
@@ -112,7 +127,15 @@ def _show(exc: BaseException, line: str) -> None:
     err_console.print(line, highlight=False, soft_wrap=True)
 
 
-def extractor(model: Optional[str], device, dtype, allow_pickle: bool, trust_remote_code: bool, **kwargs):
+def extractor(
+    model: Optional[str],
+    device: Optional[str],
+    dtype: Optional[str],
+    allow_pickle: bool,
+    trust_remote_code: bool,
+    **kwargs: Any,
+) -> Extractor:
+    """The :class:`~layerwise.Extractor` a subcommand asked for (the module is imported lazily)."""
     from ..extractor import Extractor
 
     return Extractor(

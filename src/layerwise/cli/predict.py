@@ -14,7 +14,9 @@ from .options import DeviceOpt, user_errors
 def predict(
     model_dir: str = typer.Argument(..., help="A model directory written by layerwise train."),
     data: str = typer.Argument(..., help="Texts: .txt (one per line), .jsonl, .csv, .tsv, .parquet, or - for stdin."),
-    text_field: Optional[str] = typer.Option(None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."),
+    text_field: Optional[str] = typer.Option(
+        None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."
+    ),
     fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
@@ -37,7 +39,8 @@ def predict(
 
             def flush() -> None:
                 good = [r for r in pending if not isinstance(r, BadRecord)]
-                results = iter(zip(*next(clf.iter_predict([r.text for r in good], batch_size=len(good))))) if good else iter(())
+                texts = [r.text for r in good]
+                results = iter(zip(*next(clf.iter_predict(texts, batch_size=len(texts))))) if good else iter(())
                 for r in pending:
                     if isinstance(r, BadRecord):
                         doc = {"line": r.line, "error": r.reason}

@@ -10,12 +10,18 @@ from .options import DeviceOpt, ModelOpt, err_console, user_errors
 
 
 def probe(
-    train: str = typer.Option(..., "--train", help="Tagging: CoNLL-2003 (.conll) or CoNLL-U (.conllu); sentence: .tsv/.csv/.jsonl."),
+    train: str = typer.Option(
+        ..., "--train", help="Tagging: CoNLL-2003 (.conll) or CoNLL-U (.conllu); sentence: .tsv/.csv/.jsonl."
+    ),
     dev: str = typer.Option(..., "--dev", help="Dev file (scores in the table and the plots)."),
     test: Optional[str] = typer.Option(None, "--test", help="Optional test file."),
     task: str = typer.Option("tagging", "--task", help="tagging (a label per word) or sentence (a label per record)."),
-    column: Optional[str] = typer.Option(None, "--column", help="Tags: ner|chunk|pos (CoNLL-2003), upos|xpos (CoNLL-U); sentence: label column."),
-    text_field: Optional[str] = typer.Option(None, "--text-column", help="Sentence task: text column (default text, else sentence)."),
+    column: Optional[str] = typer.Option(
+        None, "--column", help="Tags: ner|chunk|pos (CoNLL-2003), upos|xpos (CoNLL-U); sentence: label column."
+    ),
+    text_field: Optional[str] = typer.Option(
+        None, "--text-column", help="Sentence task: text column (default text, else sentence)."
+    ),
     fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell."),
     output: str = typer.Option("probe-results", "--output", "-o", help="Directory for cached features and results."),
     probe_kind: str = typer.Option("linear", "--probe", help="linear, mlp or bilstm (tagging; 2 layers)."),
@@ -25,9 +31,13 @@ def probe(
     lr: float = typer.Option(1e-3, "--lr"),
     restarts: int = typer.Option(1, "--restarts", help="Seeds per probe; mean ± std reported (paper: 5)."),
     scheme: str = typer.Option("auto", "--scheme", help="Entity F1 scheme: auto, IOB1, IOB2, IOBES or none."),
-    subword: str = typer.Option("first", "--subword", help="Sub-token pooling per word: first (paper), last, mean, max."),
+    subword: str = typer.Option(
+        "first", "--subword", help="Sub-token pooling per word: first (paper), last, mean, max."
+    ),
     pool: str = typer.Option("mean", "--pool", help="Sentence task: token pooling per layer."),
-    document_context: bool = typer.Option(False, "--document-context", help="CoNLL-2003: encode with document neighbours."),
+    document_context: bool = typer.Option(
+        False, "--document-context", help="CoNLL-2003: encode with document neighbours."
+    ),
     layers_only: bool = typer.Option(False, "--layers-only", help="Single layers only, no strategies."),
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
@@ -42,5 +52,8 @@ def probe(
         res = run(train, dev, test, config, model=model, device=device, output=output, text_field=text_field,
                   format=fmt, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     best = res.best
-    err_console.print(f"best: {best['name']} (dev {res.metric_name} {100 * best['dev_mean']:.2f}); wrote "
-                      f"{', '.join(p.name for p in res.files.values())} to {output} in {res.seconds:.0f}s", highlight=False)
+    err_console.print(
+        f"best: {best['name']} (dev {res.metric_name} {100 * best['dev_mean']:.2f}); wrote "
+        f"{', '.join(p.name for p in res.files.values())} to {output} in {res.seconds:.0f}s",
+        highlight=False,
+    )

@@ -8,7 +8,14 @@ from typing import Optional
 import typer
 
 from .options import (
-    DeviceOpt, LayersOpt, ModelOpt, SiteOpt, err_console, parse_layers, parse_weights, user_errors,
+    DeviceOpt,
+    LayersOpt,
+    ModelOpt,
+    SiteOpt,
+    err_console,
+    parse_layers,
+    parse_weights,
+    user_errors,
 )
 
 
@@ -25,23 +32,46 @@ def parse_sizes(text: str, option: str) -> list[int]:
 
 
 def train(
-    train_file: str = typer.Option(..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with text and label."),
+    train_file: str = typer.Option(
+        ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with text and label."
+    ),
     dev_file: str = typer.Option(..., "--dev", help="Dev file (early stopping and model selection)."),
-    test_file: Optional[str] = typer.Option(None, "--test", help="Optional test file, scored once with the best model."),
+    test_file: Optional[str] = typer.Option(
+        None, "--test", help="Optional test file, scored once with the best model."
+    ),
     output: str = typer.Option(..., "--output", "-o", help="Model directory to write."),
-    text_field: Optional[str] = typer.Option(None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."),
-    label_field: str = typer.Option("label", "--label-column", "--label-field", help="Label column (labels may be strings)."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell: tsv, csv, jsonl, parquet."),
+    text_field: Optional[str] = typer.Option(
+        None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."
+    ),
+    label_field: str = typer.Option(
+        "label", "--label-column", "--label-field", help="Label column (labels may be strings)."
+    ),
+    fmt: Optional[str] = typer.Option(
+        None, "--format", help="Input format when the suffix does not tell: tsv, csv, jsonl, parquet."
+    ),
     layers: str = LayersOpt,
     site: str = SiteOpt,
-    combine: str = typer.Option("concat", "--combine", "-c", help="concat, sum, mean, weighted (--weights), scalar_mix (learned) or attention (learned, over layers)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted."),
-    pool: str = typer.Option("mean", "--pool", "-p", help="cls, mean, max, mean_max, last (per layer) or attention (learned, over tokens)."),
-    head: str = typer.Option("linear", "--head", help="linear, mlp or per_layer (one classifier per layer + learned weights)."),
+    combine: str = typer.Option(
+        "concat",
+        "--combine",
+        "-c",
+        help="concat, sum, mean, weighted (--weights), scalar_mix (learned) or attention (learned, over layers).",
+    ),
+    weights: Optional[str] = typer.Option(
+        None, "--weights", help="Comma-separated layer weights for --combine weighted."
+    ),
+    pool: str = typer.Option(
+        "mean", "--pool", "-p", help="cls, mean, max, mean_max, last (per layer) or attention (learned, over tokens)."
+    ),
+    head: str = typer.Option(
+        "linear", "--head", help="linear, mlp or per_layer (one classifier per layer + learned weights)."
+    ),
     hidden: str = typer.Option("256", "--hidden", help="MLP hidden sizes, comma-separated, e.g. 512,128."),
     activation: str = typer.Option("relu", "--activation", help="relu, gelu or tanh."),
     dropout: float = typer.Option(0.1, "--dropout", help="Dropout before each linear layer of the head."),
-    mode: str = typer.Option("frozen", "--mode", help="frozen (cached features, encoder fixed) or finetune (encoder updated)."),
+    mode: str = typer.Option(
+        "frozen", "--mode", help="frozen (cached features, encoder fixed) or finetune (encoder updated)."
+    ),
     epochs: int = typer.Option(10, "--epochs"),
     lr: float = typer.Option(1e-3, "--lr", help="Head learning rate (AdamW)."),
     encoder_lr: float = typer.Option(2e-5, "--encoder-lr", help="Encoder learning rate in finetune mode."),
@@ -49,7 +79,9 @@ def train(
     seed: int = typer.Option(0, "--seed", help="Same seed, same model."),
     patience: int = typer.Option(3, "--patience", help="Epochs without a better dev score before stopping."),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy or macro_f1 (model selection)."),
-    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Frozen feature cache (default ~/.cache/layerwise/features)."),
+    cache_dir: Optional[str] = typer.Option(
+        None, "--cache-dir", help="Frozen feature cache (default ~/.cache/layerwise/features)."
+    ),
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
@@ -77,4 +109,6 @@ def train(
         print(format_scores(result.test, title="test: "))
     if result.layers:
         print("\nlearned layer weights: " + json.dumps(result.layers))
-    err_console.print(f"saved to {output} in {result.seconds:.1f}s (features {result.feature_seconds:.1f}s)", highlight=False)
+    err_console.print(
+        f"saved to {output} in {result.seconds:.1f}s (features {result.feature_seconds:.1f}s)", highlight=False
+    )

@@ -44,7 +44,7 @@ class SequenceClassifier:
         self.config = config
         self.extractor = extractor
         self.spec = config.encode.resolve(extractor, learned=True)
-        self.layers: tuple[int, ...] = tuple(self.spec.layers)  # type: ignore[arg-type]
+        self.layers: tuple[int, ...] = tuple(self.spec.layer_indices)
         # per-layer features [K, W]: each layer pooled on its own (W doubled for mean_max)
         per_layer = self.spec.replace(combine="stack", weights=None)
         width = per_layer.feature_shape(extractor.site_width(config.site))[-1]
@@ -91,7 +91,9 @@ class SequenceClassifier:
 
     def predict_proba(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         """Class probabilities ``[n, C]`` in the order of :attr:`labels`."""
-        return np.concatenate([p for _, p in self.iter_predict(texts, batch_size)]) if len(texts) else np.zeros((0, len(self.labels)))
+        if not len(texts):
+            return np.zeros((0, len(self.labels)))
+        return np.concatenate([p for _, p in self.iter_predict(texts, batch_size)])
 
     def iter_predict(self, texts: Sequence[str], batch_size: int = 256) -> Iterator[tuple[list[str], np.ndarray]]:
         """``(labels, probabilities [b, C])`` for consecutive slices of ``batch_size`` texts (streaming)."""
@@ -120,7 +122,8 @@ class SequenceClassifier:
         save_file(state, str(out / "head.safetensors"), metadata=meta)
         if self.config.mode == "finetune":
             with quiet_transformers():
-                self.extractor.model.save_pretrained(out / "encoder", safe_serialization=True)
+                # save_pretrained: a transformers PreTrainedModel method, typed here as nn.Module.__getattr__'s Tensor
+                self.extractor.model.save_pretrained(out / "encoder", safe_serialization=True)  # type: ignore[operator]
                 self.extractor.tokenizer.save_pretrained(out / "encoder")
         if log is not None:
             (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
@@ -129,7 +132,9 @@ class SequenceClassifier:
         return out
 
 
-def load(directory: str | os.PathLike, *, device: str | None = None, extractor: Extractor | None = None) -> SequenceClassifier:
+def load(
+    directory: str | os.PathLike, *, device: str | None = None, extractor: Extractor | None = None
+) -> SequenceClassifier:
     """Load a model directory written by :meth:`SequenceClassifier.save` (or ``layerwise train``).
 
     Args:
@@ -141,7 +146,9 @@ def load(directory: str | os.PathLike, *, device: str | None = None, extractor: 
 
     root = Path(directory)
     if not (root / "config.json").is_file() or not (root / "head.safetensors").is_file():
-        raise ValueError(f"{os.fspath(directory)!r} is not a layerwise model directory (needs config.json and head.safetensors)")
+        raise ValueError(
+            f"{os.fspath(directory)!r} is not a layerwise model directory (needs config.json and head.safetensors)"
+        )
     config = HeadConfig.from_json(root / "config.json")
     if extractor is None:
         encoder = str(root / "encoder") if config.mode == "finetune" else config.model

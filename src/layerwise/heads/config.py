@@ -2,8 +2,8 @@
 
 Data flow of a head (pool each layer, then combine the layers, then classify)::
 
-    encoder layers [K, batch, tokens, W] --pool per layer--> [batch, K, W] --combine--> [batch, D] --classifier--> logits
-                                     \\--(pool="attention")--combine per token--> [batch, tokens, D] --AttentionPool--/
+    encoder layers [K, batch, tokens, W] --pool per layer--> [batch, K, W] --combine--> [batch, D] --classifier-> logits
+                                     \\--(pool="attention")--combine per token--> [batch, tokens, D] --AttentionPool-/
 
 ================  ===========================================================================================
 field             valid values
@@ -101,7 +101,10 @@ class HeadConfig:
         mode: str = "frozen",
         max_length: int | None = None,
     ):
-        given = {k: v for k, v in zip(_SHORTCUTS, (layers, site, pool, combine, weights)) if v is not None}
+        # keyword arguments of EncodeSpec, each from the same-named parameter above (their types differ)
+        given: dict[str, Any] = {
+            k: v for k, v in zip(_SHORTCUTS, (layers, site, pool, combine, weights)) if v is not None
+        }
         if encode is not None and given:
             raise ValueError(f"give encode=EncodeSpec(...) or the shortcuts {sorted(given)}, not both")
         if encode is not None and not isinstance(encode, EncodeSpec):
@@ -139,14 +142,16 @@ class HeadConfig:
         return str(self.encode.combine)
 
     @property
-    def weights(self) -> tuple[float, ...] | None:
-        """Fixed layer weights (``combine="weighted"``)."""
+    def weights(self) -> Sequence[float] | None:
+        """Fixed layer weights (``combine="weighted"``; a tuple of floats)."""
         return self.encode.weights
 
     def validate(self) -> None:
         """``ValueError`` naming the bad field, its value and the valid ones."""
         if not isinstance(self.labels, (list, tuple)) or len(self.labels) == 1:
-            raise ValueError(f"a classifier needs at least 2 labels (or none yet, to be read from data), got {self.labels!r}")
+            raise ValueError(
+                f"a classifier needs at least 2 labels (or none yet, to be read from data), got {self.labels!r}"
+            )
         if len(set(map(str, self.labels))) != len(self.labels):
             raise ValueError(f"labels must be distinct, got {self.labels!r}")
         self.labels = [str(label) for label in self.labels]
@@ -159,8 +164,11 @@ class HeadConfig:
         _check("activation", self.activation, ACTIVATIONS)
         _check("mode", self.mode, MODES)
         if self.classifier == "per_layer" and self.pool == "attention":
-            raise ValueError("classifier='per_layer' needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(
+                "classifier='per_layer' needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'"
+            )
+        dropout = self.dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not isinstance(self.hidden, (list, tuple)) or any(
             isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden

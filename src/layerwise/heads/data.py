@@ -64,7 +64,9 @@ def read_labelled(
 
 def label_map(labels: Sequence[str]) -> list[str]:
     """The sorted distinct labels of a training set; ``ValueError`` if there is only one class."""
-    names = sorted(set(labels), key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+    names = sorted(
+        set(labels), key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s)
+    )
     if len(names) < 2:
         raise ValueError(f"the training data has a single class ({names[0]!r}); a classifier needs at least two")
     return names
@@ -148,10 +150,14 @@ def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str
     raw = store.column(label_field)
     keep = [i for i, v in enumerate(raw) if v is not None and str(v).strip()]
     labels = [str(raw[i]).strip() for i in keep]
-    stored = list(store.spec.layers)
+    stored = list(store.spec.layer_indices)
     pos = [stored.index(i) for i in layers]
     if store.level == "sentence":  # chunk by chunk: never hold all layers of the corpus at once
-        x = np.concatenate([np.asarray(c[:, pos], dtype=np.float32) for c in store.iter_chunks(8192)])
+        chunks = []
+        for c in store.iter_chunks(8192):
+            assert isinstance(c, np.ndarray)  # sentence level: every chunk is one [n, *F] array
+            chunks.append(np.asarray(c[:, pos], dtype=np.float32))
+        x = np.concatenate(chunks)
         return FrozenFeatures(torch.from_numpy(x[keep]), labels)
     rows, offsets = store.ragged()
     if len(keep) < len(raw):

@@ -42,7 +42,11 @@ def format_scores(scores: dict, title: str = "") -> str:
     for label in labels:
         c = scores["per_class"][label]
         lines.append(f"{label:<{width}}  {c['precision']:9.4f}  {c['recall']:6.4f}  {c['f1']:.4f}  {c['support']:7d}")
-    lines += ["", "confusion (rows = gold, columns = predicted):", " " * width + "  " + "  ".join(f"{x:>7}" for x in labels)]
+    lines += [
+        "",
+        "confusion (rows = gold, columns = predicted):",
+        " " * width + "  " + "  ".join(f"{x:>7}" for x in labels),
+    ]
     for label, row in zip(labels, scores["confusion"]):
         lines.append(f"{label:<{width}}  " + "  ".join(f"{v:>7d}" for v in row))
     return "\n".join(lines)

@@ -91,7 +91,7 @@ class LayerHead(nn.Module):
         return None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[batch, C]`` from ``x [batch, K, W]`` or, for ``pool="attention"``, ``x [batch, T, K, W]`` + mask."""
+        """Logits ``[batch, C]`` from ``x [batch, K, W]``; for ``pool="attention"``, ``x [batch, T, K, W]`` + mask."""
         if x.shape[-2:] != (self.num_layers, self.width):
             raise ValueError(
                 f"head expects features [..., {self.num_layers}, {self.width}] (layers, width), got {tuple(x.shape)}"
@@ -102,7 +102,9 @@ class LayerHead(nn.Module):
         h = self.combine(x)
         if self.token_pool is not None:
             if mask is None or x.dim() != 4:
-                raise ValueError("pool='attention' needs token features [batch, tokens, K, W] and a mask [batch, tokens]")
+                raise ValueError(
+                    "pool='attention' needs token features [batch, tokens, K, W] and a mask [batch, tokens]"
+                )
             h = self.token_pool(h, mask)
         return self.classifier(h)
 

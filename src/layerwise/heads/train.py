@@ -6,8 +6,8 @@ Example::
     >>> cfg = lw.heads.HeadConfig(layers="-4:", pool="max", combine="concat", classifier="mlp", dropout=0.2)
     >>> opts = lw.heads.TrainOptions(epochs=10, seed=0)
     >>> result = lw.heads.train(cfg, "train.tsv", "dev.tsv", text_field="sentence", options=opts,
-    ...                         output="sst2-head")                                                # doctest: +SKIP
-    >>> result.dev["accuracy"], result.best_epoch                                                        # doctest: +SKIP
+    ...                         output="sst2-head")                                        # doctest: +SKIP
+    >>> result.dev["accuracy"], result.best_epoch                                                # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _check_positive(name: str, value: object, kind: type = int) -> None:
 
 def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress) -> tuple[dict, list[str]]:
     """Read every split (frozen: through the feature cache); fix the label list from train."""
-    layers = clf_config.encode.resolve(ex, learned=True).layers
+    layers = clf_config.encode.resolve(ex, learned=True).layer_indices
     raw: dict[str, tuple[list[str], FrozenFeatures | None, list[str] | None]] = {}
     for name, path in paths.items():
         if clf_config.mode == "frozen":
@@ -128,10 +128,10 @@ def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train:
     dev = clf.extractor.loaded.device
     if split.feats is not None:
         x, mask = split.feats.batch(index)
-    elif train:
-        x, mask = clf.train_features([split.texts[i] for i in index.tolist()])
     else:
-        x, mask = clf.features([split.texts[i] for i in index.tolist()])
+        assert split.texts is not None  # a split without cached features (finetune mode) holds its texts
+        texts = [split.texts[i] for i in index.tolist()]
+        x, mask = clf.train_features(texts) if train else clf.features(texts)
     return x.to(dev).float(), None if mask is None else mask.to(dev)
 
 

@@ -22,6 +22,7 @@ class ProbeConfig:
         probe: ``linear`` (default), ``mlp`` (``hidden`` units) or ``bilstm`` (tagging; 2 layers, ``hidden`` per
             direction; the BERT paper used 768), with ``crf=True`` for a CRF output layer.
         hidden, epochs, lr: probe size and training.
+        patience: stop a probe after this many epochs without a better dev score.
         restarts: seeds per probe; tables show mean ± std (the paper averages 5).
         scheme: tag scheme for entity F1: ``auto`` (detected), ``IOB1``, ``IOB2``, ``IOBES`` or ``none``.
         subword: how a word's sub-tokens are pooled (``first`` as in the paper; ``mean``, ``last``, ...).
@@ -37,6 +38,7 @@ class ProbeConfig:
     hidden: int = 256
     epochs: int = 8
     lr: float = 1e-3
+    patience: int = 2
     restarts: int = 1
     scheme: str = "auto"
     subword: str = "first"
@@ -51,14 +53,16 @@ class ProbeConfig:
             raise ValueError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
-        for name in ("restarts", "hidden", "epochs"):
+        for name in ("restarts", "hidden", "epochs", "patience"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.probe == "bilstm" and self.task != "tagging":
             raise ValueError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
         if self.crf and self.probe != "bilstm":
-            raise ValueError(f"crf=True is the output layer of the bilstm probe; use probe='bilstm' (got {self.probe!r})")
+            raise ValueError(
+                f"crf=True is the output layer of the bilstm probe; use probe='bilstm' (got {self.probe!r})"
+            )
 
     def replace(self, **changes: Any) -> "ProbeConfig":
         """A copy with ``changes`` applied (validated again)."""

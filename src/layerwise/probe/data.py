@@ -48,9 +48,16 @@ class ProbeSplit:
         return len(self.labels)
 
     @property
+    def sentence_offsets(self) -> np.ndarray:
+        """Tagging: ``offsets``; ``TypeError`` for a sentence task, whose split has none."""
+        if self.offsets is None:
+            raise TypeError("a sentence-task split has no sentence offsets (offsets is None); only tagging splits do")
+        return self.offsets
+
+    @property
     def sentences(self) -> list[list[str]]:
         """Tagging: the gold tags sentence by sentence."""
-        off = self.offsets
+        off = self.sentence_offsets
         return [self.labels[off[i] : off[i + 1]] for i in range(len(off) - 1)]
 
 
@@ -61,13 +68,19 @@ def check_task(task: str, path: str | os.PathLike, column: str | None, fmt: str 
     fmt = detect_format(path, fmt)
     if task == "tagging":
         if fmt not in TAG_COLUMNS:
-            raise ValueError(f"task 'tagging' reads CoNLL-2003 (.conll) or CoNLL-U (.conllu) files; {os.fspath(path)!r} is {fmt}")
+            raise ValueError(
+                f"task 'tagging' reads CoNLL-2003 (.conll) or CoNLL-U (.conllu) files; {os.fspath(path)!r} is {fmt}"
+            )
         column = column or TAG_COLUMNS[fmt][0]
         if column not in TAG_COLUMNS[fmt]:
-            raise ValueError(f"column {column!r} is not a tag column of {fmt}. Valid columns are: {', '.join(TAG_COLUMNS[fmt])}")
+            raise ValueError(
+                f"column {column!r} is not a tag column of {fmt}. Valid columns are: {', '.join(TAG_COLUMNS[fmt])}"
+            )
     else:
         if fmt in TAG_COLUMNS:
-            raise ValueError(f"task 'sentence' reads text+label files (tsv, csv, jsonl, parquet); {os.fspath(path)!r} is {fmt}")
+            raise ValueError(
+                f"task 'sentence' reads text+label files (tsv, csv, jsonl, parquet); {os.fspath(path)!r} is {fmt}"
+            )
         column = column or "label"
     return fmt, column
 

@@ -93,7 +93,8 @@ class CRF(nn.Module):
             best, idx = total.max(1)
             nxt = best + em[:, t]
             score = torch.where(mask[:, t : t + 1], nxt, score)
-            back.append(torch.where(mask[:, t : t + 1], idx, torch.arange(em.shape[2], device=em.device).expand_as(idx)))
+            stay = torch.arange(em.shape[2], device=em.device).expand_as(idx)  # masked steps keep their tag
+            back.append(torch.where(mask[:, t : t + 1], idx, stay))
         score = score + self.end
         out = []
         lengths = mask.sum(1).tolist()
@@ -110,7 +111,9 @@ class CRF(nn.Module):
 class SequenceProbe(nn.Module):
     """Layers combined per word -> 2-layer BiLSTM -> linear (-> CRF). ``x [batch, T, K, W]``, ``mask [batch, T]``."""
 
-    def __init__(self, spec: ProbeSpec, num_tags: int, width: int, hidden: int = 256, crf: bool = False, dropout: float = 0.1):
+    def __init__(
+        self, spec: ProbeSpec, num_tags: int, width: int, hidden: int = 256, crf: bool = False, dropout: float = 0.1
+    ):
         super().__init__()
         self.combine_mode = spec.combine
         self.mix = learned_combiner(spec.combine, len(spec.layers), width)

@@ -7,12 +7,19 @@ import csv
 import html
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
-    """Linear CKA (Kornblith et al. 2019) between ``x [n, p]`` and ``y [n, q]``: ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``."""
+    """Linear CKA (Kornblith et al. 2019) between ``x [n, p]`` and ``y [n, q]``.
+
+    ``||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)``, with ``Xc`` and ``Yc`` centred column by column.
+    """
     x = x - x.mean(0, keepdims=True)
     y = y - y.mean(0, keepdims=True)
     cross = np.linalg.norm(y.T @ x) ** 2
@@ -36,7 +43,7 @@ def cka_matrix(x: np.ndarray, max_rows: int = 4000, seed: int = 0) -> np.ndarray
 def _fmt(mean: float | None, std: float | None, restarts: int) -> str:
     if mean is None:
         return "-"
-    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if restarts > 1 else "")
+    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if restarts > 1 and std is not None else "")
 
 
 def table_rows(results) -> list[dict]:
@@ -139,9 +146,11 @@ def write_all(results, out: Path) -> dict[str, Path]:
     table_html = _md_table_html(md)
     prov = html.escape(json.dumps(results.provenance, indent=2))
     files["report.html"].write_text(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>layerwise probe: {html.escape(results.task_title)}</title>"
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>layerwise probe: {html.escape(results.task_title)}</title>"
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}</style></head><body>"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
+        "</style></head><body>"
         f"<h1>{html.escape(results.task_title)}</h1>{table_html}"
         f"<h2>Score per layer</h2><img src='data:image/png;base64,{imgs['layers.png']}'>"
         f"<h2>Similarity between layers</h2><img src='data:image/png;base64,{imgs['similarity.png']}'>"
@@ -161,7 +170,8 @@ def _md_table_html(md: str) -> str:
     return "\n".join(out) + "</table>"
 
 
-def terminal_table(results):
+def terminal_table(results) -> Table:
+    """The probe table for the terminal (rich): one row per probe with its dev and test scores."""
     from rich.table import Table
 
     t = Table(title=results.task_title)

@@ -156,7 +156,7 @@ def _train_all(cfg: ProbeConfig, ex: Extractor, splits: dict[str, ProbeSplit], l
                metric: str, say: Callable[[str], None]) -> list[dict]:
     """Train every probe (every layer, then the strategies) with ``cfg.restarts`` seeds; one table row each."""
     opts = ProbeOptions(probe=cfg.probe, crf=cfg.crf, hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
-                        device=str(ex.loaded.device))
+                        patience=cfg.patience, device=str(ex.loaded.device))
     specs = probe_specs(ex.num_layers)
     if cfg.layers_only:
         specs = [s for s in specs if s.kind == "layer"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..heads import LayerHead
 from ..rng import seeded
 from .data import ProbeSplit
 from .metrics import sentence_scores, tagging_scores
@@ -52,7 +53,7 @@ class _Scorer:
         names = [self.labels[i] if 0 <= i < len(self.labels) else "O" for i in pred]
         if self.task == "sentence":
             return sentence_scores(split.labels, names, self.labels)
-        off = split.offsets
+        off = split.sentence_offsets
         pred_s = [names[off[i] : off[i + 1]] for i in range(len(off) - 1)]
         return tagging_scores(split.sentences, pred_s, self.scheme)
 
@@ -72,7 +73,7 @@ def _row_predict(head, split: ProbeSplit, pos: list[int], dev: str) -> list[int]
 
 
 def _sentence_batch(split: ProbeSplit, sents: list[int], pos: list[int], y: torch.Tensor | None):
-    off = split.offsets
+    off = split.sentence_offsets
     lengths = [int(off[i + 1] - off[i]) for i in sents]
     T = max(lengths)
     x = torch.zeros((len(sents), T, len(pos), split.x.shape[-1]))
@@ -89,7 +90,7 @@ def _sentence_batch(split: ProbeSplit, sents: list[int], pos: list[int], y: torc
 def _seq_predict(model: SequenceProbe, split: ProbeSplit, pos: list[int], dev: str) -> list[int]:
     model.eval()
     out: list[int] = []
-    n = len(split.offsets) - 1
+    n = len(split.sentence_offsets) - 1
     with torch.inference_mode():
         for s in range(0, n, 64):
             x, mask, _ = _sentence_batch(split, list(range(s, min(n, s + 64))), pos, None)
@@ -119,15 +120,24 @@ def _fit(
     width = train.x.shape[-1]
     score = _Scorer(task, labels, scheme)
     y = _targets(train, index)
-    sequence = opts.probe == "bilstm"
-    if sequence:
-        model = SequenceProbe(spec, len(labels), width, hidden=opts.hidden, crf=opts.crf, dropout=opts.dropout)
-        predict = lambda split: _seq_predict(model, split, pos, opts.device)  # noqa: E731
-        n_items = len(train.offsets) - 1
+    model: SequenceProbe | LayerHead
+    if opts.probe == "bilstm":
+        seq_model = SequenceProbe(spec, len(labels), width, hidden=opts.hidden, crf=opts.crf, dropout=opts.dropout)
+        model = seq_model
+
+        def predict(split: ProbeSplit) -> list[int]:
+            return _seq_predict(seq_model, split, pos, opts.device)
+
+        n_items = len(train.sentence_offsets) - 1
         batch = 32
     else:
-        model = word_head(spec, labels, width, opts.probe, opts.hidden, opts.dropout if opts.probe == "mlp" else 0.0)
-        predict = lambda split: _row_predict(model, split, pos, opts.device)  # noqa: E731
+        dropout = opts.dropout if opts.probe == "mlp" else 0.0
+        row_model = word_head(spec, labels, width, opts.probe, opts.hidden, dropout)
+        model = row_model
+
+        def predict(split: ProbeSplit) -> list[int]:
+            return _row_predict(row_model, split, pos, opts.device)
+
         n_items = len(train)
         batch = opts.batch_size
     model.to(opts.device)
@@ -138,7 +148,7 @@ def _fit(
         order = torch.randperm(n_items, generator=gen)
         for s in range(0, n_items, batch):
             idx = order[s : s + batch]
-            if sequence:
+            if isinstance(model, SequenceProbe):
                 x, mask, tags = _sentence_batch(train, idx.tolist(), pos, y)
                 loss = model.loss(x.to(opts.device), tags.to(opts.device), mask.to(opts.device))
             else:
@@ -159,6 +169,7 @@ def _fit(
             stale += 1
             if stale >= opts.patience:
                 break
+    assert best_state is not None  # epochs >= 1 and every score > -1.0: the first epoch always sets it
     model.load_state_dict(best_state)
     run = ProbeRun(dev=score(dev, predict(dev)), test=score(test, predict(test)) if test is not None else None,
                    epochs=best_epoch)

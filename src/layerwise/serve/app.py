@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Callable, Literal, Optional, Union
 
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
@@ -190,7 +190,9 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
 
 def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows: list) -> dict:
     """The JSON body for one request's rows ``[(vector, Tokenized)]``; ``spec`` is the resolved request spec."""
-    body: dict = {"model": ex.loaded.name, "layers": list(spec.layers), "level": spec.level, "spec": spec.to_dict()}
+    body: dict = {
+        "model": ex.loaded.name, "layers": list(spec.layer_indices), "level": spec.level, "spec": spec.to_dict()
+    }
     vecs = [v for v, _ in rows]
     if spec.level == "sentence":
         arr = np.stack(vecs)
@@ -222,7 +224,9 @@ def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, 
     for i, item in enumerate(items):
         n = len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item)
         if n > limits.max_text_chars:
-            raise HTTPException(422, f"text {i} has {n} characters; the limit is {limits.max_text_chars} (max_text_chars)")
+            raise HTTPException(
+                422, f"text {i} has {n} characters; the limit is {limits.max_text_chars} (max_text_chars)"
+            )
     if req.level == "word" and req.texts is not None:
         items = [t.split() for t in req.texts]
     try:
@@ -232,7 +236,7 @@ def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, 
     return list(items), spec
 
 
-def _runner(ex: Extractor, metrics: Metrics):
+def _runner(ex: Extractor, metrics: Metrics) -> Callable[[EncodeSpec, list], list]:
     """The worker's model call for one merged batch: ``(spec, items) -> [(vector ndarray, Tokenized)]``."""
 
     def run(spec: EncodeSpec, items: list) -> list:

@@ -13,14 +13,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Hashable, TypeVar
+
+K = TypeVar("K", bound=Hashable)  # the options key: requests with equal keys may share a model call
 
 
 @dataclass
-class Job:
+class Job(Generic[K]):
     """One request: its options key, its items (texts or word lists) and the future its caller awaits."""
 
-    key: tuple
+    key: K
     items: list
     cost: int  # estimated tokens
     future: asyncio.Future
@@ -28,21 +30,21 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
-class Batcher:
+class Batcher(Generic[K]):
     """Queue + worker thread. ``run(key, items) -> list`` is the blocking model call for one merged batch."""
 
-    def __init__(self, run: Callable[[tuple, list], list], *, max_batch_tokens: int = 16384, max_batch_texts: int = 512,
+    def __init__(self, run: Callable[[K, list], list], *, max_batch_tokens: int = 16384, max_batch_texts: int = 512,
                  on_batch: Callable[[int, int, int, float], None] | None = None):
         self._run = run
         self.max_tokens, self.max_texts = max_batch_tokens, max_batch_texts
         self._on_batch = on_batch
-        self._queue: deque[Job] = deque()
+        self._queue: deque[Job[K]] = deque()
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="layerwise-batcher", daemon=True)
         self._thread.start()
 
-    async def submit(self, key: tuple, items: list, cost: int) -> Any:
+    async def submit(self, key: K, items: list, cost: int) -> Any:
         loop = asyncio.get_running_loop()
         job = Job(key, items, cost, loop.create_future(), loop)
         with self._cv:
@@ -56,11 +58,11 @@ class Batcher:
             self._cv.notify_all()
         self._thread.join(timeout=10)
 
-    def _take(self) -> list[Job]:
+    def _take(self) -> list[Job[K]]:
         """The oldest job and every queued job compatible with it that fits the batch budget."""
         first = self._queue.popleft()
         batch, tokens, texts = [first], first.cost, len(first.items)
-        rest = deque()
+        rest: deque[Job[K]] = deque()
         while self._queue:
             job = self._queue.popleft()
             if (job.key == first.key and tokens + job.cost <= self.max_tokens
@@ -83,11 +85,12 @@ class Batcher:
                 batch = self._take()
             items = [item for job in batch for item in job.items]
             t0 = time.perf_counter()
+            results: list = []
+            error: Exception | None = None
             try:
                 results = self._run(batch[0].key, items)
-                error = None
             except Exception as exc:  # handed to every request of the batch; the worker keeps serving
-                results, error = None, exc
+                error = exc
             seconds = time.perf_counter() - t0
             if self._on_batch is not None:
                 self._on_batch(len(batch), len(items), sum(j.cost for j in batch), seconds)

@@ -43,7 +43,7 @@ import numpy as np
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 2
-STORE_DTYPES = {"float32": np.float32, "float16": np.float16}
+STORE_DTYPES: dict[str, type[np.floating[Any]]] = {"float32": np.float32, "float16": np.float16}
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")

@@ -43,7 +43,9 @@ class FeatureStore:
         self.path = Path(path)
         mpath = self.path / MANIFEST
         if not mpath.is_file():
-            raise ValueError(f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST}); create one with layerwise extract")
+            raise ValueError(
+                f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST}); create one with layerwise extract"
+            )
         self.manifest: dict[str, Any] = read_json(mpath)
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{mpath} is not a layerwise store manifest")
@@ -94,7 +96,8 @@ class FeatureStore:
         s = self.spec
         return (
             f"FeatureStore({str(self.path)!r}, records={len(self)}, level={self.level!r}, "
-            f"feature_shape={self.feature_shape}, layers={list(s.layers)}, combine={s.combine!r}, dtype={s.dtype})"
+            f"feature_shape={self.feature_shape}, layers={list(s.layer_indices)}, combine={s.combine!r}, "
+            f"dtype={s.dtype})"
         )
 
     # ---- access -----------------------------------------------------------------------------------------
@@ -151,7 +154,10 @@ class FeatureStore:
         return np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._shards])
 
     def ragged(self) -> tuple[np.ndarray, np.ndarray]:
-        """Token/word level: ``(rows [N, *F], offsets [records + 1])``; record ``i`` is ``rows[offsets[i]:offsets[i+1]]``."""
+        """Token/word level: ``(rows [N, *F], offsets [records + 1])``.
+
+        Record ``i`` is ``rows[offsets[i]:offsets[i+1]]``.
+        """
         if self.level == "sentence":
             raise ValueError("ragged() is for token- and word-level stores; use to_numpy() at sentence level")
         rows, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0

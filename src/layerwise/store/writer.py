@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,8 +22,21 @@ import numpy as np
 
 from ..provenance import differences, now, stamp
 from .layout import (
-    ERRORS, FORMAT, FORMAT_VERSION, MANIFEST, ShardFile, StoreError, StoreFullError, atomic_write_bytes, is_disk_full,
-    list_shards, read_json, remove_temporaries, shard_name, write_json, write_shard,
+    ERRORS,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    ShardFile,
+    StoreError,
+    StoreFullError,
+    atomic_write_bytes,
+    is_disk_full,
+    list_shards,
+    read_json,
+    remove_temporaries,
+    shard_name,
+    write_json,
+    write_shard,
 )
 
 OpenState = Literal["new", "resume", "complete"]
@@ -46,7 +60,7 @@ class StoreWriter:
         header: ``spec``, ``model``, ``tokenizer``, ``input`` and ``feature_shape`` of the run (JSON-ready).
     """
 
-    def __init__(self, path: str | Path, header: dict[str, Any]):
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]):
         self.path = Path(path)
         self.header = header
         self.manifest: dict[str, Any] = {}
