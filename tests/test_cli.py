@@ -187,3 +187,16 @@ def test_error_text_is_not_markup(runner, tiny):
     model, _ = tiny
     err = _user_error(runner.invoke(app, ["encode", "x", "--layers", "[/x]", *model]))
     assert "malformed layer spec '[/x]'" in err
+
+
+def test_documented_shard_size_is_the_real_one():
+    """The shard size is said in the CLI help and the README; both must match the engine's constant."""
+    from pathlib import Path
+
+    from layerwise.engine import SHARD_BYTES
+
+    mb = f"~{SHARD_BYTES >> 20} MB"
+    res = CliRunner().invoke(app, ["extract", "--help"], env={"COLUMNS": "200"})
+    assert mb in " ".join(res.stdout.split())
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert f"(~{SHARD_BYTES >> 20} MB each)" in readme and not re.search(r"[^,\d]64 MB", readme)

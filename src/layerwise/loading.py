@@ -182,8 +182,6 @@ def load_model(
         ModelLoadError (a ValueError): missing path, hub id not reachable offline, pickle-only checkpoint
             without ``allow_pickle``, unsupported family, tokenizer without offsets.
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
     source, is_local = _source(model)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -192,41 +190,14 @@ def load_model(
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision is not None:
         kwargs["revision"] = revision
-    try:
-        config = AutoConfig.from_pretrained(source, **kwargs)
-    except OSError as exc:
-        if is_local:
-            raise ModelLoadError(f"could not read config.json in {source!r}: {exc}") from exc
-        raise ModelLoadError(
-            f"could not load {source!r} from the Hugging Face hub (offline, or no such repository) and it is not "
-            f"a local directory. Download it once where you are online (e.g. `huggingface-cli download {source} "
-            f"--local-dir ./models/{source.split('/')[-1]}`) and pass that directory: "
-            f"Extractor('./models/{source.split('/')[-1]}'). Original error: {str(exc).splitlines()[0]}"
-        ) from exc
+    config = _read_config(source, is_local, kwargs)
     try:
         family = family_for(getattr(config, "model_type", ""))
     except ValueError as exc:
         raise ModelLoadError(f"{source!r}: {exc}") from None
-    try:
-        with quiet_transformers():
-            net = AutoModel.from_pretrained(
-                source,
-                config=config,
-                dtype=torch_dtype,
-                use_safetensors=None if allow_pickle else True,
-                **kwargs,
-            )
-    except OSError as exc:
-        hint = "" if allow_pickle else " If only a pickle checkpoint exists and you trust it, pass allow_pickle=True."
-        raise ModelLoadError(f"could not load the weights of {source!r}: {str(exc).splitlines()[0]}.{hint}") from exc
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelLoadError(
-            f"the tokenizer of {source!r} is not a fast (Rust) tokenizer; layerwise needs offsets and word ids, "
-            f"which only fast tokenizers give. Provide a tokenizer.json in the model directory."
-        )
+    net = _read_weights(source, config, torch_dtype, allow_pickle, kwargs)
+    tokenizer = _read_tokenizer(source, kwargs)
     net.eval().to(dev)
-    num_layers = family.num_layers(config)
     max_len = family.max_positions(config)
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < max_len:
@@ -236,10 +207,51 @@ def load_model(
         tokenizer=tokenizer,
         family=family,
         name=DEFAULT_MODEL_NAME if model is None else os.fspath(model),
-        num_layers=num_layers,
+        num_layers=family.num_layers(config),
         hidden_size=int(config.hidden_size if hasattr(config, "hidden_size") else config.dim),
         intermediate_size=int(getattr(config, "intermediate_size", getattr(config, "hidden_dim", 0))),
         max_length=max_len,
         device=dev,
         dtype=torch_dtype,
     )
+
+
+def _read_config(source: str, is_local: bool, kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        if is_local:
+            raise ModelLoadError(f"could not read config.json in {source!r}: {exc}") from exc
+        raise ModelLoadError(
+            f"could not load {source!r} from the Hugging Face hub (offline, or no such repository) and it is not "
+            f"a local directory. Download it once where you are online (e.g. `huggingface-cli download {source} "
+            f"--local-dir ./models/{source.split('/')[-1]}`) and pass that directory: "
+            f"Extractor('./models/{source.split('/')[-1]}'). Original error: {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def _read_weights(source: str, config: Any, dtype: torch.dtype, allow_pickle: bool, kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoModel
+
+    try:
+        with quiet_transformers():
+            return AutoModel.from_pretrained(
+                source, config=config, dtype=dtype, use_safetensors=None if allow_pickle else True, **kwargs
+            )
+    except OSError as exc:
+        hint = "" if allow_pickle else " If only a pickle checkpoint exists and you trust it, pass allow_pickle=True."
+        raise ModelLoadError(f"could not load the weights of {source!r}: {str(exc).splitlines()[0]}.{hint}") from exc
+
+
+def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"the tokenizer of {source!r} is not a fast (Rust) tokenizer; layerwise needs offsets and word ids, "
+            f"which only fast tokenizers give. Provide a tokenizer.json in the model directory."
+        )
+    return tokenizer

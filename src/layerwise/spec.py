@@ -253,10 +253,7 @@ class EncodeSpec:
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The spec as JSON text; also written to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "EncodeSpec":
@@ -266,6 +263,14 @@ class EncodeSpec:
     def replace(self, **changes: Any) -> "EncodeSpec":
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def dump_json(data: dict[str, Any], path: str | Path | None = None) -> str:
+    """``data`` as indented JSON text; also written to ``path`` (UTF-8, trailing newline) when given."""
+    text = json.dumps(data, indent=2)
+    if path is not None:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+    return text
 
 
 def read_json_arg(text_or_path: str | Path, what: str) -> Any:
@@ -286,5 +291,5 @@ def read_json_arg(text_or_path: str | Path, what: str) -> Any:
         raise ValueError(f"{what}: {source} is not valid JSON ({exc})") from None
 
 
-__all__ = ["EncodeSpec", "LEVELS", "Level", "ModelFacts", "OUTPUT_DTYPES", "read_json_arg"]
+__all__ = ["EncodeSpec", "LEVELS", "Level", "ModelFacts", "OUTPUT_DTYPES", "dump_json", "read_json_arg"]
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .layers import LayerSpec, layer_label, resolve_layers
+from .padding import pad_ids, pad_rows
 
 
 @dataclass
@@ -51,14 +52,12 @@ class LayerStack:
     @classmethod
     def from_tokens(cls, tensor: torch.Tensor, layers, site: str, toks, pad_id: int, num_layers: int) -> "LayerStack":
         """A stack for ``tensor [layers, batch, tokens, width]`` with masks and ids built from tokenised texts."""
-        n, longest = len(toks), tensor.shape[2]
-        ids = torch.full((n, longest), pad_id, dtype=torch.long)
-        mask = torch.zeros((n, longest), dtype=torch.long)
-        special = torch.ones((n, longest), dtype=torch.long)
-        for i, t in enumerate(toks):
-            ids[i, : len(t.ids)] = torch.tensor(t.ids, dtype=torch.long)
-            mask[i, : len(t.ids)] = 1
-            special[i, : len(t.ids)] = torch.tensor(t.special, dtype=torch.long)
+        longest = tensor.shape[2]
+        ids, mask = pad_ids([t.ids for t in toks], pad_id)
+        ids = torch.nn.functional.pad(ids, (0, longest - ids.shape[1]), value=pad_id)
+        mask = torch.nn.functional.pad(mask, (0, longest - mask.shape[1]))
+        special, _ = pad_rows([torch.tensor(t.special, dtype=torch.long) for t in toks], longest=longest)
+        special = special | (1 - mask)  # padding counts as special
         return cls(tensor=tensor, layers=tuple(layers), sites=(site,) * len(layers), attention_mask=mask, input_ids=ids,
                    special_tokens_mask=special, word_ids=[t.word_ids for t in toks],
                    offsets=[t.offsets for t in toks], num_layers=num_layers)

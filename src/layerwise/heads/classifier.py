@@ -110,7 +110,7 @@ class SequenceClassifier:
         """Write the model directory (see the module docstring); returns its path."""
         from safetensors.torch import save_file
 
-        from .. import __version__
+        from ..version import __version__
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

@@ -26,13 +26,12 @@ combining first; for ``max`` with a summing combine the order matters, and layer
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..layers import LayerSpec
-from ..spec import EncodeSpec, read_json_arg
+from ..spec import EncodeSpec, dump_json, read_json_arg
 
 POOLS = ("cls", "mean", "max", "mean_max", "last", "attention")
 COMBINES = ("concat", "sum", "mean", "weighted", "scalar_mix", "attention")
@@ -191,10 +190,7 @@ class HeadConfig:
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The config as JSON text; also written to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HeadConfig":

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..heads import LayerHead
+from ..padding import pad_rows
 from ..rng import seeded
 from .data import ProbeSplit
 from .metrics import sentence_scores, tagging_scores
@@ -72,18 +73,16 @@ def _row_predict(head, split: ProbeSplit, pos: list[int], dev: str) -> list[int]
     return torch.cat(out).tolist()
 
 
-def _sentence_batch(split: ProbeSplit, sents: list[int], pos: list[int], y: torch.Tensor | None):
+def _sentence_batch(
+    split: ProbeSplit, sents: list[int], pos: list[int], y: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sentences ``sents`` as ``(x [b, T, K, W], mask [b, T], tags [b, T])``, zero-padded (tags 0 where unknown)."""
     off = split.sentence_offsets
-    lengths = [int(off[i + 1] - off[i]) for i in sents]
-    T = max(lengths)
-    x = torch.zeros((len(sents), T, len(pos), split.x.shape[-1]))
-    mask = torch.zeros((len(sents), T), dtype=torch.long)
-    tags = torch.zeros((len(sents), T), dtype=torch.long)
-    for r, (i, n) in enumerate(zip(sents, lengths)):
-        x[r, :n] = split.x[off[i] : off[i + 1]][:, pos].float()
-        mask[r, :n] = 1
-        if y is not None:
-            tags[r, :n] = y[off[i] : off[i + 1]].clamp_min(0)
+    spans = [(int(off[i]), int(off[i + 1])) for i in sents]
+    x, mask = pad_rows([split.x[a:b][:, pos].float() for a, b in spans])
+    if y is None:
+        return x, mask, torch.zeros_like(mask)
+    tags, _ = pad_rows([y[a:b].clamp_min(0) for a, b in spans])
     return x, mask, tags
 
 
@@ -109,6 +108,27 @@ def fit_probe(
     """
     with seeded(seed, opts.device) as gen:
         return _fit(spec, train, dev, test, task=task, labels=labels, scheme=scheme, opts=opts, gen=gen)
+
+
+def _epoch(model: SequenceProbe | LayerHead, optim: torch.optim.Optimizer, train: ProbeSplit, y: torch.Tensor,
+           pos: list[int], order: torch.Tensor, batch: int, device: str) -> None:
+    """One pass over ``train`` in ``order``: sentences for a sequence probe, rows (words or records) otherwise."""
+    model.train()
+    for s in range(0, len(order), batch):
+        idx = order[s : s + batch]
+        if isinstance(model, SequenceProbe):
+            x, mask, tags = _sentence_batch(train, idx.tolist(), pos, y)
+            loss = model.loss(x.to(device), tags.to(device), mask.to(device))
+        else:
+            target = y[idx]
+            keep = target >= 0  # labels unseen in training are -100
+            if not bool(keep.any()):
+                continue
+            x = train.x[idx][:, pos].float().to(device)
+            loss = torch.nn.functional.cross_entropy(model(x)[keep.to(device)], target[keep].to(device))
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
 
 
 def _fit(
@@ -144,23 +164,7 @@ def _fit(
     optim = torch.optim.Adam(model.parameters(), lr=opts.lr)
     best, best_state, best_epoch, stale = -1.0, None, 0, 0
     for epoch in range(1, opts.epochs + 1):
-        model.train()
-        order = torch.randperm(n_items, generator=gen)
-        for s in range(0, n_items, batch):
-            idx = order[s : s + batch]
-            if isinstance(model, SequenceProbe):
-                x, mask, tags = _sentence_batch(train, idx.tolist(), pos, y)
-                loss = model.loss(x.to(opts.device), tags.to(opts.device), mask.to(opts.device))
-            else:
-                target = y[idx]
-                keep = target >= 0
-                if not bool(keep.any()):
-                    continue
-                x = train.x[idx][:, pos].float().to(opts.device)
-                loss = torch.nn.functional.cross_entropy(model(x)[keep.to(opts.device)], target[keep].to(opts.device))
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
+        _epoch(model, optim, train, y, pos, torch.randperm(n_items, generator=gen), batch, opts.device)
         dev_scores = score(dev, predict(dev))
         if _main(dev_scores) > best:
             best, best_epoch, stale = _main(dev_scores), epoch, 0
