@@ -29,10 +29,12 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from ..capture import capture
 from ..extractor import Extractor
 from ..loading import quiet_transformers
 from ..padding import pad_rows
 from ..pooling import pool as pool_tokens
+from ..version import __version__
 from .config import HeadConfig
 from .model import LayerHead
 
@@ -70,8 +72,6 @@ class SequenceClassifier:
 
     def train_features(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Differentiable features for fine-tuning (encoder in train mode, windows truncated at ``max_length``)."""
-        from ..capture import capture
-
         ex = self.extractor
         enc = ex.tokenizer(list(texts), truncation=True, max_length=ex.max_length, padding=True, return_tensors="pt")
         dev = ex.loaded.device
@@ -109,8 +109,6 @@ class SequenceClassifier:
     def save(self, directory: str | os.PathLike, *, log: list[dict] | None = None, metrics: dict | None = None) -> Path:
         """Write the model directory (see the module docstring); returns its path."""
         from safetensors.torch import save_file
-
-        from ..version import __version__
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)

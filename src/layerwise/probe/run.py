@@ -26,7 +26,7 @@ from .config import ProbeConfig
 from .data import ProbeSplit, check_task, split_features
 from .metrics import detect_scheme
 from .models import probe_specs
-from .report import cka_matrix, terminal_table, write_all
+from .report import cka_matrix, markdown, terminal_table, write_all
 from .train import ProbeOptions, fit_probe
 
 
@@ -63,8 +63,6 @@ class ProbeResults:
         return d
 
     def to_markdown(self) -> str:
-        from .report import markdown
-
         return markdown(self)
 
 
