@@ -98,3 +98,16 @@ def test_matches_sentence_transformers_mean_pooling(default_extractor):
     cos = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
     assert len(sentences) == 100
     assert cos.min() >= 0.99999, cos.min()
+    # long texts: the model's sentence_bert_config.json says max_seq_length 256, which is layerwise's window too;
+    # sentence-transformers cuts there, so truncate=True gives its vectors (the default windows the whole text)
+    assert default_extractor.max_length == 256
+    long = ["word " * 400, " ".join(rng.choice(words) for _ in range(700)), "naïve résumé " * 150]
+    ours = default_extractor.encode(sentences + long, layers=-1, pool="mean", truncate=True)
+    theirs = model.encode(sentences + long, batch_size=16, convert_to_numpy=True, normalize_embeddings=False)
+    cos = (ours * theirs).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1))
+    assert cos.min() >= 0.99999, cos.min()
+    # normalize=True is sentence-transformers' Normalize module: unit vectors, equal to its normalised output
+    unit = default_extractor.encode(sentences + long, layers=-1, pool="mean", truncate=True, normalize=True)
+    theirs = model.encode(sentences + long, batch_size=16, convert_to_numpy=True, normalize_embeddings=True)
+    assert np.abs(np.linalg.norm(unit, axis=1) - 1).max() <= 1e-5
+    assert np.abs(unit - theirs).max() <= 1e-5

@@ -68,7 +68,9 @@ class Extractor:
         dtype: ``"float32"`` (default), ``"float16"``/``"bfloat16"`` (CUDA; slow on most CPUs).
         batch_tokens: token budget per forward batch (``rows * longest row``); default 1024 on CPU (activations stay
             in cache: 1.45x faster than 8192 on a 2-core CPU, see benchmarks/README.md) and 16384 on CUDA.
-        max_length: window length in tokens (special tokens included); default and maximum: the model's.
+        max_length: window length in tokens (special tokens included); default: the model's
+            ``sentence_bert_config.json`` ``max_seq_length`` when present (256 for the embedded all-MiniLM-L6-v2,
+            the length it was trained at), else the model's maximum; maximum: the model's position limit.
         stride: overlap in tokens between consecutive windows of a long text; default ``max_length // 4``.
         sort_by_length: sort rows by length before batching (faster; results are identical either way).
         revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
@@ -111,7 +113,7 @@ class Extractor:
 
     def _configure_windows(self, max_length: int | None, stride: int | None) -> None:
         limit = self.loaded.max_length
-        self.max_length = limit if max_length is None else _int(max_length, "max_length")
+        self.max_length = self.loaded.window if max_length is None else _int(max_length, "max_length")
         self._template = special_template(self.tokenizer)
         n_special = sum(self._template)
         if not n_special < self.max_length <= limit:
@@ -292,6 +294,7 @@ class Extractor:
         weights: Sequence[float] | None = None,
         skip_special_tokens: bool = False,
         truncate: bool = False,
+        normalize: bool = False,
         return_tensors: ReturnTensors = "np",
         batch_tokens: int | None = None,
         show_progress: bool = False,
@@ -308,6 +311,7 @@ class Extractor:
             weights: fixed per-layer weights for ``combine="weighted"``.
             skip_special_tokens: leave ``[CLS]``/``[SEP]``-like tokens out of the pool.
             truncate: cut texts at ``max_length`` instead of windowing them.
+            normalize: L2-normalise each sentence vector (sentence-transformers' ``Normalize`` module).
             return_tensors: ``"np"`` (float32 numpy) or ``"pt"`` (float32 CPU torch tensors).
             batch_tokens: token budget per forward batch (default: the Extractor's).
             show_progress: show a progress bar.
@@ -320,7 +324,7 @@ class Extractor:
         spec = EncodeSpec(
             layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
             level="token" if pool is None else "sentence", pool=pool, skip_special_tokens=skip_special_tokens,
-            truncate=truncate,
+            truncate=truncate, normalize=normalize,
         )
         results = self._collect(texts, spec, return_tensors, batch_tokens, show_progress)
         return results if pool is None else _out(torch.stack(results), return_tensors)

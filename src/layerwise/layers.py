@@ -17,7 +17,11 @@ A layer spec is one of:
 ``"last"``             ``L``
 ``"second_to_last"``   ``L - 1``
 ``"3"``                a string holding one integer
+``"0,2,4,6"``          comma-separated items of the above (``"0,-4:"``), as on the command line
 =====================  ==========================================================
+
+``-0`` (a string ``"-0"`` or a slice bound ``"-0:"``) is refused as ambiguous: write ``0`` for the embeddings or
+``-1`` for the last layer.
 
 Sites (what is recorded inside layer ``i``)
 -------------------------------------------
@@ -89,6 +93,11 @@ def _one(item: object, num_layers: int, spec: object) -> list[int]:
             f"{_example(num_layers)}"
         )
     text = item.strip().lower()
+    if re.search(r"(^|[:\s])-0+(?=$|[:\s])", text):
+        raise ValueError(
+            f"layer spec {item!r} holds -0, which is ambiguous: use 0 for the embeddings or -1 for the last layer; "
+            f"{_example(num_layers)}"
+        )
     if text == "all":
         return list(range(num_layers + 1))
     if text == "embeddings":
@@ -138,6 +147,11 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
         ValueError: out-of-range index, malformed string, empty list, duplicates.
         TypeError: an item that is neither int nor str.
     """
+    if isinstance(spec, str) and "," in spec:  # "0,2,4,6" or "0,-4:": the CLI grammar, accepted everywhere
+        parts = [p.strip() for p in spec.split(",")]
+        if not all(parts):
+            raise ValueError(f"layer spec {spec!r} has an empty item between commas; {_example(num_layers)}")
+        spec = [int(p) if _INT_RE.match(p) and p.strip() != "-0" else p for p in parts]
     if isinstance(spec, (list, tuple)):
         if len(spec) == 0:
             raise ValueError(f"layer spec is an empty list; {_example(num_layers)}")

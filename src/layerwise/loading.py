@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from .families import Family, family_for
@@ -29,6 +31,8 @@ from .families import Family, family_for
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model", "spm.model")
 _PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt.index", "tf_model.h5")
 
 
@@ -48,7 +52,10 @@ class LoadedModel:
         num_layers: ``L``; ``hidden_states`` has ``L + 1`` entries (0 = embeddings).
         hidden_size: width of every ``block`` site.
         intermediate_size: width of the ``intermediate`` site.
-        max_length: longest window in tokens, special tokens included.
+        max_length: longest window in tokens, special tokens included (the position limit).
+        window: the default window: ``max_seq_length`` of the model's ``sentence_bert_config.json`` when the
+            directory has one (sentence-transformers models are trained and used at that length, e.g. 256 for
+            all-MiniLM-L6-v2), else ``max_length``.
     """
 
     model: nn.Module
@@ -61,7 +68,12 @@ class LoadedModel:
     max_length: int
     device: torch.device
     dtype: torch.dtype
+    window: int = 0  # 0: max_length
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)  # one capture at a time
+
+    def __post_init__(self) -> None:
+        if not 0 < self.window <= self.max_length:
+            self.window = self.max_length
 
     def site_width(self, site: str) -> int:
         """Feature width of one site: ``intermediate_size`` for ``intermediate``, else ``hidden_size``."""
@@ -131,6 +143,24 @@ def _check_local_weights(path: Path, allow_pickle: bool) -> None:
         )
     if not has_safetensors and not pickles:
         raise ModelLoadError(f"{path} has no model weights (no *.safetensors file); is it a model directory?")
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{path} has weights but no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); without them every "
+            f"word would be an unknown token. Save the model's tokenizer into the directory "
+            f"(tokenizer.save_pretrained('{path}')) or copy its tokenizer.json there"
+        )
+
+
+def sentence_transformers_length(path: Path) -> int | None:
+    """``max_seq_length`` from a sentence-transformers ``sentence_bert_config.json`` in ``path``, if any."""
+    cfg = path / "sentence_bert_config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        value = json.loads(cfg.read_text(encoding="utf-8")).get("max_seq_length")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _source(model: str | os.PathLike | None) -> tuple[str, bool]:
@@ -187,6 +217,12 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     if is_local:
         _check_local_weights(Path(source), allow_pickle)
+        if revision is not None:
+            what = "the embedded default model" if model is None else f"the local directory {source!r}"
+            raise ModelLoadError(
+                f"revision={revision!r} selects a version of a hub repository; {what} has no revisions. Drop "
+                f"revision, or pass a hub id"
+            )
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision is not None:
         kwargs["revision"] = revision
@@ -213,6 +249,7 @@ def load_model(
         max_length=max_len,
         device=dev,
         dtype=torch_dtype,
+        window=(sentence_transformers_length(Path(source)) or 0) if is_local else 0,
     )
 
 
@@ -243,6 +280,11 @@ def _read_weights(source: str, config: Any, dtype: torch.dtype, allow_pickle: bo
     except OSError as exc:
         hint = "" if allow_pickle else " If only a pickle checkpoint exists and you trust it, pass allow_pickle=True."
         raise ModelLoadError(f"could not load the weights of {source!r}: {str(exc).splitlines()[0]}.{hint}") from exc
+    except SafetensorError as exc:
+        raise ModelLoadError(
+            f"the weights of {source!r} are not a readable safetensors file ({exc}); the file is corrupt or "
+            f"truncated: download or save the model again"
+        ) from None
 
 
 def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:

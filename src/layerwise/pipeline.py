@@ -64,7 +64,7 @@ def check_texts(texts: object, *, words: bool = False, start: int = 0) -> list[A
     Raises:
         TypeError: not a list (a bare string is refused: wrap it in a list), or an item of the wrong type,
             naming its index (``start`` + position).
-        ValueError: an empty list.
+        ValueError: an empty list, or a text with a lone surrogate (naming its index and position).
     """
     what = "word lists" if words else "texts"
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
@@ -81,9 +81,24 @@ def check_texts(texts: object, *, words: bool = False, start: int = 0) -> list[A
             for j, w in enumerate(item):
                 if not isinstance(w, str):
                     raise TypeError(f"word {j} of item {i} must be a string, got {type(w).__name__}: {w!r:.60}")
+                _check_encodable(w, f"word {j} of item {i}")
         elif not isinstance(item, str):
             raise TypeError(f"text {i} must be a string, got {type(item).__name__}: {item!r:.60}")
+        else:
+            _check_encodable(item, f"text {i}")
     return list(texts)
+
+
+def _check_encodable(text: str, what: str) -> None:
+    """``ValueError`` for a lone surrogate (what undecodable bytes become with ``errors="surrogateescape"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise ValueError(
+            f"{what} holds a lone surrogate {bad!r} at character {exc.start} (invalid UTF-8 in the input?); "
+            f"decode the input as UTF-8 with errors='replace', or remove the character"
+        ) from None
 
 
 def forward_windows(
@@ -150,9 +165,13 @@ def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor
             return [x[r, : len(t.ids)] for r, t in enumerate(rows)]
 
         return tokens
-    mode, skip = spec.pool, spec.skip_special_tokens
+    mode = spec.pool if spec.pool is not None else "mean"  # a sentence-level spec always has one
+    skip, unit = spec.skip_special_tokens, spec.normalize
 
-    def sentences(x, mask, special, rows):
-        return pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
+    def sentences(
+        x: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, rows: Sequence[Tokenized]
+    ) -> Sequence[torch.Tensor]:
+        out = pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
+        return (torch.nn.functional.normalize(out, dim=-1) if unit else out).unbind(0)
 
     return sentences

@@ -20,6 +20,8 @@ field                       valid values
                             (default ``mean``; ``attention`` is learned)
 ``subword``                 level ``word``: ``first | last | mean | max | first_last`` (default ``first``)
 ``skip_special_tokens``     level ``sentence``: leave ``[CLS]``/``[SEP]``-like tokens out of the pool
+``normalize``               level ``sentence``: L2-normalise each vector over its last axis (sentence-transformers'
+                            ``Normalize`` module; a ``stack`` is normalised layer by layer)
 ``truncate``                cut long texts at the model maximum instead of windowing them
 ``dtype``                   of the output: ``float32 | float16`` (the model computes in its own dtype)
 ==========================  ================================================================================
@@ -102,6 +104,7 @@ class EncodeSpec:
     skip_special_tokens: bool = False
     truncate: bool = False
     dtype: str = "float32"
+    normalize: bool = False
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen dataclass
@@ -114,7 +117,7 @@ class EncodeSpec:
         validate_site(self.site)
         if not isinstance(self.combine, nn.Module) and self.combine not in COMBINE_MODES:
             validate_combine(self.combine, 1)  # raises, listing the valid modes
-        for name in ("skip_special_tokens", "truncate"):
+        for name in ("skip_special_tokens", "truncate", "normalize"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_level_options()
@@ -142,6 +145,8 @@ class EncodeSpec:
                 )
         elif self.subword is not None:
             raise ValueError(f"subword={self.subword!r} applies to level 'word' only, not level {self.level!r}")
+        if self.normalize and self.level != "sentence":
+            raise ValueError(f"normalize applies to level 'sentence' only, not level {self.level!r}")
         if self.skip_special_tokens and self.level != "sentence":
             raise ValueError(f"skip_special_tokens applies to level 'sentence' only, not level {self.level!r}")
         if self.skip_special_tokens and self.pool in ("cls", "pooler"):

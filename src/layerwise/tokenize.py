@@ -85,11 +85,14 @@ def tokenize(tokenizer, items: Sequence, *, words: bool, template: tuple[int, in
     """Tokenise texts (``words=False``) or pre-tokenised word lists (``words=True``) without truncation.
 
     Returns one :class:`Tokenized` per item; ``word_ids`` index the words of the item (for texts: the
-    tokenizer's own pre-tokenised words).
+    tokenizer's own pre-tokenised words). A pre-tokenised word that is empty or only whitespace gets no token.
     """
     items = list(items)
-    if words and needs_prefix_space(tokenizer):
-        items = [[" " + w for w in ws] for ws in items]
+    if words:
+        # One rule for every family: a word that is empty or only whitespace has no token (its vector is zeros).
+        # Byte-level BPE would otherwise turn the prefix space into a lone 'Ġ' token.
+        prefix = " " if needs_prefix_space(tokenizer) else ""
+        items = [[prefix + w if w.strip() else "" for w in ws] for ws in items]
     enc = tokenizer(
         items,
         add_special_tokens=True,

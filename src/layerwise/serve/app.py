@@ -64,6 +64,7 @@ class EncodeRequest(BaseModel):
     subword: Optional[str] = Field(None, description="Sub-token pooling (level 'word' only; default first).")
     skip_special_tokens: bool = False
     truncate: bool = False
+    normalize: bool = Field(False, description="L2-normalise sentence vectors (level 'sentence' only).")
     dtype: Literal["float32", "float16"] = "float32"
     encoding: Literal["json", "base64"] = "json"
 
