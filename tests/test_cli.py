@@ -151,7 +151,7 @@ def test_encode_weighted_and_options(runner, tiny, tmp_path):
         (["--site", "ffn"], ["unknown site 'ffn'. Valid sites are: block, attention, intermediate, pre_ln"]),
         (["--combine", "avg"], ["Valid combine modes are: concat, sum, mean, weighted, stack"]),
         (["--pool", "avg"], ["Valid pool modes are: cls, pooler, mean, max, mean_max, last"]),
-        (["--format", "csv"], ["unknown --format 'csv'. Valid formats are: json, npy"]),
+        (["--format", "csv"], ["unknown --format 'csv'. Valid formats are: json, jsonl, npy"]),
     ],
 )
 def test_bad_options_exit_2_with_message(runner, tiny, extra, expected):

@@ -91,3 +91,28 @@ class Client:
         if level == "sentence":
             return _unpack(out["vectors"])
         return [_unpack(v) for v in out["vectors"]]
+
+    def encode_words(
+        self,
+        words: Sequence[Sequence[str]],
+        *,
+        layers: int | str | list[int | str] = -1,
+        site: str = "block",
+        combine: str = "concat",
+        weights: Sequence[float] | None = None,
+        subword: str | None = None,
+        truncate: bool = False,
+        dtype: str = "float32",
+    ) -> list[np.ndarray]:
+        """One vector per word of pre-tokenised input (level ``word``): a list of ``[n_words_i, D]`` arrays.
+
+        Raises :class:`ServiceError`; a bare string or a list of strings is refused (give lists of words).
+        """
+        if isinstance(words, str) or any(isinstance(w, str) for w in words):
+            raise TypeError("words must be a list of word lists, e.g. [['EU', 'rejects', 'German', 'call']]")
+        body: dict[str, Any] = {"words": [list(w) for w in words], "layers": layers, "site": site,
+                                "combine": combine, "level": "word", "truncate": truncate, "dtype": dtype,
+                                "encoding": "base64"}
+        body.update({k: v for k, v in {"weights": weights, "subword": subword}.items() if v is not None})
+        out = self._call("POST", "/v1/encode", body)
+        return [_unpack(v) for v in out["vectors"]]

@@ -1,15 +1,17 @@
-"""``layerwise encode TEXT...``: vectors for a few texts as JSON or .npy (corpora: ``layerwise extract``)."""
+"""``layerwise encode TEXT...``: vectors for a few texts as JSON, JSON lines or .npy (corpora: ``extract``)."""
 
 from __future__ import annotations
 
 import io
 import json
 import sys
-from typing import List, Optional
+from typing import IO, Any, List, Optional
 
 import numpy as np
 import typer
 
+from ..extractor import Extractor
+from ..pipeline import Encoded, check_texts
 from ..spec import EncodeSpec
 from .options import (
     AllowPickleOpt,
@@ -20,17 +22,30 @@ from .options import (
     ModelOpt,
     SiteOpt,
     TrustCodeOpt,
+    err_console,
     extractor,
     parse_layers,
     parse_weights,
     user_errors,
 )
 
-FORMATS = ("json", "npy")
+FORMATS = ("json", "jsonl", "npy")
+
+
+def read_stdin_lines(stream: IO[bytes]) -> list[str]:
+    """One text per line of ``stream``, decoded as strict UTF-8; ``ValueError`` naming the first bad line."""
+    out = []
+    for n, raw in enumerate(stream, 1):
+        try:
+            out.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"line {n} of stdin is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                             f"re-encode the input as UTF-8") from None
+    return out
 
 
 def encode(
-    texts: List[str] = typer.Argument(..., help="Texts to encode; '-' reads one text per line from stdin."),
+    texts: List[str] = typer.Argument(..., help="Texts to encode; a lone '-' reads one text per line from stdin."),
     layers: str = LayersOpt,
     combine: str = typer.Option(
         "concat",
@@ -41,14 +56,21 @@ def encode(
     weights: Optional[str] = typer.Option(
         None, "--weights", help="Comma-separated layer weights for --combine weighted."
     ),
-    pool: str = typer.Option("mean", "--pool", "-p", help="cls, pooler, mean, max, mean_max, last, or none (tokens)."),
+    pool: str = typer.Option(
+        "mean", "--pool", "-p", help="cls, pooler, mean, max, mean_max, last, or 'none' (one vector per token)."
+    ),
     site: str = SiteOpt,
     skip_special: bool = typer.Option(False, "--skip-special", help="Leave special tokens out of the pool."),
     truncate: bool = typer.Option(
         False, "--truncate", help="Cut long texts at the model maximum instead of windowing."
     ),
-    fmt: str = typer.Option("json", "--format", "-f", help="json or npy."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    normalize: bool = typer.Option(False, "--normalize", help="L2-normalise sentence vectors (norm 1)."),
+    fmt: str = typer.Option("json", "--format", "-f", help="json (one document), jsonl (a line per text) or npy."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write exactly this file instead of stdout."),
+    batch_tokens: Optional[int] = typer.Option(
+        None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no model line on stderr."),
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -56,39 +78,80 @@ def encode(
     trust_remote_code: bool = TrustCodeOpt,
     backend: str = BackendOpt,
 ) -> None:
-    """Encode TEXTs with the chosen layers, combination and pooling; print JSON or write .npy."""
+    """Encode TEXTs with the chosen layers, combination and pooling; print JSON / JSON lines or write .npy.
+
+    At token level (--pool none) the JSON formats also give each text's tokens and character offsets.
+    """
     with user_errors():
         if fmt not in FORMATS:
             raise ValueError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")
+        if "-" in texts and texts != ["-"]:
+            raise ValueError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or '-', not both")
         if texts == ["-"]:
-            texts = [line.rstrip("\n") for line in sys.stdin]
-        pool_mode = None if pool == "none" else pool
-        w = parse_weights(weights)
-        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend)
-        out = ex.encode(texts, layers=parse_layers(layers), combine=combine, pool=pool_mode, site=site, weights=w,
-                        skip_special_tokens=skip_special, truncate=truncate)
-        if fmt == "json":
-            vectors = [v.tolist() for v in out] if pool_mode is None else out.tolist()
-            resolved = EncodeSpec(layers=parse_layers(layers), site=site, level="token").resolve(ex)
-            doc = {
-                "model": ex.loaded.name,
-                "layers": list(resolved.layer_indices),
-                "site": site, "combine": combine, "pool": pool,
-                "shape": [[*v.shape] for v in out] if pool_mode is None else list(out.shape),
-                "vectors": vectors,
-            }
-            text = json.dumps(doc)
-            if output:
-                with open(output, "w", encoding="utf-8") as fh:
-                    fh.write(text + "\n")
-            else:
-                print(text)
-            return
-        if pool_mode is None:
+            texts = read_stdin_lines(sys.stdin.buffer)
+        pool_mode = None if pool.lower() == "none" else pool
+        spec = EncodeSpec(layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights),
+                          level="token" if pool_mode is None else "sentence", pool=pool_mode,
+                          skip_special_tokens=skip_special, truncate=truncate, normalize=normalize)
+        if fmt == "npy" and pool_mode is None:
             raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
+        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend)
+        spec = spec.resolve(ex)
+        if not quiet:
+            lm = ex.loaded
+            err_console.print(f"{lm.name}: {len(texts)} text{'' if len(texts) == 1 else 's'}, device {lm.device}, "
+                              f"dtype {str(lm.dtype).replace('torch.', '')}, backend {ex.backend.name}",
+                              highlight=False, soft_wrap=True)
+        results = _encode(ex, texts, spec, batch_tokens, show=not quiet and sys.stderr.isatty())
+        _write(ex, spec, pool, results, fmt, output)
+
+
+def _encode(ex: Extractor, texts: list[str], spec: EncodeSpec, batch_tokens: int | None, show: bool) -> list[Encoded]:
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(texts), disable=not show, unit="text", desc="encode", leave=False, file=sys.stderr) as bar:
+        out = []
+        for res in ex.stream(check_texts(texts), spec, batch_tokens=batch_tokens):
+            out.append(res)
+            bar.update(1)
+    return out
+
+
+def _write(ex: Extractor, spec: EncodeSpec, pool: str, results: list[Encoded], fmt: str, output: str | None) -> None:
+    """Write the results as one JSON document, JSON lines, or one ``[n, D]`` .npy array (exactly at ``output``)."""
+    tokens = spec.level == "token"
+    if fmt == "npy":
+        arr = np.stack([r.features.numpy() for r in results])
         if output:
-            np.save(output, out)
+            with open(output, "wb") as fh:  # np.save(path) would append ".npy"
+                np.save(fh, arr)
         else:
             buf = io.BytesIO()
-            np.save(buf, out)
+            np.save(buf, arr)
             sys.stdout.buffer.write(buf.getvalue())
+        return
+    rows = []
+    for r in results:
+        row: dict[str, Any] = {"index": r.index, "shape": list(r.features.shape), "vector": r.features.tolist()}
+        if tokens:
+            row["tokens"] = ex.tokenizer.convert_ids_to_tokens(r.tokens.ids)
+            row["offsets"] = [list(o) for o in r.tokens.offsets]
+        rows.append(row)
+    if fmt == "jsonl":
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        doc: dict[str, Any] = {
+            "model": ex.loaded.name, "layers": list(spec.layer_indices), "site": spec.site, "combine": spec.combine,
+            "pool": pool, "spec": spec.to_dict(),
+            "shape": [row["shape"] for row in rows] if tokens else [len(rows), *rows[0]["shape"]],
+            "vectors": [row["vector"] for row in rows],
+        }
+        if tokens:
+            doc["tokens"] = [row["tokens"] for row in rows]
+            doc["offsets"] = [row["offsets"] for row in rows]
+        text = json.dumps(doc, ensure_ascii=False) + "\n"
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)

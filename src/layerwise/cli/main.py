@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import typer
 
+from ..version import __version__
 from . import demo, encode, evaluate, export, extract, inspect, predict, probe, serve, train
 from .options import DEBUG_ENV, set_debug
 
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"layerwise {__version__}")
+        raise typer.Exit(0)
+
+
 app = typer.Typer(
     name="layerwise",
-    help="Every hidden layer of a BERT-family encoder as features. Layer 0 is the embeddings; -1 the last layer.",
+    help="Every hidden layer of a transformer encoder as features. Layer 0 is the embeddings; -1 the last layer.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -23,6 +31,7 @@ def global_options(
         False, "--debug", help=f"Print the full traceback of any error (before the command: layerwise --debug "
                                f"extract ...). Same as {DEBUG_ENV}=1.",
     ),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """Global options, given before the subcommand."""
     set_debug(ctx, debug)

@@ -44,17 +44,10 @@ TrustCodeOpt = typer.Option(
 err_console = Console(stderr=True)
 
 
-def parse_layers(text: str) -> int | str | list[int | str]:
-    """CLI layer text -> spec: '0,2,4' -> [0, 2, 4]; '-1' -> -1; slices and names stay strings."""
+def parse_layers(text: str) -> int | str:
+    """CLI layer text -> spec: '-1' -> -1; everything else ('0,2,4', '-4:', 'all', '-0') is the library's grammar."""
     text = text.strip()
-    if "," in text:
-        return [_int_or_text(p) for p in text.split(",") if p.strip()]
-    return _int_or_text(text)
-
-
-def _int_or_text(part: str) -> int | str:
-    part = part.strip()
-    return int(part) if re.fullmatch(r"-?\d+", part) else part
+    return int(text) if re.fullmatch(r"-?\d+", text) and not re.fullmatch(r"-0+", text) else text
 
 
 def parse_weights(text: Optional[str]) -> Optional[list[float]]:
@@ -106,6 +99,9 @@ def user_errors() -> Iterator[None]:
         yield
     except _PASS_THROUGH:
         raise
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        _silence_stdout()
+        raise typer.Exit(0) from None
     except (ValueError, OSError) as exc:
         _show(exc, f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -118,6 +114,15 @@ def user_errors() -> Iterator[None]:
                     "and please report it.")
         _show(exc, f"[red]error:[/red] unexpected {escape(text)}. This is a bug in layerwise; {hint}")
         raise typer.Exit(1) from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test runner's buffer)
+        pass
 
 
 def _show(exc: BaseException, line: str) -> None:

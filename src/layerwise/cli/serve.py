@@ -12,7 +12,7 @@ from .options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, err_console, ext
 def serve(
     model: Optional[str] = ModelOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (default loopback only)."),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", help="TCP port, 1..65535."),
     max_batch_tokens: int = typer.Option(16384, "--max-batch-tokens", help="Token budget of one merged batch."),
     max_texts: int = typer.Option(256, "--max-texts", help="Most texts in one request (more: 422)."),
     max_text_chars: int = typer.Option(20000, "--max-text-chars", help="Longest text in characters (longer: 422)."),
@@ -27,8 +27,10 @@ def serve(
     from ..serve import serve as run
 
     with user_errors():
-        ex = extractor(model, device, dtype, False, False, backend=backend)
+        if not 1 <= port <= 65535:
+            raise ValueError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
                         max_batch_tokens=max_batch_tokens)
+        ex = extractor(model, device, dtype, False, False, backend=backend)
     err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
     run(ex, host=host, port=port, limits=limits, log_level=log_level)

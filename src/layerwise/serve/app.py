@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ..combine import FIXED_COMBINES
 from ..extractor import Extractor
 from ..families import SUPPORTED_MODEL_TYPES
+from ..pipeline import check_texts
 from ..pooling import POOL_MODES, WORD_POOL_MODES
 from ..spec import LEVELS, EncodeSpec
 from ..version import __version__
@@ -42,6 +43,12 @@ class Limits:
     max_text_chars: int = 20_000
     max_body_bytes: int = 4 << 20
     max_batch_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
 
 
 class EncodeRequest(BaseModel):
@@ -231,6 +238,7 @@ def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, 
     if req.level == "word" and req.texts is not None:
         items = [t.split() for t in req.texts]
     try:
+        check_texts(items, words=req.level == "word")  # wrong types, lone surrogates: 422 naming the index
         spec = req.spec().resolve(ex)
     except (ValueError, TypeError) as exc:
         raise HTTPException(422, str(exc)) from None
