@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import io
 import itertools
 import json
 import os
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from .extractor import Extractor, check_budget
-from .provenance import file_sha256
+from .provenance import HashingStream, StreamMismatch, file_sha256
 from .readers import BadRecord, Item, ReadOptions, Record, count_records, detect_format, read_records
 from .spec import EncodeSpec
 from .store import STORE_DTYPES, StoreError, StoreWriter
@@ -101,14 +103,19 @@ class ExtractSummary:
     def line(self) -> str:
         """The one-line summary the command prints."""
         if self.status == "already_complete":
-            return f"{self.store}: already complete ({self.total_records} records); nothing to do"
-        resumed = f", resumed after {self.resumed_from}" if self.resumed_from else ""
+            return f"{self.store}: already complete ({_count(self.total_records, 'record')}); nothing to do"
+        resumed = f", resumed after {_count(self.resumed_from, 'record')}" if self.resumed_from else ""
         return (
-            f"{self.records:,} records, {self.tokens:,} tokens in {self.seconds:.1f}s ({self.tokens_per_second:,.0f} "
-            f"tokens/s), {self.bytes_written / 1e6:,.1f} MB in {self.shards_written} shard"
-            f"{'' if self.shards_written == 1 else 's'}, {self.skipped:,} skipped{resumed} -> {self.store} "
-            f"({self.total_records:,} records)"
+            f"{_count(self.records, 'record')}, {_count(self.tokens, 'token')} in {self.seconds:.1f}s "
+            f"({self.tokens_per_second:,.0f} tokens/s), {self.bytes_written / 1e6:,.1f} MB in "
+            f"{_count(self.shards_written, 'shard')}, {self.skipped:,} skipped{resumed} -> {self.store} "
+            f"({_count(self.total_records, 'record')})"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 record"``, ``"2,000 records"``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 # ---- step 1 and 2: validate, build the header -----------------------------------------------------------------
@@ -183,15 +190,25 @@ def shard_tensors(
     return tensors, meta, tokens
 
 
+def _item_key(item: Item) -> list[Any]:
+    """What identifies a record of a stream (its line, text, words and kept fields, or its error)."""
+    if isinstance(item, BadRecord):
+        return [item.line, "bad", item.reason]
+    return [item.line, item.text, item.words, item.fields]
+
+
 # ---- step 3 and 4: the run -------------------------------------------------------------------------------------
 class _Run:
     """One run into an opened store: the record loop, shard flushing and the progress bar."""
 
     def __init__(self, ex: Extractor, spec: EncodeSpec, writer: StoreWriter, reading: ReadOptions,
-                 options: ExtractOptions, summary: ExtractSummary, on_shard: Callable[[int], None] | None):
+                 options: ExtractOptions, summary: ExtractSummary, on_shard: Callable[[int], None] | None,
+                 stream: HashingStream | None = None):
         self.ex, self.spec, self.writer, self.reading, self.options = ex, spec, writer, reading, options
-        self.summary, self.on_shard = summary, on_shard
-        self.budget = check_budget(options.batch_tokens or ex.batch_tokens)
+        self.summary, self.on_shard, self.stream = summary, on_shard, stream
+        # stdin has no file hash: the records read are hashed as they pass, so a resume can check its prefix
+        self.consumed = hashlib.sha256() if stream is not None else None
+        self.budget = check_budget(ex.batch_tokens if options.batch_tokens is None else options.batch_tokens)
         self.skipped_before = writer.trim_errors()
         d = int(np.prod(writer.header["feature_shape"]))
         rows = 1 if spec.level == "sentence" else TOKENS_PER_RECORD
@@ -204,7 +221,13 @@ class _Run:
         limit, w = self.options.max_records, self.writer
         if limit is not None and w.done_records >= limit:
             return
+        prefix = w.manifest.get("input", {}).get("prefix") if self.consumed is not None else None
         for item in items:
+            if prefix is not None and item.line > prefix["line"]:
+                self._check_prefix(prefix)
+                prefix = None
+            if self.consumed is not None:
+                self.consumed.update(json.dumps(_item_key(item), ensure_ascii=False).encode())
             if item.line <= w.resume_line:
                 continue  # finished before the interruption
             if isinstance(item, BadRecord):
@@ -215,8 +238,18 @@ class _Run:
                 self.flush(bar)
             if limit is not None and w.done_records + len(self.buffer) >= limit:
                 break
+        if prefix is not None:  # the input ended before the point the store had reached
+            self._check_prefix(prefix)
         if self.buffer:
             self.flush(bar)
+
+    def _check_prefix(self, prefix: dict[str, Any]) -> None:
+        got = self.consumed.hexdigest() if self.consumed is not None else ""
+        if got != prefix["sha256"]:
+            raise StreamMismatch(
+                f"the input differs from the one this store was started with: its records up to line "
+                f"{prefix['line']} hash to {got[:12]}, the store recorded {prefix['sha256'][:12]}"
+            )
 
     def _bad(self, item: BadRecord, input_path: str, bar: Any) -> None:
         if self.options.strict:
@@ -231,6 +264,8 @@ class _Run:
         tensors, meta, tokens = shard_tensors(self.ex, self.spec, self.buffer, self.reading.keep, self.budget)
         t0 = time.perf_counter()
         size = self.writer.write_shard(tensors, meta, tokens=tokens)
+        if self.consumed is not None:  # what a resume must find again at the start of its stdin
+            self.writer.record_input(prefix={"line": self.writer.resume_line, "sha256": self.consumed.hexdigest()})
         self.writer.write_manifest("running", self.skipped_before + self.summary.skipped)
         s = self.summary
         s.write_seconds += time.perf_counter() - t0
@@ -248,6 +283,9 @@ class _Run:
         """Write the final manifest: ``complete`` when the input was exhausted, ``partial`` at ``max_records``."""
         limit, w, s = self.options.max_records, self.writer, self.summary
         s.status = "complete" if limit is None or w.done_records < limit else "partial"
+        if self.stream is not None and s.status == "complete":
+            self.stream.drain()
+            w.record_input(sha256=self.stream.hexdigest(), bytes=self.stream.count)
         w.write_manifest(s.status, self.skipped_before + s.skipped)
         s.seconds = time.perf_counter() - s.started
         s.total_records = w.done_records
@@ -284,6 +322,11 @@ def extract(
         ExtractError (a ValueError): bad options, a store made with other options, a non-store directory,
             a bad record under ``strict``, a full disk (the message says how to resume).
     """
+    if not isinstance(input, (str, os.PathLike)):
+        raise TypeError(
+            f"input must be a file path or '-' (stdin), got {type(input).__name__}; to encode records held in "
+            f"memory use Extractor.stream(records, spec) or Extractor.encode(texts)"
+        )
     spec = spec or EncodeSpec()
     reading = reading or ReadOptions()
     options = options or ExtractOptions()
@@ -294,25 +337,37 @@ def extract(
     spec = spec.resolve(ex)
     header = store_header(ex, spec, input_path, fmt, reading)
     # Start reading before touching the store: header and --keep problems must not leave a store behind.
-    items = read_records(input_path, fmt, text_field=reading.text_field, keep=reading.keep, stdin=stdin,
+    stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if input_path == "-" else None
+    items = read_records(input_path, fmt, text_field=reading.text_field, keep=reading.keep,
+                         stdin=io.BufferedReader(stream) if stream is not None else None,
                          document_context=reading.context == "document")
     first = next(items, None)
     items = itertools.chain([first] if first is not None else [], items)
     try:
-        return _write(ex, spec, StoreWriter(output, header), items, input_path, fmt, reading, options, on_shard)
+        return _write(ex, spec, StoreWriter(output, header), items, input_path, fmt, reading, options, on_shard,
+                      stream)
     except StoreError as exc:
         raise ExtractError(str(exc)) from None
+    except StreamMismatch as exc:
+        raise ExtractError(f"stdin: {exc}. Give the same input to resume, or --overwrite to start again") from None
 
 
 def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], input_path: str, fmt: str,
-           reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None) -> ExtractSummary:
+           reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
+           stream: HashingStream | None) -> ExtractSummary:
     state = writer.open(options.overwrite)
     summary = ExtractSummary(store=os.fspath(writer.path), resumed_from=writer.done_records)
     limit = options.max_records
+    recorded = writer.manifest.get("input", {})
+    if stream is not None and state == "complete" and recorded.get("sha256"):
+        stream.drain()  # a finished stdin store: the whole new input must be the one it was made from
+        if stream.hexdigest() != recorded["sha256"]:
+            raise StreamMismatch(f"the input differs from the one this store was made from: sha256 "
+                                 f"{stream.hexdigest()[:12]}, the store recorded {recorded['sha256'][:12]}")
     if state == "complete" or (state == "resume" and limit is not None and writer.done_records >= limit):
         summary.status, summary.total_records = "already_complete", writer.done_records
         return summary
-    run = _Run(ex, spec, writer, reading, options, summary, on_shard)
+    run = _Run(ex, spec, writer, reading, options, summary, on_shard, stream)
     show = sys.stderr.isatty() if options.progress is None else options.progress
     from tqdm.auto import tqdm
 

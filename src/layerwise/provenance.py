@@ -8,10 +8,11 @@ a model fine-tuned in memory gets a new fingerprint), and :func:`content_key` fo
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import IO, Any, Mapping
 
 import torch
 
@@ -62,3 +63,41 @@ def now() -> str:
 def stamp() -> dict[str, str]:
     """What wrote a file and when: ``{"layerwise_version": ..., "created": ...}``."""
     return {"layerwise_version": __version__, "created": now()}
+
+
+class StreamMismatch(ValueError):
+    """A stream differs from the one recorded for it."""
+
+
+class HashingStream(io.RawIOBase):
+    """A readable byte stream that hashes what passes through it (stdin has no file to hash beforehand).
+
+    Wrap it in ``io.BufferedReader`` to iterate lines; :meth:`hexdigest` is the sha256 of the bytes read so far.
+    """
+
+    def __init__(self, raw: IO[bytes]):
+        super().__init__()
+        self._raw = raw
+        self._hash = hashlib.sha256()
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Read into ``buffer``, hashing the bytes."""
+        data = self._raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self._hash.update(data)
+        self.count += n
+        return n
+
+    def hexdigest(self) -> str:
+        """sha256 of the bytes read so far."""
+        return self._hash.hexdigest()
+
+    def drain(self) -> None:
+        """Read (and hash) the rest of the stream."""
+        while self.read(1 << 20):
+            pass

@@ -54,6 +54,11 @@ TEXT_FIELD_GUESSES = ("text", "sentence")
 
 def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
     """The format of ``path`` (``format`` if given, ``txt`` for stdin ``-``); ``ValueError`` lists the valid ones."""
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and Path(path).is_dir():
+        raise ValueError(
+            f"input {os.fspath(path)!r} is a directory; give one corpus file (or '-' for stdin), e.g. "
+            f"{os.path.join(os.fspath(path), 'corpus.txt')!r}"
+        )
     if format is not None:
         if format not in FORMATS:
             raise ValueError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")

@@ -17,7 +17,7 @@ import bisect
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, overload
 
 import numpy as np
 
@@ -36,7 +36,9 @@ class FeatureStore:
         feature_shape: ``(D,)``, or ``(K, width)`` for ``combine="stack"``.
 
     Indexing: ``store[i]`` is record ``i``'s features: ``[*feature_shape]`` at sentence level, else
-    ``[n_i, *feature_shape]`` (tokens or words of record ``i``). Arrays are read-only memory maps.
+    ``[n_i, *feature_shape]`` (tokens or words of record ``i``). Arrays are read-only memory maps. A slice
+    (``store[0:10]``, ``store[::-2]``) gives ``[n, *feature_shape]`` at sentence level (a copy of just those rows)
+    and a list of ``[n_i, *feature_shape]`` arrays otherwise; nothing else of the store is read.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -119,9 +121,28 @@ class FeatureStore:
         off = shard.array("offsets")
         return feats[off[lo] : off[hi]].reshape((-1,) + self.feature_shape)
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> np.ndarray | list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        """Record ``i``; a slice gives ``[n, *F]`` (sentence level) or a list of ``[n_i, *F]`` (token/word level)."""
+        if isinstance(i, slice):
+            return self._slice(i)
         shard, j = self._locate(i)
         return self._rows(shard, j, j + 1)[0] if self.level == "sentence" else self._rows(shard, j, j + 1)
+
+    def _slice(self, sl: slice) -> np.ndarray | list[np.ndarray]:
+        """Records of a slice, read shard by shard (only the shards it touches)."""
+        picked: list[np.ndarray] = []
+        for r in range(*sl.indices(len(self))):
+            shard, j = self._locate(r)
+            picked.append(self._rows(shard, j, j + 1)[0] if self.level == "sentence" else self._rows(shard, j, j + 1))
+        if self.level != "sentence":
+            return picked
+        return np.stack(picked) if picked else np.zeros((0,) + self.feature_shape, dtype=self.dtype)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for batch in self.iter_chunks():

@@ -46,6 +46,10 @@ PROVENANCE_ONLY = {"model": ("name", "hidden_size"), "input": ("path",)}  # reco
 def identity(header: dict[str, Any]) -> dict[str, Any]:
     """The part of a header that a resume must match (``header`` minus :data:`PROVENANCE_ONLY` fields)."""
     out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input")}
+    source = out.get("input") or {}
+    if source.get("path") == "-":  # a stream is hashed as it is read: the engine checks it against the record
+        for key in ("sha256", "bytes", "prefix"):
+            source.pop(key, None)
     for section, keys in PROVENANCE_ONLY.items():
         for key in keys:
             (out.get(section) or {}).pop(key, None)
@@ -173,6 +177,10 @@ class StoreWriter:
              "first_line": int(lines[0]), "last_line": int(lines[-1]), "bytes": size}
         )
         return size
+
+    def record_input(self, **fields: Any) -> None:
+        """Add facts about the input to the manifest's ``input`` section (written with the next manifest)."""
+        self.manifest.setdefault("input", {}).update(fields)
 
     def write_manifest(self, status: str, skipped: int) -> None:
         """Rewrite the manifest with ``status`` (``running | partial | complete``) and the counts."""
