@@ -111,6 +111,18 @@ def test_nan_weights_are_refused_in_python_and_the_cli(tiny_dirs, tiny_extractor
     with pytest.raises(ValueError, match="weight 0 is nan; layer weights must be finite"):
         tiny_extractors["bert"].encode(["a"], layers="-2:", combine="weighted", weights=[float("nan"), 1.0])
     for value in ("nan,1", "inf,1"):
-        res = CliRunner().invoke(app, ["encode", "a", "--model", str(tiny_dirs["bert"]), "--layers=-2:", "--combine",
-                                       "weighted", "--weights", value])
+        res = CliRunner().invoke(
+            app,
+            [
+                "encode",
+                "a",
+                "--model",
+                str(tiny_dirs["bert"]),
+                "--layers=-2:",
+                "--combine",
+                "weighted",
+                "--weights",
+                value,
+            ],
+        )
         assert res.exit_code == 2 and "layer weights must be finite" in res.stderr and res.stdout == ""

@@ -9,6 +9,11 @@ other options is refused (naming the option) unless ``overwrite``, and a finishe
 records are logged with their line and reason (or stop the run under ``strict``); a full disk stops the run with
 one message naming the store and the shard, and the same command resumes once space is freed.
 
+stdin (``"-"``) has no file to hash beforehand: its bytes are hashed as they stream and the sha256 is recorded
+(``input.sha256``, ``input.bytes``) once the input is exhausted, and each shard records the hash of the records
+read up to it (``input_prefix``). A rerun into a finished stdin store reads and hashes its whole stdin and refuses
+a different one; a resume of an unfinished one checks that its stdin starts with the records already stored.
+
 Steps: :func:`extract` = validate the options -> build the store header -> open the store (new / resume /
 complete) -> the record loop (skip finished lines, log bad records, flush shards) -> finish the manifest.
 
@@ -38,7 +43,7 @@ import numpy as np
 import torch
 
 from .extractor import Extractor, check_budget
-from .provenance import HashingStream, StreamMismatch, file_sha256
+from .provenance import HashingStream, file_sha256
 from .readers import BadRecord, Item, ReadOptions, Record, count_records, detect_format, read_records
 from .spec import EncodeSpec
 from .store import STORE_DTYPES, StoreError, StoreWriter
@@ -190,11 +195,90 @@ def shard_tensors(
     return tensors, meta, tokens
 
 
-def _item_key(item: Item) -> list[Any]:
-    """What identifies a record of a stream (its line, text, words and kept fields, or its error)."""
-    if isinstance(item, BadRecord):
-        return [item.line, "bad", item.reason]
-    return [item.line, item.text, item.words, item.fields]
+# ---- stdin: hashed as it passes ---------------------------------------------------------------------------------
+class _StdinRecords:
+    """The records of a stdin input, hashed as they pass: what each shard records and a resume must find again.
+
+    A record's key is its line, text, words, kept fields and document context (a bad record: its line and reason),
+    so the hash covers everything that shaped the stored features. Bytes are hashed separately by the
+    :class:`~layerwise.provenance.HashingStream` under the reader (the whole input's ``input.sha256``).
+    """
+
+    def __init__(self, stream: HashingStream):
+        self.stream = stream
+        self.hash = hashlib.sha256()
+        self.records = 0
+        self.mark: dict[str, Any] | None = None  # the prefix up to the last record put in a shard
+
+    def add(self, item: Item) -> None:
+        """Hash one record (good or bad) as it passes."""
+        if isinstance(item, BadRecord):
+            key: list[Any] = [item.line, "bad", item.reason]
+        else:
+            key = [item.line, item.text, item.words, item.fields, item.context]
+        self.hash.update((json.dumps(key, ensure_ascii=False, default=str) + "\n").encode())
+        self.records += 1
+
+    def prefix(self, line: int) -> dict[str, Any]:
+        """The records read so far, ending at ``line``: ``{"line", "records", "sha256"}``."""
+        return {"line": line, "records": self.records, "sha256": self.hash.hexdigest()}
+
+    def check_whole(self, writer: StoreWriter) -> None:
+        """A finished store: read and hash the whole stdin and compare it with the recorded ``input.sha256``."""
+        recorded = writer.manifest.get("input", {})
+        if not recorded.get("sha256"):
+            raise ExtractError(
+                f"store {str(writer.path)!r} was made from stdin without a recorded input.sha256 (by an older "
+                f"layerwise), so this run cannot tell whether its stdin is the same input; pass --overwrite "
+                f"(overwrite=True) to extract it again, or choose another output directory"
+            )
+        self.stream.drain()
+        got = self.stream.hexdigest()
+        if got != recorded["sha256"]:
+            raise ExtractError(
+                f"stdin differs from the input store {str(writer.path)!r} was made from: it has input.sha256 "
+                f"{got[:16]}... ({self.stream.count:,} bytes), the store's manifest records input.sha256 "
+                f"{recorded['sha256'][:16]}... ({_count(int(recorded.get('bytes') or 0), 'byte')}). Pipe the same "
+                f"input to reuse the store, choose another output directory, or pass --overwrite (overwrite=True) "
+                f"to replace it"
+            )
+
+    def check_prefix(self, writer: StoreWriter, items: Iterator[Item]) -> Iterator[Item]:
+        """An unfinished store: read (and hash) the records up to its last finished shard and compare them with
+        the ``input_prefix`` that shard recorded; returns the records after it."""
+        expected = writer.input_prefix
+        if expected is None:
+            if writer.shards:
+                raise ExtractError(
+                    f"store {str(writer.path)!r} holds {_count(writer.done_records, 'record')} read from stdin "
+                    f"without a recorded input_prefix (by an older layerwise), so this run cannot tell whether its "
+                    f"stdin starts with them; pass --overwrite (overwrite=True) to start again, or choose another "
+                    f"output directory"
+                )
+            return items
+        pending: list[Item] = []
+        last = 0
+        for item in items:
+            if item.line > expected["line"]:
+                pending.append(item)
+                break
+            self.add(item)
+            last = item.line
+        got = self.hash.hexdigest()
+        if got != expected["sha256"]:
+            if pending or last >= expected["line"]:
+                seen = (f"its records up to line {expected['line']} ({_count(self.records, 'record')}) hash to "
+                        f"{got[:16]}...")
+            else:
+                seen = (f"it ended at line {last}" if last else "it was empty") + (
+                    f", before line {expected['line']} where the stored records end")
+            raise ExtractError(
+                f"stdin differs from the input store {str(writer.path)!r} was started with: {seen}; the store's "
+                f"last finished shard recorded input_prefix.sha256 {expected['sha256'][:16]}... for its "
+                f"{_count(int(expected['records']), 'record')} up to line {expected['line']}. Pipe the same input to "
+                f"resume, choose another output directory, or pass --overwrite (overwrite=True) to start again"
+            )
+        return itertools.chain(pending, items)
 
 
 # ---- step 3 and 4: the run -------------------------------------------------------------------------------------
@@ -203,11 +287,9 @@ class _Run:
 
     def __init__(self, ex: Extractor, spec: EncodeSpec, writer: StoreWriter, reading: ReadOptions,
                  options: ExtractOptions, summary: ExtractSummary, on_shard: Callable[[int], None] | None,
-                 stream: HashingStream | None = None):
+                 stdin: _StdinRecords | None = None):
         self.ex, self.spec, self.writer, self.reading, self.options = ex, spec, writer, reading, options
-        self.summary, self.on_shard, self.stream = summary, on_shard, stream
-        # stdin has no file hash: the records read are hashed as they pass, so a resume can check its prefix
-        self.consumed = hashlib.sha256() if stream is not None else None
+        self.summary, self.on_shard, self.stdin = summary, on_shard, stdin
         self.budget = check_budget(ex.batch_tokens if options.batch_tokens is None else options.batch_tokens)
         self.skipped_before = writer.trim_errors()
         d = int(np.prod(writer.header["feature_shape"]))
@@ -221,35 +303,23 @@ class _Run:
         limit, w = self.options.max_records, self.writer
         if limit is not None and w.done_records >= limit:
             return
-        prefix = w.manifest.get("input", {}).get("prefix") if self.consumed is not None else None
         for item in items:
-            if prefix is not None and item.line > prefix["line"]:
-                self._check_prefix(prefix)
-                prefix = None
-            if self.consumed is not None:
-                self.consumed.update(json.dumps(_item_key(item), ensure_ascii=False).encode())
+            if self.stdin is not None:
+                self.stdin.add(item)
             if item.line <= w.resume_line:
                 continue  # finished before the interruption
             if isinstance(item, BadRecord):
                 self._bad(item, input_path, bar)
                 continue
             self.buffer.append(item)
+            if self.stdin is not None:  # what a resume must find again at the start of its stdin
+                self.stdin.mark = self.stdin.prefix(item.line)
             if len(self.buffer) >= self.per_shard:
                 self.flush(bar)
             if limit is not None and w.done_records + len(self.buffer) >= limit:
                 break
-        if prefix is not None:  # the input ended before the point the store had reached
-            self._check_prefix(prefix)
         if self.buffer:
             self.flush(bar)
-
-    def _check_prefix(self, prefix: dict[str, Any]) -> None:
-        got = self.consumed.hexdigest() if self.consumed is not None else ""
-        if got != prefix["sha256"]:
-            raise StreamMismatch(
-                f"the input differs from the one this store was started with: its records up to line "
-                f"{prefix['line']} hash to {got[:12]}, the store recorded {prefix['sha256'][:12]}"
-            )
 
     def _bad(self, item: BadRecord, input_path: str, bar: Any) -> None:
         if self.options.strict:
@@ -262,10 +332,10 @@ class _Run:
     def flush(self, bar: Any) -> None:
         """Encode the buffered records and write them as the next shard; update the manifest and the bar."""
         tensors, meta, tokens = shard_tensors(self.ex, self.spec, self.buffer, self.reading.keep, self.budget)
+        if self.stdin is not None and self.stdin.mark is not None:
+            meta["input_prefix"] = json.dumps(self.stdin.mark)
         t0 = time.perf_counter()
         size = self.writer.write_shard(tensors, meta, tokens=tokens)
-        if self.consumed is not None:  # what a resume must find again at the start of its stdin
-            self.writer.record_input(prefix={"line": self.writer.resume_line, "sha256": self.consumed.hexdigest()})
         self.writer.write_manifest("running", self.skipped_before + self.summary.skipped)
         s = self.summary
         s.write_seconds += time.perf_counter() - t0
@@ -283,9 +353,9 @@ class _Run:
         """Write the final manifest: ``complete`` when the input was exhausted, ``partial`` at ``max_records``."""
         limit, w, s = self.options.max_records, self.writer, self.summary
         s.status = "complete" if limit is None or w.done_records < limit else "partial"
-        if self.stream is not None and s.status == "complete":
-            self.stream.drain()
-            w.record_input(sha256=self.stream.hexdigest(), bytes=self.stream.count)
+        if self.stdin is not None and s.status == "complete":  # the whole stream is read: now it has a hash
+            self.stdin.stream.drain()
+            w.record_input(sha256=self.stdin.stream.hexdigest(), bytes=self.stdin.stream.count)
         w.write_manifest(s.status, self.skipped_before + s.skipped)
         s.seconds = time.perf_counter() - s.started
         s.total_records = w.done_records
@@ -319,14 +389,19 @@ def extract(
         An :class:`ExtractSummary`. The store holds ``[records, *D]`` (sentence) or ragged ``[rows, *D]``.
 
     Raises:
+        TypeError: ``input`` or ``output`` is not a path (records in memory go to :meth:`Extractor.stream`).
         ExtractError (a ValueError): bad options, a store made with other options, a non-store directory,
-            a bad record under ``strict``, a full disk (the message says how to resume).
+            a bad record under ``strict``, a full disk (the message says how to resume), stdin that differs from
+            the input the store was made (or started) with.
     """
     if not isinstance(input, (str, os.PathLike)):
         raise TypeError(
-            f"input must be a file path or '-' (stdin), got {type(input).__name__}; to encode records held in "
-            f"memory use Extractor.stream(records, spec) or Extractor.encode(texts)"
+            f"input must be a file path or '-' (stdin), got {type(input).__name__}; extract() reads a corpus file. "
+            f"To encode records held in memory use Extractor.stream(records, spec) (or Extractor.encode(texts)), "
+            f"or write them to a .txt/.jsonl file first"
         )
+    if not isinstance(output, (str, os.PathLike)):
+        raise TypeError(f"output must be the store's directory path, got {type(output).__name__}")
     spec = spec or EncodeSpec()
     reading = reading or ReadOptions()
     options = options or ExtractOptions()
@@ -334,9 +409,15 @@ def extract(
     fmt = detect_format(input_path, reading.format)
     _check(spec, reading, input_path)
     ex = model if isinstance(model, Extractor) else Extractor(model)
+    try:  # 0 is a bad budget, not "unset": only None means the Extractor's own
+        check_budget(ex.batch_tokens if options.batch_tokens is None else options.batch_tokens)
+    except ValueError as exc:
+        raise ExtractError(f"{exc}; give a positive --batch-tokens (batch_tokens=), or leave it out for the "
+                           f"default") from None
     spec = spec.resolve(ex)
     header = store_header(ex, spec, input_path, fmt, reading)
     # Start reading before touching the store: header and --keep problems must not leave a store behind.
+    # stdin has no file to hash beforehand: its bytes are hashed as they stream, its records as they pass
     stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if input_path == "-" else None
     items = read_records(input_path, fmt, text_field=reading.text_field, keep=reading.keep,
                          stdin=io.BufferedReader(stream) if stream is not None else None,
@@ -345,29 +426,25 @@ def extract(
     items = itertools.chain([first] if first is not None else [], items)
     try:
         return _write(ex, spec, StoreWriter(output, header), items, input_path, fmt, reading, options, on_shard,
-                      stream)
+                      _StdinRecords(stream) if stream is not None else None)
     except StoreError as exc:
         raise ExtractError(str(exc)) from None
-    except StreamMismatch as exc:
-        raise ExtractError(f"stdin: {exc}. Give the same input to resume, or --overwrite to start again") from None
 
 
 def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], input_path: str, fmt: str,
            reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
-           stream: HashingStream | None) -> ExtractSummary:
+           stdin: _StdinRecords | None) -> ExtractSummary:
     state = writer.open(options.overwrite)
     summary = ExtractSummary(store=os.fspath(writer.path), resumed_from=writer.done_records)
     limit = options.max_records
-    recorded = writer.manifest.get("input", {})
-    if stream is not None and state == "complete" and recorded.get("sha256"):
-        stream.drain()  # a finished stdin store: the whole new input must be the one it was made from
-        if stream.hexdigest() != recorded["sha256"]:
-            raise StreamMismatch(f"the input differs from the one this store was made from: sha256 "
-                                 f"{stream.hexdigest()[:12]}, the store recorded {recorded['sha256'][:12]}")
+    if stdin is not None and state == "complete":  # the whole new stdin must be the one the store was made from
+        stdin.check_whole(writer)
+    elif stdin is not None and state == "resume":  # it must start with the records already stored
+        items = stdin.check_prefix(writer, items)
     if state == "complete" or (state == "resume" and limit is not None and writer.done_records >= limit):
         summary.status, summary.total_records = "already_complete", writer.done_records
         return summary
-    run = _Run(ex, spec, writer, reading, options, summary, on_shard, stream)
+    run = _Run(ex, spec, writer, reading, options, summary, on_shard, stdin)
     show = sys.stderr.isatty() if options.progress is None else options.progress
     from tqdm.auto import tqdm
 

@@ -2,7 +2,8 @@
 
 Stores, the frozen feature cache of heads and the ONNX export cache all identify their inputs by content:
 :func:`file_sha256` for input files, :func:`tensors_fingerprint` for a model's weights (names, shapes and values, so
-a model fine-tuned in memory gets a new fingerprint), and :func:`content_key` for a dict of options.
+a model fine-tuned in memory gets a new fingerprint), and :func:`content_key` for a dict of options. stdin has no
+file to hash beforehand: :class:`HashingStream` hashes its bytes as they are read.
 """
 
 from __future__ import annotations
@@ -65,19 +66,25 @@ def stamp() -> dict[str, str]:
     return {"layerwise_version": __version__, "created": now()}
 
 
-class StreamMismatch(ValueError):
-    """A stream differs from the one recorded for it."""
-
-
 class HashingStream(io.RawIOBase):
     """A readable byte stream that hashes what passes through it (stdin has no file to hash beforehand).
 
-    Wrap it in ``io.BufferedReader`` to iterate lines; :meth:`hexdigest` is the sha256 of the bytes read so far.
+    Wrap it in ``io.BufferedReader`` to iterate lines; :meth:`hexdigest` is the sha256 of the bytes read so far and
+    :attr:`count` their number. It reads with ``read1`` where the wrapped stream has it, so a slow pipe is passed on
+    as its data arrives instead of waiting for a full buffer.
+
+    Example::
+
+        >>> import io
+        >>> s = HashingStream(io.BytesIO(b"a\\nb\\n"))
+        >>> [line for line in io.BufferedReader(s)], s.count
+        ([b'a\\n', b'b\\n'], 4)
     """
 
     def __init__(self, raw: IO[bytes]):
         super().__init__()
         self._raw = raw
+        self._read = getattr(raw, "read1", raw.read)
         self._hash = hashlib.sha256()
         self.count = 0
 
@@ -86,7 +93,7 @@ class HashingStream(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         """Read into ``buffer``, hashing the bytes."""
-        data = self._raw.read(len(buffer))
+        data = self._read(len(buffer))
         n = len(data)
         buffer[:n] = data
         self._hash.update(data)

@@ -12,6 +12,7 @@ import typer
 
 from ..extractor import Extractor
 from ..pipeline import Encoded, check_texts
+from ..pooling import POOL_MODES
 from ..spec import EncodeSpec
 from .options import (
     AllowPickleOpt,
@@ -30,6 +31,21 @@ from .options import (
 )
 
 FORMATS = ("json", "jsonl", "npy")
+POOLS = tuple(p for p in POOL_MODES if p != "attention")  # the fixed pools; 'none' (token level) is added below
+
+
+def parse_pool(text: str) -> str | None:
+    """``--pool`` text (any case) -> a sentence pool, or ``None`` for ``none`` (one vector per token)."""
+    mode = text.strip().lower()
+    if mode == "none":
+        return None
+    if mode == "attention":
+        raise ValueError("--pool attention is learned and has no fixed weights; train a head with it "
+                         f"(layerwise train --pool attention) or use one of: {', '.join(POOLS)}, none")
+    if mode not in POOLS:
+        raise ValueError(f"unknown --pool {text!r}. Valid pool modes are: {', '.join(POOLS)}, "
+                         f"or none (one vector per token)")
+    return mode
 
 
 def read_stdin_lines(stream: IO[bytes]) -> list[str]:
@@ -89,7 +105,7 @@ def encode(
             raise ValueError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or '-', not both")
         if texts == ["-"]:
             texts = read_stdin_lines(sys.stdin.buffer)
-        pool_mode = None if pool.lower() == "none" else pool
+        pool_mode = parse_pool(pool)
         spec = EncodeSpec(layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights),
                           level="token" if pool_mode is None else "sentence", pool=pool_mode,
                           skip_special_tokens=skip_special, truncate=truncate, normalize=normalize)
@@ -103,7 +119,7 @@ def encode(
                               f"dtype {str(lm.dtype).replace('torch.', '')}, backend {ex.backend.name}",
                               highlight=False, soft_wrap=True)
         results = _encode(ex, texts, spec, batch_tokens, show=not quiet and sys.stderr.isatty())
-        _write(ex, spec, pool, results, fmt, output)
+        _write(ex, spec, pool_mode or "none", results, fmt, output)
 
 
 def _encode(ex: Extractor, texts: list[str], spec: EncodeSpec, batch_tokens: int | None, show: bool) -> list[Encoded]:
@@ -129,6 +145,7 @@ def _write(ex: Extractor, spec: EncodeSpec, pool: str, results: list[Encoded], f
             buf = io.BytesIO()
             np.save(buf, arr)
             sys.stdout.buffer.write(buf.getvalue())
+            sys.stdout.buffer.flush()  # a closed pipe fails here, inside user_errors, not at interpreter exit
         return
     rows = []
     for r in results:
@@ -155,3 +172,4 @@ def _write(ex: Extractor, spec: EncodeSpec, pool: str, results: list[Encoded], f
             fh.write(text)
     else:
         sys.stdout.write(text)
+        sys.stdout.flush()  # a closed pipe fails here, inside user_errors, not at interpreter exit

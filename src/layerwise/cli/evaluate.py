@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .options import DeviceOpt, user_errors
+from .options import DeviceOpt, err_console, user_errors
 
 
 def evaluate(
@@ -20,6 +20,9 @@ def evaluate(
     fmt: Optional[str] = typer.Option(None, "--format"),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     batch_size: int = typer.Option(256, "--batch-size"),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Where the encoder is now, if it moved since training (checked by fingerprint)."
+    ),
     device: Optional[str] = DeviceOpt,
 ) -> None:
     """Score a trained model on a labelled file."""
@@ -27,10 +30,15 @@ def evaluate(
     from ..heads.data import encode_labels, read_labelled
 
     with user_errors():
-        clf = load(model_dir, device=device)
+        clf = load(model_dir, device=device, model=model)
         gold = read_labelled(data, text_field=text_field, label_field=label_field, format=fmt)
         encode_labels(gold.labels, clf.labels, f"{data!r}")  # unknown labels: a clear error before any compute
         pred = clf.predict(gold.texts, batch_size=batch_size)
         scores = classification_scores(gold.labels, pred, clf.labels)
         scores["skipped"] = gold.skipped
+        scores["skipped_lines"] = gold.skipped_lines or []
+    if gold.skipped:
+        shown = ", ".join(map(str, scores["skipped_lines"][:10])) + (", ..." if gold.skipped > 10 else "")
+        err_console.print(f"skipped {gold.skipped} bad or unlabelled record{'s' if gold.skipped > 1 else ''} of "
+                          f"{data} (lines {shown}); scored {len(gold.texts)}", highlight=False, soft_wrap=True)
     print(json.dumps(scores, indent=2) if as_json else format_scores(scores))

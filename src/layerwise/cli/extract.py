@@ -87,7 +87,7 @@ def extract(
     """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
     from ..engine import ExtractOptions
     from ..engine import extract as run_extract
-    from ..readers import ReadOptions
+    from ..readers import ReadOptions, detect_format
     from ..spec import EncodeSpec
 
     with user_errors():
@@ -97,6 +97,7 @@ def extract(
             pool=pool, subword=subword, skip_special_tokens=skip_special, truncate=truncate, dtype=dtype,
         )
         reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
+        detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
                                  strict=strict, overwrite=overwrite, progress=False if quiet else None)
         ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend)
@@ -104,5 +105,6 @@ def extract(
     if not quiet:
         err_console.print(summary.line(), highlight=False, soft_wrap=True)
     if summary.skipped and not quiet:
-        err_console.print(f"{summary.skipped} skipped records are listed in {output}/errors.jsonl", highlight=False)
+        what = "1 skipped record is" if summary.skipped == 1 else f"{summary.skipped:,} skipped records are"
+        err_console.print(f"{what} listed in {output}/errors.jsonl", highlight=False, soft_wrap=True)
     sys.stderr.flush()

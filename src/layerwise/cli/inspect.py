@@ -35,7 +35,7 @@ def inspect(
         ("combine", f"{o.combine}" + (f" {list(o.weights)}" if o.weights else "")),
         ("level", o.level + (f", pool {o.pool}" if o.pool else "") + (f", subword {o.subword}" if o.subword else "")),
         ("features", f"{list(st.feature_shape)} {o.dtype}"),
-        ("input", f"{src['path']} ({src['format']}) sha256 {str(src.get('sha256'))[:12]}"),
+        ("input", f"{src['path']} ({src['format']}) sha256 {_input_hash(src)}"),
         ("kept columns", ", ".join(st.columns) or "-"),
         ("records", f"{len(st)} ({counts.get('skipped', 0)} skipped)"),
         ("rows / tokens", f"{st.num_rows} / {counts.get('tokens', 0)}"),
@@ -53,3 +53,10 @@ def inspect(
         cols = {c: st.column(c)[i] for c in st.columns}
         console.print(f"record {i} (line {int(st.lines[i])}): shape {list(x.shape)} mean {x.mean():+.4f} "
                       f"norm {np.linalg.norm(x.reshape(-1)):.3f}{extra} {cols if cols else ''}", highlight=False)
+
+
+def _input_hash(src: dict) -> str:
+    """The input's sha256 as shown: a stream's is known once it was read to the end."""
+    if src.get("sha256"):
+        return str(src["sha256"])[:12] + (f" ({src['bytes']:,} bytes)" if src.get("bytes") is not None else "")
+    return "not yet known (stdin: recorded when read to the end)" if src.get("path") == "-" else "-"

@@ -21,6 +21,9 @@ def predict(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m", help="Where the encoder is now, if it moved since training (checked by fingerprint)."
+    ),
     device: Optional[str] = DeviceOpt,
 ) -> None:
     """Predict every record of FILE; bad records get {"line": N, "error": "..."} lines, order kept."""
@@ -30,7 +33,7 @@ def predict(
     from ..readers import BadRecord, read_records
 
     with user_errors():
-        clf = load(model_dir, device=device)
+        clf = load(model_dir, device=device, model=model)
         records = read_records(data, fmt, text_field=text_field)
         out = open(output, "w", encoding="utf-8") if output else sys.stdout
         bar = tqdm(disable=quiet or not sys.stderr.isatty(), unit="rec", desc="predict", file=sys.stderr)

@@ -39,6 +39,9 @@ def probe(
         False, "--document-context", help="CoNLL-2003: encode with document neighbours."
     ),
     layers_only: bool = typer.Option(False, "--layers-only", help="Single layers only, no strategies."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Re-extract cached features in OUTPUT/features made with other options."
+    ),
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
 ) -> None:
@@ -50,7 +53,8 @@ def probe(
                              restarts=restarts, scheme=scheme, subword=subword, pool=pool,
                              document_context=document_context, layers_only=layers_only)
         res = run(train, dev, test, config, model=model, device=device, output=output, text_field=text_field,
-                  format=fmt, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+                  format=fmt, overwrite=overwrite,
+                  log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     best = res.best
     err_console.print(
         f"best: {best['name']} (dev {res.metric_name} {100 * best['dev_mean']:.2f}); wrote "

@@ -85,6 +85,9 @@ def train(
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an earlier layerwise model in OUTPUT (never anything else)."
+    ),
 ) -> None:
     """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
     from ..heads import HeadConfig, TrainOptions
@@ -101,7 +104,8 @@ def train(
                                progress=False if quiet else None)
         result = run_train(
             config, train_file, dev_file, test_file, options=options, text_field=text_field, label_field=label_field,
-            format=fmt, output=output, log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
+            format=fmt, output=output, overwrite=overwrite,
+            log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
         )
     print(format_scores(result.dev, title=f"dev (best epoch {result.best_epoch}): "))
     if result.test is not None:

@@ -4,12 +4,20 @@ A model directory holds::
 
     config.json          HeadConfig (layers, site, pool, combine, classifier, labels, ...)
     labels.json          {"label": index}
-    head.safetensors     the head's weights (metadata: layerwise version, encoder, resolved layers)
+    head.safetensors     the head's weights (metadata: layerwise version, encoder, its weights fingerprint and dtype,
+                         resolved layers, ``"format": "layerwise-head"``)
     train_log.jsonl      one line per epoch (when trained by layerwise)
     metrics.json         dev/test scores of the saved model (when trained by layerwise)
     encoder/             finetune mode only: the fine-tuned encoder (safetensors) and its tokenizer
 
-Frozen mode references the encoder by ``config.model`` (``null`` = the embedded default model).
+Frozen mode references the encoder by ``config.model`` (``null`` = the embedded default model; a local directory is
+saved as an absolute path, so the head loads from any working directory). When the encoder has moved, give its new
+place (``load(dir, model=...)``, CLI ``--model``): it is checked against the saved weights fingerprint, so a different
+encoder is refused rather than silently giving wrong predictions. Heads saved before fingerprints were recorded load
+unchecked.
+
+:meth:`SequenceClassifier.save` writes only the files above: it refuses a file path and a non-empty directory that is
+not a layerwise model directory (:func:`is_model_dir`), and never deletes anything.
 
 Example::
 
@@ -33,7 +41,9 @@ from ..capture import capture
 from ..extractor import Extractor
 from ..loading import quiet_transformers
 from ..padding import pad_rows
+from ..pipeline import check_texts
 from ..pooling import pool as pool_tokens
+from ..provenance import tensors_fingerprint
 from ..version import __version__
 from .config import HeadConfig
 from .model import LayerHead
@@ -91,32 +101,56 @@ class SequenceClassifier:
 
     def predict_proba(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         """Class probabilities ``[n, C]`` in the order of :attr:`labels`."""
-        if not len(texts):
+        if _empty(texts):
             return np.zeros((0, len(self.labels)))
         return np.concatenate([p for _, p in self.iter_predict(texts, batch_size)])
 
     def iter_predict(self, texts: Sequence[str], batch_size: int = 256) -> Iterator[tuple[list[str], np.ndarray]]:
-        """``(labels, probabilities [b, C])`` for consecutive slices of ``batch_size`` texts (streaming)."""
+        """``(labels, probabilities [b, C])`` for consecutive slices of ``batch_size`` texts (streaming).
+
+        Raises:
+            TypeError: ``texts`` is a bare string (wrap it in a list: ``[text]``) or holds a non-string.
+        """
+        if _empty(texts):
+            return
+        texts = check_texts(texts)  # a bare string is refused, as in Extractor.encode
         for start in range(0, len(texts), batch_size):
             probs = torch.softmax(self._logits(texts[start : start + batch_size]), dim=-1).numpy()
             yield [self.labels[i] for i in probs.argmax(1)], probs
 
     def predict(self, texts: Sequence[str], batch_size: int = 256) -> list[str]:
-        """The most probable label of each text."""
+        """The most probable label of each text (``TypeError`` for a bare string: pass ``[text]``)."""
         return [label for labels, _ in self.iter_predict(texts, batch_size) for label in labels]
 
     # ---- persistence ---------------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike, *, log: list[dict] | None = None, metrics: dict | None = None) -> Path:
-        """Write the model directory (see the module docstring); returns its path."""
+        """Write the model directory (see the module docstring); returns its path.
+
+        Only this class's own files are written (an earlier layerwise model there is replaced file by file).
+
+        Raises:
+            ValueError: ``directory`` is a file, or a non-empty directory that is not a layerwise model directory.
+        """
         from safetensors.torch import save_file
 
         out = Path(directory)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"cannot save the model to {os.fspath(directory)!r}: it is a file; give a directory")
+        if out.is_dir() and any(out.iterdir()) and not is_model_dir(out):
+            raise ValueError(
+                f"cannot save the model to {os.fspath(directory)!r}: a non-empty directory that is not a layerwise "
+                f"model directory; layerwise never replaces what it did not write: choose a new or empty directory"
+            )
         out.mkdir(parents=True, exist_ok=True)
         self.config.to_json(out / "config.json")
         (out / "labels.json").write_text(json.dumps({n: i for i, n in enumerate(self.labels)}, indent=2) + "\n")
         state = {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
+        # fine-tuned weights changed since the backend cached its fingerprint: hash them as they are now
+        fingerprint = (tensors_fingerprint(self.extractor.loaded.model.state_dict()) if self.config.mode == "finetune"
+                       else self.extractor.fingerprint())
         meta = {"layerwise_version": __version__, "encoder": self.extractor.loaded.name,
-                "layers": json.dumps(list(self.layers)), "format": "layerwise-head"}
+                "encoder_fingerprint": fingerprint, "encoder_dtype": _dtype_name(self.extractor.loaded.dtype),
+                "layers": json.dumps(list(self.layers)), "format": FORMAT}
         save_file(state, str(out / "head.safetensors"), metadata=meta)
         if self.config.mode == "finetune":
             with quiet_transformers():
@@ -130,8 +164,70 @@ class SequenceClassifier:
         return out
 
 
+FORMAT = "layerwise-head"  # the ``format`` metadata of every head.safetensors layerwise writes
+
+
+def _empty(texts: object) -> bool:
+    return isinstance(texts, Sequence) and not isinstance(texts, (str, bytes)) and len(texts) == 0
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _head_metadata(path: Path) -> dict[str, str] | None:
+    """The metadata of a head.safetensors layerwise wrote, else ``None`` (absent, unreadable or someone else's)."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+    except Exception:  # not a readable safetensors file: not one layerwise wrote
+        return None
+    return meta if meta.get("format") == FORMAT else None
+
+
+def is_model_dir(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` is a model directory layerwise wrote (config.json and a layerwise head.safetensors)."""
+    root = Path(directory)
+    return (root / "config.json").is_file() and _head_metadata(root / "head.safetensors") is not None
+
+
+def check_encoder(extractor: Extractor, metadata: dict[str, str], trained_on: str | None) -> None:
+    """``ValueError`` when ``extractor`` is not the encoder a head was trained on (by weights fingerprint).
+
+    A head saved without a fingerprint (before layerwise recorded one) is not checked. An encoder loaded in another
+    dtype than the training one is compared after casting its weights to the training dtype.
+    """
+    want = metadata.get("encoder_fingerprint")
+    if not want:
+        return
+    trained_dtype, now_dtype = metadata.get("encoder_dtype"), _dtype_name(extractor.loaded.dtype)
+    if trained_dtype in (None, now_dtype) or not hasattr(torch, trained_dtype):
+        got = extractor.fingerprint()
+    else:
+        cast = getattr(torch, trained_dtype)
+        got = tensors_fingerprint({k: v.to(cast) if v.is_floating_point() else v
+                                   for k, v in extractor.loaded.model.state_dict().items()})
+    if got == want:
+        return
+    hint = (f" (the encoder is loaded in {now_dtype}, the head was trained on {trained_dtype} weights: load it in "
+            f"{trained_dtype})" if trained_dtype not in (None, now_dtype) else "")
+    raise ValueError(
+        f"the encoder {extractor.loaded.name!r} is not the one this head was trained on{hint}: its weights "
+        f"fingerprint is {got[:12]}, the head expects {want[:12]} (trained on {trained_on or 'the default model'!r}); "
+        f"give the training encoder's current location with --model (load(dir, model=...))"
+    )
+
+
 def load(
-    directory: str | os.PathLike, *, device: str | None = None, extractor: Extractor | None = None
+    directory: str | os.PathLike,
+    *,
+    device: str | None = None,
+    extractor: Extractor | None = None,
+    model: str | os.PathLike | None = None,
 ) -> SequenceClassifier:
     """Load a model directory written by :meth:`SequenceClassifier.save` (or ``layerwise train``).
 
@@ -139,7 +235,14 @@ def load(
         directory: the model directory.
         device: where to run (default: CUDA when available, else CPU).
         extractor: reuse an already loaded encoder (frozen mode; must be the config's model).
+        model: where the encoder is now (frozen mode), when it moved since training (CLI ``--model``); default: the
+            saved ``config.model``.
+
+    Raises:
+        ValueError: not a model directory; ``model`` with a fine-tuned head (it carries its encoder) or together with
+            ``extractor``; an encoder whose weights fingerprint differs from the one saved with the head (both named).
     """
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     root = Path(directory)
@@ -148,9 +251,19 @@ def load(
             f"{os.fspath(directory)!r} is not a layerwise model directory (needs config.json and head.safetensors)"
         )
     config = HeadConfig.from_json(root / "config.json")
+    if model is not None and extractor is not None:
+        raise ValueError("give model= (where the encoder is) or extractor= (an encoder already loaded), not both")
+    if model is not None and config.mode == "finetune":
+        raise ValueError(
+            f"{os.fspath(directory)!r} holds a fine-tuned head that carries its own encoder (in encoder/); "
+            f"--model / model= does not apply to it: leave it out"
+        )
     if extractor is None:
-        encoder = str(root / "encoder") if config.mode == "finetune" else config.model
+        encoder = str(root / "encoder") if config.mode == "finetune" else (model or config.model)
         extractor = Extractor(encoder, device=device, max_length=config.max_length)
+    with safe_open(str(root / "head.safetensors"), framework="pt") as fh:
+        metadata = fh.metadata() or {}
+    check_encoder(extractor, metadata, config.model)
     clf = SequenceClassifier(config, extractor)
     clf.head.load_state_dict(load_file(str(root / "head.safetensors")))
     clf.head.to(extractor.loaded.device).eval()

@@ -1,15 +1,22 @@
 """Labelled data for heads: reading text+label files, label maps, and frozen features cached in a feature store.
 
 Frozen mode extracts features once and reuses them: sentence pools are cached for *every* layer
-(``layers="all", combine="stack"``, one store per pool), so any layer choice of a later run is a slice of the same
+(``layers="all", combine="stack"``, one store per pool and site; a sub-layer site such as ``attention`` has no
+embeddings output, so its cache holds layers 1..L), so any layer choice of a later run is a slice of the same
 cache; ``pool="attention"`` caches token-level features of the selected layers. The cache is a normal feature
 store under ``cache_dir`` (default ``~/.cache/layerwise/features``), content-addressed: its key is the input
 file's sha256, the weights' fingerprint and the options, never a path, so a copy of the same file reuses it and a
 changed file does not. It is resumable like any store.
+
+Labels are class names (strings), normalised by :func:`label_text` when read (from a file or from the cache):
+strings are stripped, and a JSON number that is integral becomes its int string, so ``0``, ``0.0`` and ``"0"`` are one
+class ``"0"``; a missing, null or empty label leaves the record out (counted and reported as skipped).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +36,32 @@ from ..store import FeatureStore, open_store
 
 @dataclass
 class Labelled:
-    """Texts and their string labels (bad records skipped, counted in ``skipped``)."""
+    """Texts and their string labels (bad records and records without a label skipped: ``skipped_lines``)."""
 
     texts: list[str]
     labels: list[str]
     lines: list[int]
     skipped: int = 0
+    skipped_lines: list[int] | None = None
+
+
+def label_text(value: object) -> str | None:
+    """A label as a class name; ``None`` for a missing (null) or empty label.
+
+    Strings are stripped. A number that is integral becomes its int string, so the JSON labels ``0``, ``0.0`` and
+    ``"0"`` are one class ``"0"`` (a CSV/TSV cell is a string and is kept as written, ``"0.0"`` included); other
+    numbers keep their ``str`` (``1.5`` -> ``"1.5"``); booleans are ``"True"`` / ``"False"``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+        return str(int(float(value)))
+    text = str(value).strip()
+    return text or None
 
 
 def read_labelled(
@@ -45,21 +72,21 @@ def read_labelled(
     Raises:
         ValueError: missing file or column, or no usable record (an empty file).
     """
-    texts, labels, lines, skipped = [], [], [], 0
+    texts: list[str] = []
+    labels: list[str] = []
+    lines: list[int] = []
+    skipped: list[int] = []
     for item in read_records(path, format, text_field=text_field, keep=[label_field]):
-        if isinstance(item, BadRecord):
-            skipped += 1
-            continue
-        label = item.fields.get(label_field)
-        if label is None or (isinstance(label, str) and not label.strip()):
-            skipped += 1
+        label = None if isinstance(item, BadRecord) else label_text(item.fields.get(label_field))
+        if isinstance(item, BadRecord) or label is None:
+            skipped.append(item.line)
             continue
         texts.append(item.text)
-        labels.append(str(label).strip())
+        labels.append(label)
         lines.append(item.line)
     if not texts:
         raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
-    return Labelled(texts, labels, lines, skipped)
+    return Labelled(texts, labels, lines, len(skipped), skipped)
 
 
 def label_map(labels: Sequence[str]) -> list[str]:
@@ -104,10 +131,12 @@ def cached_store(
 ) -> FeatureStore:
     """The feature store for ``path`` under the cache (extracted now if absent or unfinished).
 
-    Sentence pools: every layer, ``[records, L + 1, W]``; ``pool="attention"``: token level, ``[tokens, K, W]``.
+    Sentence pools: every layer the site has, ``[records, L + 1, W]`` (``site="block"``) or ``[records, L, W]``
+    (sub-layer sites: layers 1..L); ``pool="attention"``: token level, the selected layers, ``[tokens, K, W]``.
     """
     token_level = pool == "attention"
-    spec = EncodeSpec(layers=list(layers) if token_level else "all", site=site, combine="stack",
+    every = "all" if site == "block" else "1:"  # sub-layer sites exist in layers 1..L only
+    spec = EncodeSpec(layers=list(layers) if token_level else every, site=site, combine="stack",
                       level="token" if token_level else "sentence", pool=None if token_level else pool)
     key = content_key({
         "input": file_sha256(path),
@@ -147,9 +176,9 @@ def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str
 
     Records without a label (empty or null) are left out, as :func:`read_labelled` does.
     """
-    raw = store.column(label_field)
-    keep = [i for i, v in enumerate(raw) if v is not None and str(v).strip()]
-    labels = [str(raw[i]).strip() for i in keep]
+    raw = [label_text(v) for v in store.column(label_field)]
+    keep = [i for i, v in enumerate(raw) if v is not None]
+    labels = [str(raw[i]) for i in keep]
     stored = list(store.spec.layer_indices)
     pos = [stored.index(i) for i in layers]
     if store.level == "sentence":  # chunk by chunk: never hold all layers of the corpus at once

@@ -34,10 +34,14 @@ def classification_scores(gold: Sequence[str], pred: Sequence[str], labels: Sequ
 
 
 def format_scores(scores: dict, title: str = "") -> str:
-    """A plain-text report: headline scores, the per-class table and the confusion matrix."""
+    """A plain-text report: headline scores (and ``scores["skipped"]`` records when set), the per-class table and
+    the confusion matrix."""
     labels = scores["labels"]
     width = max(8, *(len(label) for label in labels))
-    lines = [f"{title}n={scores['n']}  accuracy {scores['accuracy']:.4f}  macro-F1 {scores['macro_f1']:.4f}", ""]
+    skipped = scores.get("skipped") or 0  # records left out of the scores (bad or unlabelled), when the caller says
+    head = f"{title}n={scores['n']}  accuracy {scores['accuracy']:.4f}  macro-F1 {scores['macro_f1']:.4f}"
+    lines = [head + (f"  (skipped {skipped} bad or unlabelled record{'s' if skipped != 1 else ''})" if skipped else ""),
+             ""]
     lines.append(f"{'label':<{width}}  precision  recall     f1  support")
     for label in labels:
         c = scores["per_class"][label]

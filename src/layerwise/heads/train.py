@@ -25,7 +25,7 @@ import torch
 from ..extractor import Extractor
 from ..loading import DEFAULT_MODEL_NAME
 from ..rng import seeded
-from .classifier import SequenceClassifier
+from .classifier import SequenceClassifier, is_model_dir
 from .config import HeadConfig
 from .data import FrozenFeatures, cached_store, encode_labels, frozen_features, label_map, read_labelled
 from .metrics import classification_scores
@@ -100,8 +100,9 @@ def _check_positive(name: str, value: object, kind: type = int) -> None:
         raise ValueError(f"{name} must be a positive {'number' if kind is float else 'int'}, got {value!r}")
 
 
-def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress) -> tuple[dict, list[str]]:
-    """Read every split (frozen: through the feature cache); fix the label list from train."""
+def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress: bool,
+                 say: Callable[[str], None]) -> tuple[dict, list[str]]:
+    """Read every split (frozen: through the feature cache); fix the label list from train; report skipped rows."""
     layers = clf_config.encode.resolve(ex, learned=True).layer_indices
     raw: dict[str, tuple[list[str], FrozenFeatures | None, list[str] | None]] = {}
     for name, path in paths.items():
@@ -110,11 +111,24 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
                                  text_field=kw["text_field"], label_field=kw["label_field"], cache_dir=kw["cache_dir"],
                                  progress=progress)
             if len(store) == 0:
-                raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
+                raise ValueError(
+                    f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad); the bad "
+                    f"records ({len(store.errors)}) are listed in {store.path / 'errors.jsonl'}: fix them and run again"
+                )
             feats = frozen_features(store, layers, kw["label_field"])
+            if not len(feats):
+                raise ValueError(f"{os.fspath(path)!r} holds no record with a label in column {kw['label_field']!r}; "
+                                 f"name the label column with --label-column (label_field=)")
+            bad, unlabelled = len(store.errors), len(store) - len(feats)
+            if bad or unlabelled:
+                say(f"{name}: {len(feats)} records used; skipped {bad} bad (listed in {store.path / 'errors.jsonl'}) "
+                    f"and {unlabelled} without a label")
             raw[name] = (feats.labels, feats, None)
         else:
             data = read_labelled(path, text_field=kw["text_field"], label_field=kw["label_field"], format=kw["format"])
+            if data.skipped:
+                say(f"{name}: {len(data.texts)} records used; skipped {data.skipped} bad or unlabelled "
+                    f"(lines {_lines(data.skipped_lines or [])} of {os.fspath(path)})")
             raw[name] = (data.labels, None, data.texts)
     names = label_map(raw["train"][0])
     splits = {
@@ -122,6 +136,32 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
         for name, (labels, feats, texts) in raw.items()
     }
     return splits, names
+
+
+def _lines(lines: list[int], most: int = 10) -> str:
+    shown = ", ".join(map(str, lines[:most]))
+    return shown + (f", ... ({len(lines) - most} more)" if len(lines) > most else "")
+
+
+def check_output(output: str | os.PathLike, overwrite: bool) -> None:
+    """Before any work: refuse an output that is a file or a directory layerwise did not write as a model.
+
+    An absent path or an empty directory is free; an earlier layerwise model directory (:func:`is_model_dir`) is
+    replaced only with ``overwrite``; anything else is refused, ``overwrite`` or not.
+    """
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output {os.fspath(output)!r} is a file; give a directory for the model (-o)")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not is_model_dir(out):
+        raise ValueError(
+            f"output {os.fspath(output)!r} is a non-empty directory that is not a layerwise model; layerwise never "
+            f"replaces what it did not write: choose a new or empty directory (-o)"
+        )
+    if not overwrite:
+        raise ValueError(f"output {os.fspath(output)!r} holds a layerwise model already; pass --overwrite "
+                         f"(overwrite=True) to replace it, or choose another directory (-o)")
 
 
 def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train: bool):
@@ -168,6 +208,7 @@ def train(
     output: str | os.PathLike | None = None,
     extractor: Extractor | None = None,
     log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Train the head of ``config`` on ``train_path``, pick the epoch with the best dev metric, save to ``output``.
 
@@ -180,21 +221,26 @@ def train(
         output: model directory to write (weights, config, labels, log, metrics).
         extractor: an already loaded encoder to use (frozen mode shares it; finetune mode updates it in place).
         log: receives one line per epoch (default: print to stderr).
+        overwrite: replace an earlier layerwise model at ``output`` (anything else there is refused before work).
 
     Returns:
         A :class:`TrainResult`.
     """
     opts = options or TrainOptions()
     config.validate()
+    if output is not None:
+        check_output(output, overwrite)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     ex = extractor or Extractor(config.model, device=opts.device, max_length=config.max_length)
     if config.model is None and ex.loaded.name != DEFAULT_MODEL_NAME:
         config.model = ex.loaded.name  # the saved model must name the encoder it was trained with
+    if config.model is not None and Path(config.model).expanduser().is_dir():
+        config.model = str(Path(config.model).expanduser().resolve())  # usable from any working directory
     paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
     kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": opts.cache_dir}
     show = sys.stderr.isatty() if opts.progress is None else opts.progress
-    splits, names = _load_splits(config, ex, paths, kw, show)
+    splits, names = _load_splits(config, ex, paths, kw, show, say)
     feature_seconds = time.perf_counter() - t0
     config.labels = names
     with seeded(opts.seed, ex.loaded.device) as gen:

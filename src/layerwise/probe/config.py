@@ -57,6 +57,8 @@ class ProbeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise ValueError(f"lr must be a positive number (e.g. 1e-3), got {self.lr!r}")
         if self.probe == "bilstm" and self.task != "tagging":
             raise ValueError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
         if self.crf and self.probe != "bilstm":

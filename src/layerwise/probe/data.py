@@ -22,6 +22,7 @@ import torch
 
 from ..engine import ExtractOptions, extract
 from ..extractor import Extractor
+from ..heads.data import label_text
 from ..readers import ReadOptions, detect_format
 from ..spec import EncodeSpec
 from ..store import FeatureStore, open_store
@@ -98,9 +99,10 @@ def split_features(
     text_field: str | None = None,
     document_context: bool = False,
     progress: bool | None = None,
+    overwrite: bool = False,
 ) -> ProbeSplit:
     """Extract (or find cached) all-layer features of one split and load them."""
-    options = ExtractOptions(progress=progress)
+    options = ExtractOptions(progress=progress, overwrite=overwrite)
     if task == "tagging":
         keep = (column, "doc") if fmt == "conll" else (column,)
         spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, dtype="float16")
@@ -118,4 +120,5 @@ def split_features(
         labels = [str(t) for tags in values for t in tags]
         return ProbeSplit(torch.from_numpy(np.ascontiguousarray(rows)), labels, np.asarray(offsets), store)
     x = np.concatenate(list(store.iter_chunks(8192)))
-    return ProbeSplit(torch.from_numpy(np.ascontiguousarray(x)), [str(v).strip() for v in values], None, store)
+    labels = [label_text(v) or str(v).strip() for v in values]  # 0, 0.0 and "0" are one class, as for heads
+    return ProbeSplit(torch.from_numpy(np.ascontiguousarray(x)), labels, None, store)

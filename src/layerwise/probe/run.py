@@ -79,6 +79,7 @@ def run(
     format: str | None = None,
     progress: bool | None = None,
     log: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> ProbeResults:
     """Probe every layer and the BERT-paper layer strategies on a tagging or sentence task.
 
@@ -91,6 +92,8 @@ def run(
         text_field, format: sentence tasks: the text column; the input format when the suffix does not tell.
         progress: extraction progress bars (default: when stderr is a terminal).
         log: receives one line per probe (default: stderr).
+        overwrite: re-extract cached features in ``output/features`` made with other options (e.g. another
+            ``subword``) instead of refusing them.
 
     Returns:
         :class:`ProbeResults`; the files are written into ``output``.
@@ -111,7 +114,8 @@ def run(
             say(f"features: {name} ({os.fspath(path)})")
             splits[name] = split_features(ex, path, out / "features" / name, task=cfg.task, fmt=fmt, column=column,
                                           subword=cfg.subword, pool=cfg.pool, text_field=text_field,
-                                          document_context=cfg.document_context, progress=progress)
+                                          document_context=cfg.document_context, progress=progress,
+                                          overwrite=overwrite)
     extract_seconds = time.perf_counter() - t0
     labels = sorted(set(splits["train"].labels))
     if len(labels) < 2:

@@ -28,6 +28,14 @@ class ProbeOptions:
     batch_size: int = 256  # rows (linear/MLP) or 32 sentences (BiLSTM)
     device: str = "cpu"
 
+    def __post_init__(self) -> None:
+        for name in ("hidden", "epochs", "patience", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
+            raise ValueError(f"lr must be a positive number (e.g. 1e-3), got {self.lr!r}")
+
 
 @dataclass
 class ProbeRun:
@@ -173,7 +181,8 @@ def _fit(
             stale += 1
             if stale >= opts.patience:
                 break
-    assert best_state is not None  # epochs >= 1 and every score > -1.0: the first epoch always sets it
+    if best_state is None:  # pragma: no cover - epochs >= 1 (validated) and the first epoch always improves on -1
+        raise RuntimeError("no probe epoch was trained (a bug: epochs >= 1 is validated)")
     model.load_state_dict(best_state)
     run = ProbeRun(dev=score(dev, predict(dev)), test=score(test, predict(test)) if test is not None else None,
                    epochs=best_epoch)

@@ -226,7 +226,8 @@ def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, 
         raise HTTPException(422, f"'words' (pre-tokenised input) needs level 'word', got level {req.level!r}")
     items = req.texts if req.texts is not None else req.words
     if not items:
-        raise HTTPException(422, "'texts' is empty; give at least one text")
+        field = "texts" if req.texts is not None else "words"
+        raise HTTPException(422, f"'{field}' is empty; give at least one {'text' if field == 'texts' else 'word list'}")
     if len(items) > limits.max_texts:
         raise HTTPException(422, f"{len(items)} texts in one request; the limit is {limits.max_texts} (max_texts)")
     for i, item in enumerate(items):

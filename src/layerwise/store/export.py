@@ -16,9 +16,19 @@ format      what is written
             token/word level)
 ==========  ==================================================================================================
 
+Token ids and words are streamed like the features (no format holds the whole store in memory): token ids
+are the tokenizer's ids of the rows, special tokens included (``store.token_ids(i)``), words the words whose
+rows they are (``store.words(i)``). A kept column may not take a name the format uses itself (npy: ``features``,
+``offsets``, ``token_ids``, ``lines``, ``manifest``; parquet: ``line``, ``features``, ``token_ids``, ``words``):
+such an export is refused before any work, naming the column and the formats that hold it apart.
+
 An export never replaces what layerwise did not write: an existing output that is not a layerwise export of
-the same format (a file of yours, a non-empty directory) is refused, even with ``overwrite=True``; an earlier
-layerwise export is replaced only with ``overwrite=True`` (CLI ``--overwrite``). Both are checked before any work.
+the same format (a file of yours, a non-empty directory, an export whose manifest is gone) is refused, even with
+``overwrite=True``; an earlier layerwise export (recognised by the store manifest it carries: ``manifest.json``,
+the hdf5 attribute ``manifest``, the parquet schema metadata ``layerwise_manifest``) is replaced only with
+``overwrite=True`` (CLI ``--overwrite``), and in an npy directory only the files that export wrote are replaced.
+Both are checked before any work. Files are written under a temporary name and renamed into place, so a failed
+export leaves no half-written output behind.
 
 Example::
 
@@ -30,15 +40,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
+from .layout import FORMAT
 from .reader import FeatureStore
 
 ExportFormat = Literal["npy", "hdf5", "parquet"]
 EXPORT_FORMATS = ("npy", "hdf5", "parquet")
+CHUNK = 4096  # records per streamed chunk
+_NPY_OWN = ("features", "offsets", "token_ids", "lines", "manifest")  # npy: <name>.npy files of the export itself
+_PARQUET_OWN = ("line", "features", "token_ids", "words")  # parquet: the export's own columns
 
 
 def _column_array(values: list) -> np.ndarray:
@@ -48,23 +64,13 @@ def _column_array(values: list) -> np.ndarray:
     return np.asarray(text, dtype=str)
 
 
-def _token_ids(store: FeatureStore) -> np.ndarray:
-    """Token level: the tokenizer ids of every row, ``[N]`` int32, in record order."""
-    return np.concatenate([store.token_ids(i) for i in range(len(store))]) if len(store) else np.zeros(0, np.int32)
-
-
-def _words(store: FeatureStore) -> list[list[str]]:
-    """Word level: the word list of every record."""
-    return [store.words(i) for i in range(len(store))]
-
-
 def _flat_rows(store: FeatureStore) -> int:
     return len(store) if store.level == "sentence" else store.num_rows
 
 
 def _chunks(store: FeatureStore):
     """``(rows [n, *F] flat, lengths or None)`` per shard-sized chunk, in record order."""
-    for batch in store.iter_chunks(size=4096):
+    for batch in store.iter_chunks(size=CHUNK):
         if store.level == "sentence":
             yield np.asarray(batch), None
         else:
@@ -85,8 +91,16 @@ def _fill(store: FeatureStore, feats) -> np.ndarray:
     return np.asarray(offsets, dtype=np.int64)
 
 
+def _fill_token_ids(store: FeatureStore, ids) -> None:
+    """Token level: copy every row's token id into the array-like ``ids`` ``[N]``, chunk by chunk."""
+    pos = 0
+    for batch in store.iter_token_ids(size=CHUNK):
+        flat = np.concatenate(batch) if batch else np.zeros(0, np.int32)
+        ids[pos : pos + len(flat)] = flat
+        pos += len(flat)
+
+
 def _to_npy(store: FeatureStore, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     feats = np.lib.format.open_memmap(out / "features.npy", mode="w+", dtype=store.dtype,
                                       shape=(_flat_rows(store),) + store.feature_shape)
     offsets = _fill(store, feats)
@@ -95,9 +109,19 @@ def _to_npy(store: FeatureStore, out: Path) -> None:
     if store.level != "sentence":
         np.save(out / "offsets.npy", offsets)
     if store.level == "token":
-        np.save(out / "token_ids.npy", _token_ids(store))
-    if store.level == "word":
-        (out / "words.json").write_text(json.dumps(_words(store), ensure_ascii=False), encoding="utf-8")
+        ids = np.lib.format.open_memmap(out / "token_ids.npy", mode="w+", dtype=np.int32, shape=(store.num_rows,))
+        _fill_token_ids(store, ids)
+        ids.flush()
+        del ids
+    if store.level == "word":  # one JSON list of word lists, written record by record
+        with open(out / "words.json", "w", encoding="utf-8") as fh:
+            fh.write("[")
+            first = True
+            for batch in store.iter_words(size=CHUNK):
+                for words in batch:
+                    fh.write(("" if first else ",\n") + json.dumps(words, ensure_ascii=False))
+                    first = False
+            fh.write("]\n")
     np.save(out / "lines.npy", store.lines)
     for name in store.columns:
         np.save(out / f"{name}.npy", _column_array(store.column(name)), allow_pickle=False)
@@ -116,10 +140,14 @@ def _to_hdf5(store: FeatureStore, out: Path) -> None:
         if store.level != "sentence":
             f.create_dataset("offsets", data=offsets)
         if store.level == "token":
-            f.create_dataset("token_ids", data=_token_ids(store))
-        if store.level == "word":
-            flat = [w for ws in _words(store) for w in ws]
-            f.create_dataset("words", data=np.asarray(flat, dtype=object), dtype=h5py.string_dtype())
+            _fill_token_ids(store, f.create_dataset("token_ids", shape=(store.num_rows,), dtype=np.int32))
+        if store.level == "word":  # flat, one per row: record i's words are words[offsets[i]:offsets[i+1]]
+            words = f.create_dataset("words", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(),
+                                     chunks=(CHUNK,))
+            for batch in store.iter_words(size=CHUNK):
+                flat = [w for ws in batch for w in ws]
+                words.resize((words.shape[0] + len(flat),))
+                words[words.shape[0] - len(flat) :] = np.asarray(flat, dtype=object)
         f.create_dataset("lines", data=store.lines)
         group = f.create_group("columns")
         for name in store.columns:
@@ -148,21 +176,24 @@ def _to_parquet(store: FeatureStore, out: Path) -> None:
     value = pa.float16() if store.dtype == np.float16 else pa.float32()
     width = int(np.prod(store.feature_shape))
     feat_type = pa.list_(value, width) if store.level == "sentence" else pa.list_(pa.list_(value, width))
+    extra: list[tuple[str, Any]] = []  # per-record lists beside the features: token ids or words
     if store.level == "token":
-        starts = np.concatenate([[0], np.cumsum([len(store.token_ids(i)) for i in range(len(store))])])
-        ids = _token_ids(store)
-        columns["token_ids"] = pa.array([ids[a:b].tolist() for a, b in zip(starts[:-1], starts[1:])],
-                                        type=pa.list_(pa.int32()))
-    if store.level == "word":
-        columns["words"] = pa.array(_words(store), type=pa.list_(pa.string()))
+        extra = [("token_ids", pa.list_(pa.int32()))]
+    elif store.level == "word":
+        extra = [("words", pa.list_(pa.string()))]
     schema = pa.schema(
-        [("line", pa.int64()), *[(k, a.type) for k, a in columns.items()], ("features", feat_type)],
+        [("line", pa.int64()), *[(k, a.type) for k, a in columns.items()], *extra, ("features", feat_type)],
         metadata={b"layerwise_manifest": json.dumps(store.manifest).encode()},
     )
+    side: Any = iter(())
+    if store.level == "token":
+        side = store.iter_token_ids(size=CHUNK)
+    elif store.level == "word":
+        side = store.iter_words(size=CHUNK)
     lines = store.lines
     start = 0
     with pq.ParquetWriter(out, schema) as writer:
-        for batch in store.iter_chunks(size=4096):
+        for batch in store.iter_chunks(size=CHUNK):
             n = len(batch)
             if store.level == "sentence":
                 flat = np.asarray(batch).reshape(n, width)
@@ -175,6 +206,10 @@ def _to_parquet(store: FeatureStore, out: Path) -> None:
                 feats = pa.ListArray.from_arrays(offsets, inner)
             data = [pa.array(lines[start : start + n], type=pa.int64())]
             data += [a.slice(start, n) for a in columns.values()]
+            if extra:
+                got = next(side)
+                values = [np.asarray(x).tolist() for x in got] if store.level == "token" else got
+                data.append(pa.array(values, type=extra[0][1]))
             writer.write_table(pa.Table.from_arrays(data + [feats], schema=schema))
             start += n
 
@@ -183,37 +218,109 @@ def _plain(value):
     return value if isinstance(value, (str, int, float, bool, list)) or value is None else json.dumps(value)
 
 
-def _is_layerwise_export(out: Path, to: str) -> bool:
-    """Whether ``out`` is an export that layerwise wrote in format ``to`` (it carries a store manifest)."""
+# ---- what is at the output path ------------------------------------------------------------------------------
+def _export_manifest(out: Path, to: str) -> dict[str, Any] | None:
+    """The store manifest that a layerwise ``to`` export at ``out`` carries, or ``None`` if it is not one."""
     try:
         if to == "npy":
-            manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-            return manifest.get("format") == "layerwise-store" and (out / "features.npy").is_file()
-        if to == "hdf5":
+            if not (out / "features.npy").is_file():
+                return None
+            text = (out / "manifest.json").read_text(encoding="utf-8")
+        elif to == "hdf5":
             import h5py
 
             with h5py.File(out, "r") as f:
-                return "manifest" in f.attrs and "features" in f
-        import pyarrow.parquet as pq
+                if "features" not in f:
+                    return None
+                text = f.attrs["manifest"]
+        else:
+            import pyarrow.parquet as pq
 
-        return b"layerwise_manifest" in (pq.read_schema(out).metadata or {})
+            text = (pq.read_schema(out).metadata or {})[b"layerwise_manifest"].decode("utf-8")
+        manifest = json.loads(text)
     except Exception:  # noqa: BLE001 - anything unreadable is not ours
-        return False
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
 def check_output(out: Path, to: str, overwrite: bool) -> None:
-    """Refuse an output that layerwise did not write; refuse replacing its own export without ``overwrite``."""
-    if not out.exists() or (out.is_dir() and to == "npy" and not any(out.iterdir())):
+    """Refuse an output that layerwise did not write, even with ``overwrite``; refuse replacing its own export
+    without ``overwrite``. An absent path (or an empty directory for ``npy``) is free."""
+    if not out.exists() and not out.is_symlink():
         return
-    kind = "directory" if out.is_dir() else "file"
-    if not _is_layerwise_export(out, to):
+    if to == "npy" and out.is_dir() and not any(out.iterdir()):
+        return
+    if _export_manifest(out, to) is None:
+        if to == "npy":
+            kind = "a file" if not out.is_dir() else "a non-empty directory"
+        else:
+            kind = "a directory" if out.is_dir() else "a file"
         raise ValueError(
-            f"{str(out)!r} exists and is not a layerwise {to} export ({kind} not written by layerwise); layerwise "
-            f"never replaces what it did not write: choose another output path (-o)"
+            f"{str(out)!r} exists and is not a layerwise {to} export ({kind} not written by layerwise export; "
+            f"layerwise never replaces what it did not write, even with --overwrite): choose another output path "
+            f"(-o), or move that {kind.split()[-1]} away yourself"
         )
     if not overwrite:
-        raise ValueError(f"{str(out)!r} holds an earlier layerwise {to} export; pass --overwrite (overwrite=True) to "
-                         f"replace it, or choose another output path (-o)")
+        raise ValueError(
+            f"{str(out)!r} holds an earlier layerwise {to} export; pass --overwrite (overwrite=True) to replace "
+            f"it, or choose another output path (-o)"
+        )
+
+
+def _check_columns(store: FeatureStore, to: str) -> None:
+    """A kept column may not take the name of a file (npy) or column (parquet) the export writes itself."""
+    own = {"npy": _NPY_OWN, "parquet": _PARQUET_OWN}.get(to, ())
+    clash = [c for c in store.columns if c in own]
+    if clash:
+        where = f"{clash[0]}.npy" if to == "npy" else f"the column {clash[0]!r}"
+        raise ValueError(
+            f"the store kept a column named {clash[0]!r}, which would collide with {where} of the {to} export "
+            f"itself; export to hdf5 (kept columns live under columns/) or extract with another column name"
+        )
+
+
+def _npy_files(manifest: dict[str, Any]) -> list[str]:
+    """The files an npy export of the store with ``manifest`` wrote."""
+    keep = (manifest.get("input") or {}).get("keep") or []
+    return [f"{n}.npy" for n in ("features", "offsets", "token_ids", "lines", *keep)] + ["words.json", "manifest.json"]
+
+
+def _tmp_beside(out: Path) -> Path:
+    """A fresh temporary name beside ``out`` (created by the writer, so the user's umask sets its permissions)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_dir(out: Path, write: Callable[[Path], None]) -> None:
+    """Write an npy export into a fresh sibling directory, then move it to ``out`` (new, empty, or an earlier
+    layerwise export, of which only the files it wrote are replaced)."""
+    tmp = _tmp_beside(out)
+    try:
+        tmp.mkdir()
+        write(tmp)
+        if out.is_dir():
+            old = _export_manifest(out, "npy")
+            for name in _npy_files(old) if old is not None else []:
+                (out / name).unlink(missing_ok=True)
+            for p in tmp.iterdir():
+                os.replace(p, out / p.name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_file(out: Path, write: Callable[[Path], None]) -> None:
+    """Write a one-file export under a temporary name beside ``out``, then rename it into place."""
+    tmp = _tmp_beside(out)
+    try:
+        write(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def export(
@@ -221,7 +328,8 @@ def export(
 ) -> Path:
     """Write ``store`` to ``out`` as ``npy`` (a directory), ``hdf5`` or ``parquet``; returns ``out``.
 
-    ``overwrite`` replaces an earlier layerwise export at ``out``; anything else there is never replaced.
+    ``overwrite`` replaces an earlier layerwise export at ``out``; anything else there is never replaced (a
+    ``ValueError`` names the path). Everything is checked before anything is written.
     """
     if not isinstance(store, FeatureStore):
         store = FeatureStore(store)
@@ -229,8 +337,10 @@ def export(
         raise ValueError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
     check_output(out, to, overwrite)
-    if to == "npy" and out.is_dir():  # replacing our own export: nothing of the old one may linger
-        for old in [*out.glob("*.npy"), out / "words.json", out / "manifest.json"]:
-            old.unlink(missing_ok=True)
-    {"npy": _to_npy, "hdf5": _to_hdf5, "parquet": _to_parquet}[to](store, out)
+    _check_columns(store, to)
+    if to == "npy":
+        _write_dir(out, lambda tmp: _to_npy(store, tmp))
+    else:
+        writer = _to_hdf5 if to == "hdf5" else _to_parquet
+        _write_file(out, lambda tmp: writer(store, tmp))
     return out

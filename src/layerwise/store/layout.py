@@ -20,13 +20,17 @@ tensor           shape, dtype     meaning
 ``token_ids``    ``[N]`` i32      the tokenizer's ids of the rows (token level only)
 ===============  ===============  =================================================================
 
-and string metadata ``columns`` (JSON: kept column name -> list of R values) and, at word level, ``words``
-(JSON: R word lists). No pickle anywhere: safetensors' header is JSON and its data raw little-endian arrays.
+and string metadata ``columns`` (JSON: kept column name -> list of R values), at word level ``words``
+(JSON: R word lists) and, for an input read from stdin, ``input_prefix`` (JSON: ``line``, ``records`` and
+``sha256`` of the records read up to the shard's last one, which a resume must find again at the start of its
+stdin; also listed with the shard in the manifest). No pickle anywhere: safetensors' header is JSON and its data
+raw little-endian arrays.
 
 The manifest (``format_version`` 2) holds ``spec`` (the resolved :class:`~layerwise.EncodeSpec`), ``model``
 (``name``, ``fingerprint``: sha256 of the weights, ``family``, ``num_layers``, ``hidden_size``), ``tokenizer``
 (class, vocabulary size, window length and stride), ``input`` (``path``, ``format``, ``sha256`` of the file,
-``text_field``, ``keep``, ``context``), ``feature_shape``, ``status`` (``running | partial | complete``),
+``text_field``, ``keep``, ``context``; for stdin ``path`` is ``-`` and ``sha256`` and ``bytes`` are those of the
+whole stream, recorded when it was read to the end), ``feature_shape``, ``status`` (``running | partial | complete``),
 ``counts`` and the list of ``shards`` with their record ranges.
 """
 

@@ -9,6 +9,7 @@ Example::
     >>> X = store.to_numpy()                                  # [records, D]            # doctest: +SKIP
     >>> y = store.column("label")                             # kept with --keep label  # doctest: +SKIP
     >>> store[3].shape                                        # token/word level: [n_tokens_3, D]  # doctest: +SKIP
+    >>> store[0:10].shape                                     # a slice: [10, D]        # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -36,9 +37,22 @@ class FeatureStore:
         feature_shape: ``(D,)``, or ``(K, width)`` for ``combine="stack"``.
 
     Indexing: ``store[i]`` is record ``i``'s features: ``[*feature_shape]`` at sentence level, else
-    ``[n_i, *feature_shape]`` (tokens or words of record ``i``). Arrays are read-only memory maps. A slice
-    (``store[0:10]``, ``store[::-2]``) gives ``[n, *feature_shape]`` at sentence level (a copy of just those rows)
-    and a list of ``[n_i, *feature_shape]`` arrays otherwise; nothing else of the store is read.
+    ``[n_i, *feature_shape]`` (tokens or words of record ``i``); negative ``i`` counts from the end. Arrays are
+    read-only memory maps.
+
+    Slicing: ``store[a:b:step]`` takes Python's slice rules (negative bounds and steps included, out-of-range bounds
+    clipped, an empty slice is empty) and reads only the records it names, shard by shard, never the whole store:
+
+    - sentence level: one in-memory ``np.ndarray`` ``[n, *feature_shape]`` (a copy of just those rows);
+    - token / word level: a list of ``n`` read-only ``[n_i, *feature_shape]`` arrays, one per record.
+
+    Example::
+
+        >>> store = open_store("feats")                # doctest: +SKIP
+        >>> store[0:10].shape, store[::-2].shape       # sentence level      # doctest: +SKIP
+        ((10, 384), (5000, 384))
+        >>> [x.shape for x in tok_store[:2]]           # token level         # doctest: +SKIP
+        [(12, 384), (9, 384)]
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -106,7 +120,10 @@ class FeatureStore:
     def _locate(self, i: int) -> tuple[ShardFile, int]:
         n = len(self)
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"store index must be an int, got {type(i).__name__}; use iter_chunks() for ranges")
+            raise TypeError(
+                f"store index must be an int or a slice (store[3], store[0:10]), got {type(i).__name__}; "
+                f"iter_chunks() streams the whole store"
+            )
         if not -n <= i < n:
             raise IndexError(f"record {i} out of range: the store holds {n} records")
         i = int(i) % n
@@ -135,14 +152,21 @@ class FeatureStore:
         return self._rows(shard, j, j + 1)[0] if self.level == "sentence" else self._rows(shard, j, j + 1)
 
     def _slice(self, sl: slice) -> np.ndarray | list[np.ndarray]:
-        """Records of a slice, read shard by shard (only the shards it touches)."""
-        picked: list[np.ndarray] = []
-        for r in range(*sl.indices(len(self))):
-            shard, j = self._locate(r)
-            picked.append(self._rows(shard, j, j + 1)[0] if self.level == "sentence" else self._rows(shard, j, j + 1))
-        if self.level != "sentence":
-            return picked
-        return np.stack(picked) if picked else np.zeros((0,) + self.feature_shape, dtype=self.dtype)
+        """Records of a slice, read shard by shard (only the records it names, of the shards it touches)."""
+        wanted = np.arange(*sl.indices(len(self)), dtype=np.int64)
+        shard_of = np.searchsorted(np.asarray(self._starts), wanted, side="right") - 1
+        if self.level == "sentence":
+            out = np.empty((len(wanted),) + self.feature_shape, dtype=self.dtype)
+            for s in np.unique(shard_of):  # one fancy-indexed read per shard touched
+                at = np.flatnonzero(shard_of == s)
+                feats = self._shards[s].array("features")
+                out[at] = feats[wanted[at] - self._starts[s]].reshape((len(at),) + self.feature_shape)
+            return out
+        picked = []
+        for r, s in zip(wanted.tolist(), shard_of.tolist()):
+            j = r - int(self._starts[s])
+            picked.append(self._rows(self._shards[s], j, j + 1))
+        return picked
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for batch in self.iter_chunks():
@@ -150,18 +174,13 @@ class FeatureStore:
 
     def iter_chunks(self, size: int = 4096) -> Iterator[np.ndarray | list[np.ndarray]]:
         """Records in order, ``size`` at a time: ``[n, *F]`` arrays (sentence) or lists of ``[n_i, *F]``."""
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"chunk size must be a positive int, got {size!r}")
-        for shard in self._shards:
-            n = int(shard.shape("lines")[0])
-            for lo in range(0, n, size):
-                hi = min(n, lo + size)
-                if self.level == "sentence":
-                    yield self._rows(shard, lo, hi)
-                else:
-                    off = shard.array("offsets")
-                    feats = shard.array("features")
-                    yield [feats[off[r] : off[r + 1]].reshape((-1,) + self.feature_shape) for r in range(lo, hi)]
+        for shard, lo, hi in self._chunk_ranges(size):
+            if self.level == "sentence":
+                yield self._rows(shard, lo, hi)
+            else:
+                off = shard.array("offsets")
+                feats = shard.array("features")
+                yield [feats[off[r] : off[r + 1]].reshape((-1,) + self.feature_shape) for r in range(lo, hi)]
 
     def to_numpy(self) -> np.ndarray:
         """All sentence vectors as one in-memory array ``[records, *F]`` (sentence level only)."""
@@ -222,7 +241,34 @@ class FeatureStore:
         if self.level != "word":
             raise ValueError("words() exists for word-level stores only")
         shard, j = self._locate(i)
-        return shard.json_meta("words")[j]
+        return list(shard.json_meta("words")[j])
+
+    def iter_token_ids(self, size: int = 4096) -> Iterator[list[np.ndarray]]:
+        """Token level: records' token ids, ``size`` records at a time, in the chunks of :meth:`iter_chunks`."""
+        if self.level != "token":
+            raise ValueError("iter_token_ids() exists for token-level stores only")
+        for shard, lo, hi in self._chunk_ranges(size):
+            off, ids = shard.array("offsets"), shard.array("token_ids")
+            yield [ids[off[r] : off[r + 1]] for r in range(lo, hi)]
+
+    def iter_words(self, size: int = 4096) -> Iterator[list[list[str]]]:
+        """Word level: records' word lists, ``size`` records at a time, in the chunks of :meth:`iter_chunks`."""
+        if self.level != "word":
+            raise ValueError("iter_words() exists for word-level stores only")
+        parsed: tuple[ShardFile, list[list[str]]] | None = None
+        for shard, lo, hi in self._chunk_ranges(size):
+            if parsed is None or parsed[0] is not shard:  # one parse per shard
+                parsed = (shard, shard.json_meta("words"))
+            yield parsed[1][lo:hi]
+
+    def _chunk_ranges(self, size: int) -> Iterator[tuple[ShardFile, int, int]]:
+        """``(shard, lo, hi)``: the record ranges of :meth:`iter_chunks`, shard by shard."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"chunk size must be a positive int, got {size!r}")
+        for shard in self._shards:
+            n = int(shard.shape("lines")[0])
+            for lo in range(0, n, size):
+                yield shard, lo, min(n, lo + size)
 
     @property
     def errors(self) -> list[dict]:

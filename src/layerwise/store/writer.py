@@ -48,12 +48,18 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
     out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input")}
     source = out.get("input") or {}
     if source.get("path") == "-":  # a stream is hashed as it is read: the engine checks it against the record
-        for key in ("sha256", "bytes", "prefix"):
+        for key in ("sha256", "bytes"):
             source.pop(key, None)
     for section, keys in PROVENANCE_ONLY.items():
         for key in keys:
             (out.get(section) or {}).pop(key, None)
     return out
+
+
+def _prefix_entry(metadata: dict[str, str]) -> dict[str, Any]:
+    """``{"input_prefix": {...}}`` from a shard's metadata where it has one (stdin inputs), else ``{}``."""
+    value = metadata.get("input_prefix")
+    return {"input_prefix": json.loads(value)} if value else {}
 
 
 class StoreWriter:
@@ -122,7 +128,7 @@ class StoreWriter:
             self.shards.append(
                 {"file": p.name, "records": int(lines.shape[0]), "rows": int(sf.shape("features")[0]),
                  "tokens": int(sf.metadata.get("tokens", 0)), "first_line": int(lines[0]),
-                 "last_line": int(lines[-1]), "bytes": p.stat().st_size}
+                 "last_line": int(lines[-1]), "bytes": p.stat().st_size, **_prefix_entry(sf.metadata)}
             )
 
     # ---- state -------------------------------------------------------------------------------------------
@@ -130,6 +136,11 @@ class StoreWriter:
     def done_records(self) -> int:
         """Records in finished shards."""
         return sum(s["records"] for s in self.shards)
+
+    @property
+    def input_prefix(self) -> dict[str, Any] | None:
+        """What the last finished shard recorded about the input read up to it (a stream's ``input_prefix``)."""
+        return self.shards[-1].get("input_prefix") if self.shards else None
 
     @property
     def resume_line(self) -> int:
@@ -167,6 +178,7 @@ class StoreWriter:
     ) -> int:
         """Write the next shard (``tensors`` as in the layout table; ``lines`` gives its record range).
 
+        A ``metadata["input_prefix"]`` (JSON; stdin inputs) is also listed with the shard in the manifest.
         Returns the shard's size in bytes. A full disk raises :class:`StoreFullError` (the temporary file is gone).
         """
         name = shard_name(len(self.shards))
@@ -174,7 +186,7 @@ class StoreWriter:
         size = self._guard(lambda: write_shard(self.path / name, tensors, metadata), name)
         self.shards.append(
             {"file": name, "records": int(lines.shape[0]), "rows": int(tensors["features"].shape[0]), "tokens": tokens,
-             "first_line": int(lines[0]), "last_line": int(lines[-1]), "bytes": size}
+             "first_line": int(lines[0]), "last_line": int(lines[-1]), "bytes": size, **_prefix_entry(metadata)}
         )
         return size
 
