@@ -272,3 +272,15 @@ def test_client_encode_words_equals_extractor(service, tiny_extractors):
         lw.Client(service).encode_words(["EU", "rejects"])
     with pytest.raises(ServiceError, match="lone surrogate"):
         lw.Client(service).encode_words([["ok", "\ud800"]])
+
+
+def test_encode_and_predict_never_replace_a_file_without_overwrite(tmp_path, model):
+    out = tmp_path / "notes.txt"
+    out.write_text("my notes")
+    res = CliRunner().invoke(app, ["encode", "a", "-o", str(out), "--quiet", *model])
+    assert res.exit_code == 2 and "exists; layerwise does not replace files: pass --overwrite" in res.stderr
+    assert out.read_text() == "my notes"
+    res = CliRunner().invoke(app, ["encode", "a", "-o", str(out), "--quiet", "--overwrite", *model])
+    assert res.exit_code == 0 and json.loads(out.read_text())["shape"] == [1, 32]
+    res = CliRunner().invoke(app, ["predict", str(tmp_path), "-", "-o", str(out)], input="x\n")
+    assert res.exit_code == 2 and "exists; layerwise does not replace files" in res.stderr

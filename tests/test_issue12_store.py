@@ -281,3 +281,12 @@ def test_extract_batch_tokens_zero_is_refused(bert, tiny_dirs, tmp_path):
         lw.extract(p, tmp_path / "s", model=bert, options=options)
     assert not (tmp_path / "s").exists()
     assert dataclasses.replace(options, batch_tokens=None).batch_tokens is None
+
+
+def test_extract_says_what_it_ran_on(tiny_dirs, tmp_path):
+    p = tmp_path / "in.txt"
+    p.write_text("a b\n")
+    args = ["extract", str(p), "-o", str(tmp_path / "s"), "--model", str(tiny_dirs["bert"])]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0 and ": device cpu, dtype float32, backend torch" in res.stderr
+    assert ": device cpu" not in CliRunner().invoke(app, [*args, "--quiet"]).stderr

@@ -23,6 +23,7 @@ from .options import (
     ModelOpt,
     SiteOpt,
     TrustCodeOpt,
+    check_new_file,
     err_console,
     extractor,
     parse_layers,
@@ -87,6 +88,7 @@ def encode(
         None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no model line on stderr."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     model: Optional[str] = ModelOpt,
     device: Optional[str] = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -103,6 +105,8 @@ def encode(
             raise ValueError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")
         if "-" in texts and texts != ["-"]:
             raise ValueError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or '-', not both")
+        if output:
+            check_new_file(output, overwrite)
         if texts == ["-"]:
             texts = read_stdin_lines(sys.stdin.buffer)
         pool_mode = parse_pool(pool)

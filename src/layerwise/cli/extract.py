@@ -103,6 +103,9 @@ def extract(
         ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
     if not quiet:
+        lm = ex.loaded
+        err_console.print(f"{lm.name}: device {lm.device}, dtype {str(lm.dtype).replace('torch.', '')}, "
+                          f"backend {ex.backend.name}", highlight=False, soft_wrap=True)
         err_console.print(summary.line(), highlight=False, soft_wrap=True)
     if summary.skipped and not quiet:
         what = "1 skipped record is" if summary.skipped == 1 else f"{summary.skipped:,} skipped records are"

@@ -146,3 +146,16 @@ def extractor(
     return Extractor(
         model, device=device, dtype=dtype, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **kwargs
     )
+
+
+def check_new_file(path: str, overwrite: bool, option: str = "-o") -> None:
+    """Refuse to write over an existing file unless ``overwrite``; a directory is always refused.
+
+    Raises:
+        ValueError: naming the path and the way out (another path, or ``--overwrite``).
+    """
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is a directory; give a file path")
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"{option} {path!r} exists; layerwise does not replace files: pass --overwrite to replace "
+                         f"it, or choose another path")

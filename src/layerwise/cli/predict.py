@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .options import DeviceOpt, user_errors
+from .options import DeviceOpt, check_new_file, user_errors
 
 
 def predict(
@@ -19,6 +19,7 @@ def predict(
     ),
     fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     model: Optional[str] = typer.Option(
@@ -33,6 +34,8 @@ def predict(
     from ..readers import BadRecord, read_records
 
     with user_errors():
+        if output:
+            check_new_file(output, overwrite)
         clf = load(model_dir, device=device, model=model)
         records = read_records(data, fmt, text_field=text_field)
         out = open(output, "w", encoding="utf-8") if output else sys.stdout
