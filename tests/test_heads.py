@@ -541,7 +541,7 @@ def test_frozen_mode_skips_records_without_a_label(env, tmp_path):
     "kw,message",
     [
         (dict(epochs=0), "epochs must be a positive int, got 0"),
-        (dict(lr=-1.0), "lr must be a positive number, got -1.0"),
+        (dict(lr=-1.0), "lr must be a positive number (e.g. 1e-3), got -1.0"),
         (dict(batch_size=1.5), "batch_size must be a positive int"),
         (dict(metric="f1"), "Valid metrics are: accuracy, macro_f1"),
     ],

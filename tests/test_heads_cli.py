@@ -241,7 +241,7 @@ def test_predict_streams_2000_texts_in_batches(runner, trained, tmp_path, monkey
         (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
         (["--metric", "f1"], "unknown metric 'f1'. Valid metrics are: accuracy, macro_f1"),
         (["--epochs", "0"], "epochs must be a positive int, got 0"),
-        (["--lr", "0"], "lr must be a positive number, got 0.0"),
+        (["--lr", "0"], "lr must be a positive number (e.g. 1e-3), got 0.0"),
         (["--label-column", "sentiment"], "has no column 'sentiment'; its columns are ['text', 'label']"),
         (["--text-column", "body"], "has no column 'body'"),
         (["--layers", "9"], "layer 9 in layer spec 9 is out of range"),

@@ -42,6 +42,7 @@ from typing import IO, Any, Callable, Iterator
 import numpy as np
 import torch
 
+from .checks import positive_ints
 from .extractor import Extractor, check_budget
 from .provenance import HashingStream, file_sha256
 from .readers import BadRecord, Item, ReadOptions, Record, count_records, detect_format, read_records
@@ -77,10 +78,11 @@ class ExtractOptions:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_records", "shard_records", "batch_tokens"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ExtractError(f"{name} must be a positive int, got {value!r}")
+        given = {k: getattr(self, k) for k in ("max_records", "shard_records", "batch_tokens")}
+        try:
+            positive_ints(**{k: v for k, v in given.items() if v is not None})
+        except ValueError as exc:
+            raise ExtractError(str(exc)) from None
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..checks import positive_ints, positive_numbers
 from ..extractor import Extractor
 from ..loading import DEFAULT_MODEL_NAME
 from ..rng import seeded
@@ -60,10 +61,8 @@ class TrainOptions:
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "patience"):
-            _check_positive(name, getattr(self, name))
-        for name in ("lr", "encoder_lr"):
-            _check_positive(name, getattr(self, name), float)
+        positive_ints(epochs=self.epochs, batch_size=self.batch_size, patience=self.patience)
+        positive_numbers(lr=self.lr, encoder_lr=self.encoder_lr)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         if self.metric not in METRICS:
@@ -93,11 +92,6 @@ class _Split:
 
     def __len__(self) -> int:
         return len(self.y)
-
-
-def _check_positive(name: str, value: object, kind: type = int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
-        raise ValueError(f"{name} must be a positive {'number' if kind is float else 'int'}, got {value!r}")
 
 
 def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress: bool,

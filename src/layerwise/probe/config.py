@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import positive_ints, positive_numbers
 from .data import TASKS
 from .metrics import SCHEMES
 from .models import PROBES
@@ -53,12 +54,8 @@ class ProbeConfig:
             raise ValueError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
-        for name in ("restarts", "hidden", "epochs", "patience"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ValueError(f"lr must be a positive number (e.g. 1e-3), got {self.lr!r}")
+        positive_ints(restarts=self.restarts, hidden=self.hidden, epochs=self.epochs, patience=self.patience)
+        positive_numbers(lr=self.lr)
         if self.probe == "bilstm" and self.task != "tagging":
             raise ValueError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
         if self.crf and self.probe != "bilstm":

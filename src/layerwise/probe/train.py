@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..checks import positive_ints, positive_numbers
 from ..heads import LayerHead
 from ..padding import pad_rows
 from ..rng import seeded
@@ -29,12 +30,8 @@ class ProbeOptions:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "epochs", "patience", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            raise ValueError(f"lr must be a positive number (e.g. 1e-3), got {self.lr!r}")
+        positive_ints(hidden=self.hidden, epochs=self.epochs, patience=self.patience, batch_size=self.batch_size)
+        positive_numbers(lr=self.lr)
 
 
 @dataclass
