@@ -376,20 +376,3 @@ def test_model_error_is_500_without_traceback(tiny_dirs, ex):
     finally:
         srv.should_exit = True
         thread.join(timeout=30)
-
-
-def test_client_encode_words_equals_extractor(server, ex):
-    words = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn"]]
-    got = lw.Client(server).encode_words(words, layers="-2:", subword="mean")
-    want = ex.encode_words(words, layers="-2:", subword="mean")
-    assert [g.shape for g in got] == [w.shape for w in want]
-    for g, w in zip(got, want):
-        _close(g, w)
-    with pytest.raises(TypeError, match="words must be a list of word lists"):
-        lw.Client(server).encode_words(["EU", "rejects"])
-
-
-def test_lone_surrogate_is_a_422_naming_the_text(server, ex):
-    status, body = _request(server, "POST", "/v1/encode", b'{"texts": ["ok", "bad \\ud800"]}')
-    assert status == 422 and "text 1 holds a lone surrogate" in str(body)
-    _assert_still_serving(server, ex)
