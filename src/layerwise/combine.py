@@ -257,12 +257,12 @@ class ScalarMix(nn.Module):
         if h.shape[0] != self.mixture_size:
             raise ValueError(f"ScalarMix expects {self.mixture_size} layers, got a stack of {h.shape[0]}")
         s = self.mixing_weights().to(h.dtype)
-        out = None
-        for k in range(self.mixture_size):
-            layer = _masked_layer_norm(h[k], mask) if self.layer_norm else h[k]
-            term = s[k] * layer
-            out = term if out is None else out + term
-        assert out is not None  # mixture_size >= 1 (checked in __init__)
+        def term(k: int) -> torch.Tensor:
+            return s[k] * (_masked_layer_norm(h[k], mask) if self.layer_norm else h[k])
+
+        out = term(0)  # mixture_size >= 1 (checked in __init__)
+        for k in range(1, self.mixture_size):
+            out = out + term(k)
         return self.gamma.to(h.dtype) * out
 
     def extra_repr(self) -> str:

@@ -88,8 +88,7 @@ def with_document_context(items: Iterator[Item], max_words: int = 250) -> Iterat
         where = {id(r): i for i, r in enumerate(good)}
         words: list[list[str]] = []  # words[i]: the words of good[i]
         for r in good:
-            assert r.words is not None  # read_conll2003 gives every sentence its words
-            words.append(r.words)
+            words.append(r.words if r.words is not None else r.text.split())
         for item in doc:
             if isinstance(item, Record):
                 i = where[id(item)]

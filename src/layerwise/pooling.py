@@ -150,8 +150,7 @@ def pool(
         return mode(x, keep)
     if mode == "cls":
         return x[:, 0]
-    if mode == "pooler":
-        assert pooler is not None  # validate_pool above refuses mode "pooler" without a pooler
+    if mode == "pooler" and pooler is not None:  # validate_pool above refuses "pooler" without a pooler
         return pooler(x[:, 0])
     if mode == "mean":
         return _mean(x, keep)

@@ -17,12 +17,14 @@ from ..spec import EncodeSpec
 from .options import (
     AllowPickleOpt,
     BackendOpt,
+    CombineOpt,
     DeviceOpt,
     DtypeOpt,
     LayersOpt,
     ModelOpt,
     SiteOpt,
     TrustCodeOpt,
+    WeightsOpt,
     check_new_file,
     err_console,
     extractor,
@@ -64,15 +66,8 @@ def read_stdin_lines(stream: IO[bytes]) -> list[str]:
 def encode(
     texts: List[str] = typer.Argument(..., help="Texts to encode; a lone '-' reads one text per line from stdin."),
     layers: str = LayersOpt,
-    combine: str = typer.Option(
-        "concat",
-        "--combine",
-        "-c",
-        help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train.",
-    ),
-    weights: Optional[str] = typer.Option(
-        None, "--weights", help="Comma-separated layer weights for --combine weighted."
-    ),
+    combine: str = CombineOpt,
+    weights: Optional[str] = WeightsOpt,
     pool: str = typer.Option(
         "mean", "--pool", "-p", help="cls, pooler, mean, max, mean_max, last, or 'none' (one vector per token)."
     ),

@@ -10,11 +10,13 @@ import typer
 from .options import (
     AllowPickleOpt,
     BackendOpt,
+    CombineOpt,
     DeviceOpt,
     LayersOpt,
     ModelOpt,
     SiteOpt,
     TrustCodeOpt,
+    WeightsOpt,
     err_console,
     extractor,
     parse_layers,
@@ -30,15 +32,8 @@ def extract(
     output: str = typer.Option(..., "--output", "-o", help="Store directory (created; resumed if it holds this run)."),
     layers: str = LayersOpt,
     site: str = SiteOpt,
-    combine: str = typer.Option(
-        "concat",
-        "--combine",
-        "-c",
-        help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train.",
-    ),
-    weights: Optional[str] = typer.Option(
-        None, "--weights", help="Comma-separated layer weights for --combine weighted."
-    ),
+    combine: str = CombineOpt,
+    weights: Optional[str] = WeightsOpt,
     pool: Optional[str] = typer.Option(
         None, "--pool", "-p", help="Sentence level: cls, pooler, mean (default), max, mean_max, last."
     ),

@@ -24,6 +24,13 @@ DtypeOpt = typer.Option(None, "--dtype", help="float32 (default), float16 or bfl
 LayersOpt = typer.Option(
     "-1", "--layers", "-l", help="Layer spec: -1, 0, '-4:', '1:5', 'all', '0,2,4,6', 'second_to_last'."
 )
+CombineOpt = typer.Option(
+    "concat",
+    "--combine",
+    "-c",
+    help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train.",
+)
+WeightsOpt = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted.")
 SiteOpt = typer.Option("block", "--site", help="block (= hidden_states), attention, intermediate or pre_ln.")
 AllowPickleOpt = typer.Option(
     False,

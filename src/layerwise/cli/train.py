@@ -12,6 +12,7 @@ from .options import (
     LayersOpt,
     ModelOpt,
     SiteOpt,
+    WeightsOpt,
     err_console,
     parse_layers,
     parse_weights,
@@ -57,9 +58,7 @@ def train(
         "-c",
         help="concat, sum, mean, weighted (--weights), scalar_mix (learned) or attention (learned, over layers).",
     ),
-    weights: Optional[str] = typer.Option(
-        None, "--weights", help="Comma-separated layer weights for --combine weighted."
-    ),
+    weights: Optional[str] = WeightsOpt,
     pool: str = typer.Option(
         "mean", "--pool", "-p", help="cls, mean, max, mean_max, last (per layer) or attention (learned, over tokens)."
     ),

@@ -183,9 +183,8 @@ def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str
     pos = [stored.index(i) for i in layers]
     if store.level == "sentence":  # chunk by chunk: never hold all layers of the corpus at once
         chunks = []
-        for c in store.iter_chunks(8192):
-            assert isinstance(c, np.ndarray)  # sentence level: every chunk is one [n, *F] array
-            chunks.append(np.asarray(c[:, pos], dtype=np.float32))
+        for c in store.iter_chunks(8192):  # sentence level: every chunk is one [n, *F] array
+            chunks.append(np.asarray(np.asarray(c)[:, pos], dtype=np.float32))
         x = np.concatenate(chunks)
         return FrozenFeatures(torch.from_numpy(x[keep]), labels)
     rows, offsets = store.ragged()

@@ -163,8 +163,7 @@ def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train:
     if split.feats is not None:
         x, mask = split.feats.batch(index)
     else:
-        assert split.texts is not None  # a split without cached features (finetune mode) holds its texts
-        texts = [split.texts[i] for i in index.tolist()]
+        texts = [(split.texts or [])[i] for i in index.tolist()]  # finetune mode: a split holds its texts
         x, mask = clf.train_features(texts) if train else clf.features(texts)
     return x.to(dev).float(), None if mask is None else mask.to(dev)
 
