@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from layerwise.capture import capture, count_layer_calls
-from layerwise.families import layer_modules
 
 from tiny import module_hook_count
 
@@ -68,7 +67,7 @@ def test_sites_equal_independent_computation(tiny_extractors, family):
     ex = tiny_extractors[family]
     ids, mask = _batch(ex)
     ref = _reference(ex, ids, mask)
-    modules = layer_modules(ex.loaded.family, ex.model)
+    modules = ex.loaded.layer_map.layers
     layers = tuple(range(1, ex.num_layers + 1))
     att = capture(ex.loaded, ids, mask, layers, "attention")
     inter = capture(ex.loaded, ids, mask, layers, "intermediate")

@@ -148,7 +148,7 @@ def test_encode_weighted_and_options(runner, tiny, tmp_path):
         (["--layers", "0,9"], ["layer 9 in layer spec [0, 9] is out of range"]),
         (["--layers", "top4"], ["malformed layer spec 'top4'", "'embeddings', 'last'"]),
         (["--layers", "::0"], ["layer slice '::0' has step 0"]),
-        (["--site", "ffn"], ["unknown site 'ffn'. Valid sites are: block, attention, intermediate, pre_ln"]),
+        (["--site", "ffn"], ["unknown site 'ffn'. Valid sites are: block, raw, attention, intermediate, pre_ln"]),
         (["--combine", "avg"], ["Valid combine modes are: concat, sum, mean, weighted, stack"]),
         (["--pool", "avg"], ["Valid pool modes are: cls, pooler, mean, max, mean_max, last"]),
         (["--format", "csv"], ["unknown --format 'csv'. Valid formats are: json, jsonl, npy"]),

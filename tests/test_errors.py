@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -45,7 +46,7 @@ def test_out_of_range_layer_before_any_compute(default_extractor, forward_count,
 @pytest.mark.parametrize("call", CALLS)
 def test_unknown_site_lists_valid_sites(default_extractor, call):
     with pytest.raises(
-        ValueError, match=r"unknown site 'ffn'\. Valid sites are: block, attention, intermediate, pre_ln"
+        ValueError, match=r"unknown site 'ffn'\. Valid sites are: block, raw, attention, intermediate, pre_ln"
     ):
         CALLS[call](default_extractor, site="ffn")
     with pytest.raises(ValueError, match=r"exists only in encoder layers 1\.\.L"):
@@ -170,7 +171,7 @@ def test_pickle_only_checkpoint_needs_opt_in(tmp_path, tiny_dirs, tiny_extractor
     assert got.shape == want.shape and (got - want).abs().max() <= 1e-6
 
 
-def test_unsupported_family(tmp_path, tiny_dirs):
+def test_architecture_outside_the_table_loads_and_unknown_one_is_refused(tmp_path, tiny_dirs):
     from transformers import AutoModel, GPT2Config
 
     path = tmp_path / "gpt2"
@@ -178,17 +179,16 @@ def test_unsupported_family(tmp_path, tiny_dirs):
     AutoModel.from_config(cfg).save_pretrained(path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_dirs["bert"] / name, path / name)
-    with pytest.raises(
-        ValueError,
-        match=r"model_type 'gpt2' is not a supported encoder family\. Supported model types "
-        r"are: bert, roberta",
-    ) as info:
-        lw.Extractor(str(path), device="cpu")
-    for model_type in lw.SUPPORTED_MODEL_TYPES:
-        assert model_type in str(info.value)
+    ex = lw.Extractor(str(path), device="cpu")  # once "not a supported encoder family": now discovered and verified
+    assert ex.describe()["layer_map"] == "h (discovered)" and ex.num_layers == 2
     assert {"bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", "xlm-roberta"} <= set(
         lw.SUPPORTED_MODEL_TYPES
     )
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "no-such-architecture"}))
+    with pytest.raises(lw.ModelLoadError, match=r"transformers does not know the architecture of .*"
+                       r"trust_remote_code=True.*Extractor\.from_module"):
+        lw.Extractor(str(path), device="cpu")
 
 
 def test_uncached_hub_id_offline(monkeypatch):

@@ -178,7 +178,7 @@ def test_validate_site():
         assert validate_site(site, [1, 6]) == site
     assert validate_site("block", [0, 3]) == "block"
     for bad in ("ffn", "Block", "", None, 3):
-        with pytest.raises(ValueError, match=r"Valid sites are: block, attention, intermediate, pre_ln") as info:
+        with pytest.raises(ValueError, match=r"Valid sites are: block, raw, attention, intermediate, pre_ln") as info:
             validate_site(bad)
         assert f"unknown site {bad!r}" in str(info.value)
 

@@ -26,7 +26,7 @@ def test_defaults_per_level():
         ({"combine": "avg"}, "Valid combine modes are: concat, sum, mean, weighted, stack, scalar_mix, attention"),
         ({"pool": "median"}, "Valid pool modes are: cls, pooler, mean, max, mean_max, last, attention"),
         ({"level": "word", "subword": "middle"}, "Valid subword modes are: first, last, mean, max, first_last"),
-        ({"site": "ffn"}, "unknown site 'ffn'. Valid sites are: block, attention, intermediate, pre_ln"),
+        ({"site": "ffn"}, "unknown site 'ffn'. Valid sites are: block, raw, attention, intermediate, pre_ln"),
         ({"dtype": "bfloat16"}, "Valid dtypes are: float32, float16"),
         ({"level": "token", "pool": "max"}, "pool='max' applies to level 'sentence' only"),
         ({"level": "word", "pool": "cls"}, "pool='cls' applies to level 'sentence' only"),

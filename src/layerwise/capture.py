@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from .families import layer_modules, post_layer1_override, site_module
 from .loading import LoadedModel
 
 
@@ -41,45 +40,63 @@ def _first(output):
 
 
 class Recorder:
-    """What the hooks of one forward pass recorded: ``tensors[layer_index] -> [batch, tokens, width]``."""
+    """What the hooks of one forward pass recorded: ``tensors[layer_index] -> [batch, tokens, width]``.
 
-    def __init__(self, layers: Sequence[int], site: str, chunked: bool):
+    Args:
+        layers: the wanted indices ``0..L``.
+        site: the site (``block`` and ``raw`` read the layer modules themselves).
+        chunked: feed-forward chunking: the intermediate site fires several times per layer.
+        n_layers: ``L``.
+        final: the map has a module whose output is ``hidden_states[L]`` (read at site ``block``).
+        after_first: the map has DeBERTa-v2's convolution, whose output is ``hidden_states[1]`` (site ``block``).
+    """
+
+    def __init__(
+        self, layers: Sequence[int], site: str, chunked: bool, n_layers: int = 0, *, final: bool = False,
+        after_first: bool = False,
+    ):
         self.wanted = set(layers)
         self.site = site
         self.deepest = max(layers)
-        self.chunked = chunked  # feed-forward chunking: the intermediate site fires several times per layer
+        self.chunked = chunked
+        self.n_layers = n_layers
+        self.final = final and site == "block"
+        self.after_first = after_first and site == "block"
         self.current = 0  # index of the layer being run (number of layer calls so far)
         self.tensors: dict[int, torch.Tensor] = {}
         self._chunks: dict[int, list[torch.Tensor]] = {}
+
+    def _deferred(self, i: int) -> bool:
+        """Layer ``i``'s ``hidden_states`` entry comes from a module run after the layer (final norm, conv)."""
+        return (self.after_first and i == 1) or (self.final and i == self.n_layers)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def layer_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of a layer module: count the call; record layer 0 (the first layer's input)."""
         self.current += 1
         if self.current == 1 and 0 in self.wanted:
-            hidden = args[0] if args else kwargs["hidden_states"]
+            hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("src"))
             self.tensors[0] = hidden
             if self.deepest == 0:
                 raise _StopForward
 
-    def layer_post(
-        self, module: nn.Module, args: tuple[Any, ...], output: Any, *, overridden_first: bool = False
-    ) -> None:
-        """Forward hook of a layer module: record its output (site ``block``); stop after the deepest layer."""
+    def layer_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook of a layer module: record its output (``block``, ``raw``); stop after the deepest layer."""
         i = self.current
-        if self.site == "block" and i in self.wanted and not (overridden_first and i == 1):
+        if self.site in ("block", "raw") and i in self.wanted and not self._deferred(i):
             self.tensors[i] = _first(output)
         if self.site == "intermediate" and self.chunked and i in self._chunks:
             self.tensors[i] = torch.cat(self._chunks.pop(i), dim=1)
-        if i == self.deepest and not (overridden_first and i == 1):
+        if i == self.deepest and not self._deferred(i):
             raise _StopForward
 
-    def override_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        """DeBERTa-v2 convolution after layer 1: its output is ``hidden_states[1]``."""
-        if self.site == "block" and 1 in self.wanted:
-            self.tensors[1] = _first(output)
-        if self.deepest == 1:
-            raise _StopForward
+    def after_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """Forward hook of a module run after a layer whose output is that layer's ``hidden_states`` entry."""
+        i = self.current
+        if self._deferred(i) and i in self.wanted:
+            self.tensors[i] = _first(output)
+            if i == self.deepest:
+                raise _StopForward
 
     def site_post(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         """Forward hook of a site module whose output is the site (``attention``, ``intermediate``)."""
@@ -106,49 +123,46 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> I
     """Register the hooks for ``layers``/``site`` on ``loaded.model``; remove exactly them on exit.
 
     Args:
-        loaded: the model to hook.
+        loaded: the model to hook (its :class:`~layerwise.layermap.LayerMap` says where).
         layers: resolved indices in ``0..L`` (see :func:`layerwise.layers.resolve_layers`).
-        site: one of :data:`layerwise.layers.SITES` (validated by the caller).
+        site: one of the model's sites (validated by the caller).
 
     Yields:
         The :class:`Recorder` the hooks write into.
     """
-    model = loaded.model
-    family = loaded.family
-    chunked = int(getattr(model.config, "chunk_size_feed_forward", 0) or 0) > 0
-    rec = Recorder(layers, site, chunked)
-    override = post_layer1_override(family, model)
-
-    def layer_post_overridden(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        rec.layer_post(module, args, output, overridden_first=True)
-
+    lmap = loaded.layer_map
+    config = getattr(loaded.model, "config", None)
+    chunked = int(getattr(config, "chunk_size_feed_forward", 0) or 0) > 0
+    rec = Recorder(layers, site, chunked, loaded.num_layers, final=lmap.final is not None,
+                   after_first=lmap.after_first is not None)
     handles = []
     try:
-        for layer in layer_modules(family, model):
+        for layer in lmap.layers:
             handles.append(layer.register_forward_pre_hook(rec.layer_pre, with_kwargs=True))
-            if site == "block" or chunked:
-                post: Callable[[nn.Module, tuple[Any, ...], Any], None] = rec.layer_post
-                if override is not None:
-                    post = layer_post_overridden
-                handles.append(layer.register_forward_hook(post))
-            if site != "block":
-                sub, where = site_module(family, layer, site)
+            if site in ("block", "raw") or chunked:
+                handles.append(layer.register_forward_hook(rec.layer_post))
+            if site not in ("block", "raw"):
+                sub, where = lmap.site_module(layer, site)
                 if where == "in":
                     handles.append(sub.register_forward_pre_hook(rec.site_pre))
                 else:
                     handles.append(sub.register_forward_hook(rec.site_post))
-        if override is not None and site == "block":
-            handles.append(override.register_forward_hook(rec.override_post))
+        for after in (lmap.after_first, lmap.final):
+            if after is not None and site == "block":
+                handles.append(after.register_forward_hook(rec.after_post))
         yield rec
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _forward(loaded: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+def _forward(
+    loaded: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
+) -> None:
     dev = loaded.device
+    extra = {} if position_ids is None else {"position_ids": position_ids.to(dev)}
     try:
-        loaded.model(input_ids=input_ids.to(dev), attention_mask=attention_mask.to(dev))
+        loaded.call(loaded.model, input_ids.to(dev), attention_mask.to(dev), **extra)
     except _StopForward:
         pass
 
@@ -161,6 +175,7 @@ def capture(
     site: str = "block",
     *,
     grad: bool = False,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One forward pass that records ``layers`` at ``site`` and stops after the deepest.
 
@@ -171,6 +186,7 @@ def capture(
         layers: resolved indices in ``0..L``, in the order wanted in the output.
         site: the site inside each layer (``block`` = ``hidden_states``).
         grad: keep the autograd graph (fine-tuning); default runs under ``torch.inference_mode``.
+        position_ids: ``[batch, tokens]`` positions to pass to the model (left padding), or ``None``.
 
     Returns:
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
@@ -181,9 +197,9 @@ def capture(
         contextlib.nullcontext() if grad else torch.inference_mode(),
         record(loaded, layers, site) as rec,
     ):
-        _forward(loaded, input_ids, attention_mask)
+        _forward(loaded, input_ids, attention_mask, position_ids)
     missing = [i for i in layers if i not in rec.tensors]
-    if missing:  # pragma: no cover - a family table error, not a user error
+    if missing:  # pragma: no cover - a layer map error, not a user error
         raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
     return torch.stack([rec.tensors[i] for i in layers])
 
@@ -200,9 +216,9 @@ def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, si
         counter["n"] += 1
 
     with torch.inference_mode(), record(loaded, layers, site):
-        handles = [m.register_forward_pre_hook(bump) for m in layer_modules(loaded.family, loaded.model)]
+        handles = [m.register_forward_pre_hook(bump) for m in loaded.layer_map.layers]
         try:
-            _forward(loaded, input_ids, attention_mask)
+            _forward(loaded, input_ids, attention_mask, None)
         finally:
             for handle in handles:
                 handle.remove()

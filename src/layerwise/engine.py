@@ -142,7 +142,7 @@ def store_header(ex: Extractor, spec: EncodeSpec, input_path: str, fmt: str, rea
     lm = ex.loaded
     return {
         "spec": spec.to_dict(),
-        "model": {"name": lm.name, "fingerprint": ex.fingerprint(), "family": lm.family.name,
+        "model": {"name": lm.name, "fingerprint": ex.fingerprint(), "family": lm.architecture,
                   "num_layers": ex.num_layers, "hidden_size": ex.hidden_size},
         "tokenizer": {"class": type(tok).__name__, "vocab_size": len(tok), "max_length": ex.max_length,
                       "stride": ex.stride, "do_lower_case": getattr(tok, "do_lower_case", None)},

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Iterable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -32,6 +32,7 @@ from .backends import Backend, backend_class
 from .combine import combine as combine_layers
 from .layers import LayerSpec
 from .loading import LoadedModel
+from .positions import UNLIMITED
 from .pipeline import Encoded, Group, check_texts, forward_windows, make_reducer
 from .spec import EncodeSpec
 from .stack import LayerStack
@@ -59,7 +60,7 @@ def check_budget(batch_tokens: object) -> int:
 
 
 class Extractor:
-    """Hidden layers of an encoder as features.
+    """Hidden layers of a transformer (any architecture ``AutoModel`` loads, or any module) as features.
 
     Args:
         model: local model directory or hub id; ``None`` = embedded all-MiniLM-L6-v2. A
@@ -75,8 +76,14 @@ class Extractor:
         sort_by_length: sort rows by length before batching (faster; results are identical either way).
         revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
             opt-in because they run code from the checkpoint).
-        backend: ``torch`` (default) or ``onnx`` (ONNX Runtime on CPU, block site; the graph is exported once per
-            layer choice and cached under ``onnx_cache``, default ``~/.cache/layerwise/onnx``).
+        backend: ``torch`` (default) or ``onnx`` (ONNX Runtime on CPU, block site, the BERT families; the graph is
+            exported once per layer choice and cached under ``onnx_cache``, default ``~/.cache/layerwise/onnx``).
+        layers: the module path of the layer list (``"model.layers"``) for a model whose layers are not found
+            automatically; verified against ``output_hidden_states`` at load.
+        padding_side: ``"right"`` (default) or ``"left"`` (the decoder embedding-model convention); both give the
+            same states (torch backend; see :mod:`layerwise.backends.pytorch`).
+
+    Any PyTorch module that is not from transformers: :meth:`from_module`.
     """
 
     def __init__(
@@ -94,8 +101,14 @@ class Extractor:
         trust_remote_code: bool = False,
         backend: str = "torch",
         onnx_cache: str | os.PathLike | None = None,
+        layers: str | None = None,
+        padding_side: str = "right",
     ):
         options: dict[str, Any] = {"cache": onnx_cache} if backend == "onnx" else {}
+        if backend == "torch":
+            options["padding_side"] = padding_side
+        elif padding_side != "right":
+            raise ValueError(f"padding_side={padding_side!r} needs backend='torch' (backend={backend!r} pads right)")
         if isinstance(model, Backend):
             self.backend = model
         elif isinstance(model, LoadedModel):
@@ -103,13 +116,53 @@ class Extractor:
         else:
             self.backend = backend_class(backend).load(
                 model, device=device, dtype=dtype, revision=revision, allow_pickle=allow_pickle,
-                trust_remote_code=trust_remote_code, **options,
+                trust_remote_code=trust_remote_code, layers=layers, **options,
             )
         self._configure_windows(max_length, stride)
         if batch_tokens is None:
             batch_tokens = CPU_BATCH_TOKENS if self.backend.device.type == "cpu" else GPU_BATCH_TOKENS
         self.batch_tokens = check_budget(batch_tokens)
         self.sort_by_length = bool(sort_by_length)
+
+    @classmethod
+    def from_module(
+        cls,
+        model: nn.Module,
+        tokenizer: Any,
+        layers: str | Sequence[nn.Module],
+        *,
+        call: Callable[..., Any] | None = None,
+        max_length: int | None = None,
+        stride: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        batch_tokens: int | None = None,
+        padding_side: str = "right",
+        name: str | None = None,
+    ) -> "Extractor":
+        """An Extractor over any PyTorch module whose layer modules you name (the framework-agnostic wrapper).
+
+        Args:
+            model: the module; called as ``model(input_ids=ids, attention_mask=mask)`` unless ``call`` says how
+                (``call(model, input_ids [b, T], attention_mask [b, T]) -> anything``).
+            tokenizer: a fast tokenizer (``PreTrainedTokenizerFast`` or ``tokenizers.Tokenizer``).
+            layers: the layer list, a module path (``"encoder.layers"``) or the modules in the order they run; each
+                must return ``[batch, tokens, width]`` and feed the next (checked once, here).
+            max_length: the longest input the model takes (longer texts are windowed); default: read from a
+                position table, else no limit.
+            stride, device, dtype, batch_tokens, padding_side: as for :class:`Extractor`.
+            name: the model's name in messages and provenance (default: its class name).
+
+        Example::
+
+            >>> ex = lw.Extractor.from_module(my_encoder, tokenizer, layers="layers", max_length=128)
+            >>> ex.encode(["I love Paris"], layers="all", combine="mean").shape      # [1, width]
+        """
+        from .custom import wrap_module
+
+        loaded = wrap_module(model, tokenizer, layers, call=call, max_length=max_length, device=device, dtype=dtype,
+                             name=name)
+        return cls(loaded, batch_tokens=batch_tokens, stride=stride, padding_side=padding_side)
 
     def _configure_windows(self, max_length: int | None, stride: int | None) -> None:
         limit = self.loaded.max_length
@@ -154,8 +207,8 @@ class Extractor:
 
     @property
     def sites(self) -> tuple[str, ...]:
-        """The sites the backend can record."""
-        return self.backend.sites
+        """The sites the backend can record on this model."""
+        return self.backend.model_sites
 
     @property
     def has_pooler(self) -> bool:
@@ -170,12 +223,46 @@ class Extractor:
         """sha256 of the weights (names, shapes, values): what stores and caches record as the model's identity."""
         return self.backend.fingerprint()
 
+    def describe(self) -> dict[str, Any]:
+        """What layerwise knows about this model: a JSON-ready dict.
+
+        Keys: ``model``, ``architecture``, ``layers`` (``"0..L"``), ``layer_map`` (where the layers are and how the
+        map was found: ``table``, ``discovered`` (verified at load) or ``given``), ``final`` (the module whose output is
+        ``hidden_states[L]``, e.g. a decoder's final norm; the ``raw`` site gives the state before it), ``sites``
+        (name -> width), ``positions`` (kind and real maximum), ``window`` and ``stride`` (tokens), ``pooler``,
+        ``padding_side``, ``device``, ``dtype``, ``backend``.
+
+        Example::
+
+            >>> lw.Extractor().describe()["positions"]
+            'absolute, at most 512 tokens'
+        """
+        lm = self.loaded
+        lmap = lm.layer_map
+        return {
+            "model": lm.name,
+            "architecture": lm.architecture,
+            "layers": f"0..{lm.num_layers}",
+            "layer_map": f"{lmap.path} ({lmap.source})",
+            "final": lmap.final_path,
+            "sites": {s: self.site_width(s) for s in self.sites},
+            "positions": lm.positions.describe(),
+            "window": self.max_length if self.max_length < UNLIMITED else None,
+            "stride": self.stride,
+            "pooler": lm.pooler is not None,
+            "padding_side": getattr(self.backend, "padding_side", "right"),
+            "device": str(lm.device),
+            "dtype": str(lm.dtype).replace("torch.", ""),
+            "backend": self.backend.name,
+        }
+
     def __repr__(self) -> str:
         lm = self.loaded
+        window = "none" if self.max_length >= UNLIMITED else str(self.max_length)
         return (
-            f"Extractor(model={lm.name!r}, family={lm.family.name}, layers=0..{lm.num_layers}, "
-            f"hidden={lm.hidden_size}, device={lm.device}, dtype={str(lm.dtype).replace('torch.', '')}, "
-            f"backend={self.backend.name})"
+            f"Extractor(model={lm.name!r}, architecture={lm.architecture}, layers=0..{lm.num_layers}, "
+            f"hidden={lm.hidden_size}, positions={lm.positions.kind}, window={window}, device={lm.device}, "
+            f"dtype={str(lm.dtype).replace('torch.', '')}, backend={self.backend.name})"
         )
 
     # ---- the pipeline -----------------------------------------------------------------------------------
@@ -203,8 +290,12 @@ class Extractor:
         def run(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             return self.backend.forward(ids, mask, layers, site)
 
+        def empty(n: int) -> torch.Tensor:  # texts without any token: [K, n, 0, W]
+            return torch.zeros((len(layers), n, 0, self.site_width(site)), dtype=self.backend.dtype,
+                               device=self.backend.device)
+
         yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
-                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length)
+                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length, empty=empty)
 
     def stream(
         self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None

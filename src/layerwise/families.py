@@ -1,6 +1,7 @@
-"""Supported model families and where each site lives in their modules.
+"""The table of BERT-family encoders: where each site lives in their modules (the fast path).
 
-One table maps the site names of :mod:`layerwise.layers` to each family's modules (paths are relative to
+Any other architecture is discovered and verified at load time (:mod:`layerwise.discovery`); this table stays
+the fast path (no check at load) and the place for the sub-layer sites of these seven families. One table maps the site names of :mod:`layerwise.layers` to each family's modules (paths are relative to
 the module that implements one encoder layer). The ``attention`` and ``intermediate`` sites read the module's
 output, or its first element when the module returns a tuple; ``pre_ln`` reads the first input of the module,
 with a forward pre-hook:
@@ -113,18 +114,20 @@ FAMILIES: tuple[Family, ...] = (
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.model_types)
 
 
-def family_for(model_type: str) -> Family:
-    """The family of a config's ``model_type``; ``ValueError`` naming the supported ones otherwise."""
+def table_family(model_type: str) -> Family | None:
+    """The table row of a config's ``model_type``, or ``None`` (the model's layers are then discovered)."""
     for fam in FAMILIES:
         if model_type in fam.model_types:
             return fam
-    raise ValueError(
-        f"model_type {model_type!r} is not a supported encoder family. Supported model types are: "
-        f"{', '.join(SUPPORTED_MODEL_TYPES)}. Point layerwise at a BERT-family encoder checkpoint."
-    )
+    return None
 
 
-def _resolve(root: nn.Module, path: str) -> list[nn.Module]:
+def resolve_path(root: nn.Module, path: str) -> list[nn.Module]:
+    """The modules at a dotted ``path`` under ``root`` (``*`` = every child, digits index a list).
+
+    Raises:
+        ValueError: a part of the path is missing, naming it.
+    """
     mods = [root]
     for part in path.split("."):
         nxt: list[nn.Module] = []
@@ -132,7 +135,9 @@ def _resolve(root: nn.Module, path: str) -> list[nn.Module]:
             if part == "*":
                 nxt.extend(m.children())
             elif part.isdigit():
-                nxt.append(m[int(part)])  # type: ignore[index]
+                if not isinstance(m, (nn.ModuleList, nn.Sequential)) or int(part) >= len(m):
+                    raise ValueError(f"module path {path!r} not found in {type(root).__name__} (no item {part})")
+                nxt.append(m[int(part)])
             else:
                 child = getattr(m, part, None)
                 if child is None:
@@ -146,7 +151,7 @@ def layer_modules(family: Family, model: nn.Module) -> list[nn.Module]:
     """Distinct modules that implement one encoder layer, in order (ALBERT: the shared ones)."""
     out: list[nn.Module] = []
     for path in family.layer_paths:
-        for container in _resolve(model, path):
+        for container in resolve_path(model, path):
             out.extend(container.children() if isinstance(container, nn.ModuleList) else [container])
     seen: set[int] = set()
     distinct: list[nn.Module] = []
@@ -160,7 +165,7 @@ def layer_modules(family: Family, model: nn.Module) -> list[nn.Module]:
 def site_module(family: Family, layer: nn.Module, site: str) -> tuple[nn.Module, str]:
     """The sub-module realising ``site`` inside one layer module, and whether to read its output or input."""
     path, where = family.sites[site]
-    return _resolve(layer, path)[0], where
+    return resolve_path(layer, path)[0], where
 
 
 def post_layer1_override(family: Family, model: nn.Module) -> nn.Module | None:

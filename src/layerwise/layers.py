@@ -29,6 +29,10 @@ Sites (what is recorded inside layer ``i``)
 site                meaning                                                      layers
 ==================  ===========================================================  ===================
 ``block``           the layer's output, identical to ``hidden_states[i]``        ``0..L`` (default)
+``raw``             the layer module's own output: ``block`` except where the    ``0..L``
+                    model transforms it before ``hidden_states`` (a decoder's,
+                    T5's or ModernBERT's final norm at ``L``; DeBERTa-v2's conv
+                    at 1): the last layer's output before the final norm
 ``attention``       output of the attention sub-block (after its residual and    ``1..L``
                     LayerNorm, i.e. the input of the feed-forward sub-block)
 ``intermediate``    feed-forward intermediate activations, after the activation  ``1..L``
@@ -37,7 +41,10 @@ site                meaning                                                     
                     (``ffn_out + attention_out``: "before the final LayerNorm")
 ==================  ===========================================================  ===================
 
-Which module of each family realises each site is listed in :mod:`layerwise.families`.
+Which module of each BERT family realises each site is listed in :mod:`layerwise.families`; for every other
+architecture the sub-layer sites are found by module name and kept only where they hold (see
+:mod:`layerwise.discovery`: for pre-LN decoders ``attention`` is the attention module's output before the residual,
+and ``pre_ln`` does not exist). ``Extractor.sites`` lists what a model has.
 
 Example::
 
@@ -51,7 +58,7 @@ from __future__ import annotations
 import re
 from typing import Literal, Sequence, Union, get_args
 
-Site = Literal["block", "attention", "intermediate", "pre_ln"]
+Site = Literal["block", "raw", "attention", "intermediate", "pre_ln"]
 SITES: tuple[str, ...] = get_args(Site)
 
 LayerSpec = Union[int, str, Sequence[Union[int, str]]]
@@ -178,10 +185,10 @@ def validate_site(site: object, layers: Sequence[int] | None = None) -> str:
     """
     if not isinstance(site, str) or site not in SITES:
         raise ValueError(f"unknown site {site!r}. Valid sites are: {', '.join(SITES)} (default 'block')")
-    if site != "block" and layers is not None and 0 in layers:
+    if site not in ("block", "raw") and layers is not None and 0 in layers:
         raise ValueError(
             f"site {site!r} exists only in encoder layers 1..L, but the layer spec includes 0 (the embeddings); "
-            f"drop layer 0 (e.g. layers='1:') or use site='block'"
+            f"drop layer 0 (e.g. layers='1:') or use site='block' or 'raw'"
         )
     return site
 

@@ -7,26 +7,35 @@ Example::
 
     >>> from layerwise.loading import load_model
     >>> lm = load_model()                    # default model, CPU, float32
-    >>> lm.family.name, lm.num_layers, lm.hidden_size, lm.max_length
+    >>> lm.architecture, lm.num_layers, lm.hidden_size, lm.max_length
     ('bert', 6, 384, 512)
+
+Any architecture ``AutoModel`` loads works: the seven BERT families come from the table in
+:mod:`layerwise.families` (the fast path), every other model's layers are found and verified at load by
+:mod:`layerwise.discovery`. Encoder-decoder checkpoints (T5, mT5, BART...) load their encoder only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from .families import Family, family_for
+from .discovery import MappingError, ModelCall, discover, transformers_call
+from .families import table_family
+from .layermap import LayerMap, map_from_family
+from .layers import SITES
+from .positions import Positions, positions_of
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -42,42 +51,76 @@ class ModelLoadError(ValueError):
 
 @dataclass
 class LoadedModel:
-    """A loaded encoder with its tokenizer and the facts layerwise needs about it.
+    """A loaded model with its tokenizer and the facts layerwise needs about it.
 
     Attributes:
-        model: the transformers base model (``AutoModel``), in eval mode on ``device``.
+        model: the PyTorch model (a transformers base model, the encoder of an encoder-decoder, or any module), in
+            eval mode on ``device``.
         tokenizer: its fast tokenizer (offsets and word ids are needed).
-        family: the :class:`~layerwise.families.Family` describing its modules.
+        layer_map: where its layers and sites are (:class:`~layerwise.layermap.LayerMap`).
         name: the path or hub id it was loaded from.
         num_layers: ``L``; ``hidden_states`` has ``L + 1`` entries (0 = embeddings).
-        hidden_size: width of every ``block`` site.
-        intermediate_size: width of the ``intermediate`` site.
-        max_length: longest window in tokens, special tokens included (the position limit).
+        site_widths: feature width of every site the model has (``block`` and ``raw`` always).
+        positions: the kind of positions and the architecture's real maximum
+            (:class:`~layerwise.positions.Positions`).
+        max_length: longest window in tokens, special tokens included (``positions.max_length``).
         window: the default window: ``max_seq_length`` of the model's ``sentence_bert_config.json`` when the
             directory has one (sentence-transformers models are trained and used at that length, e.g. 256 for
             all-MiniLM-L6-v2), else ``max_length``.
+        call: how to run the model: ``call(model, input_ids, attention_mask, **extra)``.
+        pooler: the model's pooler ``[batch, hidden] -> [batch, hidden]`` (BERT-style), or ``None``.
+        accepts_position_ids: the model's forward takes ``position_ids`` (needed for left padding).
     """
 
     model: nn.Module
     tokenizer: Any
-    family: Family
+    layer_map: LayerMap
     name: str
     num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    max_length: int
+    site_widths: dict[str, int]
+    positions: Positions
     device: torch.device
     dtype: torch.dtype
     window: int = 0  # 0: max_length
+    call: ModelCall = transformers_call
+    pooler: Callable[[torch.Tensor], torch.Tensor] | None = None
+    accepts_position_ids: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)  # one capture at a time
 
     def __post_init__(self) -> None:
         if not 0 < self.window <= self.max_length:
             self.window = self.max_length
 
+    @property
+    def max_length(self) -> int:
+        """Longest window in tokens, special tokens included."""
+        return self.positions.max_length
+
+    @property
+    def architecture(self) -> str:
+        """``"bert"``, ``"llama"``, ``"t5"``, ``"module"``...: the layer map's name."""
+        return self.layer_map.name
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the ``block`` site."""
+        return self.site_widths["block"]
+
+    @property
+    def intermediate_size(self) -> int:
+        """Width of the ``intermediate`` site (0 when the model has none)."""
+        return self.site_widths.get("intermediate", 0)
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """The sites this model has, in the order of :data:`layerwise.layers.SITES`."""
+        return tuple(s for s in SITES if s in self.site_widths)
+
     def site_width(self, site: str) -> int:
-        """Feature width of one site: ``intermediate_size`` for ``intermediate``, else ``hidden_size``."""
-        return self.intermediate_size if site == "intermediate" else self.hidden_size
+        """Feature width of one site (``ValueError`` naming the model's sites for one it lacks)."""
+        if site not in self.site_widths:
+            raise ValueError(f"this {self.architecture} model has no site {site!r}; its sites are: {', '.join(self.sites)}")
+        return self.site_widths[site]
 
 
 def default_model_path() -> str:
@@ -192,8 +235,9 @@ def load_model(
     revision: str | None = None,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    layers: str | None = None,
 ) -> LoadedModel:
-    """Load an encoder and its fast tokenizer.
+    """Load a model (any architecture ``AutoModel`` loads) and its fast tokenizer.
 
     Args:
         model: a local model directory, a hub id, or ``None`` for the embedded all-MiniLM-L6-v2.
@@ -204,13 +248,16 @@ def load_model(
             arbitrary code from the file; only use it for checkpoints from a source you trust.
         trust_remote_code: run modelling code shipped with a hub repository. RISK: that code runs with your
             permissions; only for repositories you trust.
+        layers: the module path of the layer list (e.g. ``"model.layers"``), for a model whose layers cannot be
+            found automatically; still verified against ``output_hidden_states`` at load.
 
     Returns:
         A :class:`LoadedModel` in eval mode.
 
     Raises:
         ModelLoadError (a ValueError): missing path, hub id not reachable offline, pickle-only checkpoint
-            without ``allow_pickle``, unsupported family, tokenizer without offsets.
+            without ``allow_pickle``, an architecture transformers cannot load, layers that cannot be mapped,
+            tokenizer without offsets.
     """
     source, is_local = _source(model)
     dev = resolve_device(device)
@@ -223,34 +270,72 @@ def load_model(
                 f"revision={revision!r} selects a version of a hub repository; {what} has no revisions. Drop "
                 f"revision, or pass a hub id"
             )
+    if layers is not None and not isinstance(layers, str):
+        raise TypeError(f"layers must be a module path string such as 'model.layers', got {type(layers).__name__}")
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if revision is not None:
         kwargs["revision"] = revision
     config = _read_config(source, is_local, kwargs)
-    try:
-        family = family_for(getattr(config, "model_type", ""))
-    except ValueError as exc:
-        raise ModelLoadError(f"{source!r}: {exc}") from None
+    model_type = str(getattr(config, "model_type", "") or type(config).__name__)
     net = _read_weights(source, config, torch_dtype, allow_pickle, kwargs)
     tokenizer = _read_tokenizer(source, kwargs)
     net.eval().to(dev)
-    max_len = family.max_positions(config)
-    tok_max = getattr(tokenizer, "model_max_length", None)
-    if isinstance(tok_max, int) and 0 < tok_max < max_len:
-        max_len = tok_max
+    family = table_family(model_type) if layers is None else None
+    if family is not None:
+        layer_map = map_from_family(family, net)
+        hidden = int(config.hidden_size if hasattr(config, "hidden_size") else config.dim)
+        inter = int(getattr(config, "intermediate_size", getattr(config, "hidden_dim", 0)))
+        widths = {site: inter if site == "intermediate" else hidden for site in SITES}
+        n_layers = family.num_layers(config)
+        kind = positions_of(net, model_type, config).kind
+        positions = Positions(kind, _cap(family.max_positions(config), tokenizer))
+        pooler = family.pooler(net) if family.pooler is not None else None
+    else:
+        try:
+            layer_map, widths = discover(net, tokenizer, name=model_type, layers=layers, device=dev)
+        except MappingError as exc:
+            raise ModelLoadError(f"{source!r}: {exc}") from None
+        n_layers = len(layer_map.layers)
+        positions = positions_of(net, model_type, config, tokenizer)
+        pooler = bert_style_pooler(net)
     return LoadedModel(
         model=net,
         tokenizer=tokenizer,
-        family=family,
+        layer_map=layer_map,
         name=DEFAULT_MODEL_NAME if model is None else os.fspath(model),
-        num_layers=family.num_layers(config),
-        hidden_size=int(config.hidden_size if hasattr(config, "hidden_size") else config.dim),
-        intermediate_size=int(getattr(config, "intermediate_size", getattr(config, "hidden_dim", 0))),
-        max_length=max_len,
+        num_layers=n_layers,
+        site_widths=widths,
+        positions=positions,
         device=dev,
         dtype=torch_dtype,
-        window=(sentence_transformers_length(Path(source)) or 0) if is_local else 0,
+        window=((sentence_transformers_length(Path(source)) or 0) if is_local else 0) or _cap(positions.max_length,
+                                                                                             tokenizer),
+        pooler=pooler,
+        accepts_position_ids=takes_position_ids(net),
     )
+
+
+def _cap(limit: int, tokenizer: Any) -> int:
+    """``limit`` capped by the tokenizer's ``model_max_length`` (ignoring its 'no limit' sentinel)."""
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    return tok_max if isinstance(tok_max, int) and 0 < tok_max < limit else limit
+
+
+def takes_position_ids(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``position_ids``."""
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def bert_style_pooler(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``activation(dense(cls))`` when the model has a BERT-style ``pooler`` (MPNet, ...), else ``None``."""
+    pooler = getattr(model, "pooler", None)
+    dense, act = getattr(pooler, "dense", None), getattr(pooler, "activation", None)
+    if not isinstance(dense, nn.Module) or act is None:
+        return None
+    return lambda cls: act(dense(cls))
 
 
 def _read_config(source: str, is_local: bool, kwargs: dict[str, Any]) -> Any:
@@ -267,16 +352,37 @@ def _read_config(source: str, is_local: bool, kwargs: dict[str, Any]) -> Any:
             f"--local-dir ./models/{source.split('/')[-1]}`) and pass that directory: "
             f"Extractor('./models/{source.split('/')[-1]}'). Original error: {str(exc).splitlines()[0]}"
         ) from exc
+    except ValueError as exc:  # a model_type this transformers does not know (remote code, or too new)
+        raise ModelLoadError(
+            f"transformers does not know the architecture of {source!r}: {str(exc).splitlines()[0]} If the "
+            f"repository ships its own modelling code and you trust it, pass trust_remote_code=True (CLI: "
+            f"--trust-remote-code); or upgrade transformers; any other PyTorch module works through "
+            f"Extractor.from_module(model, tokenizer, layers=...)"
+        ) from None
+
+
+# encoder-only classes of encoder-decoder architectures (sentence-t5 style); others use model.get_encoder()
+ENCODER_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 
 
 def _read_weights(source: str, config: Any, dtype: torch.dtype, allow_pickle: bool, kwargs: dict[str, Any]) -> Any:
+    import transformers
     from transformers import AutoModel
 
+    model_type = getattr(config, "model_type", "")
+    cls = getattr(transformers, ENCODER_CLASSES[model_type]) if model_type in ENCODER_CLASSES else AutoModel
     try:
         with quiet_transformers():
-            return AutoModel.from_pretrained(
+            net = cls.from_pretrained(
                 source, config=config, dtype=dtype, use_safetensors=None if allow_pickle else True, **kwargs
             )
+    except ValueError as exc:  # an architecture AutoModel does not know
+        raise ModelLoadError(
+            f"transformers cannot load {source!r} (model_type {model_type!r}) as a base model: "
+            f"{str(exc).splitlines()[0]} If the repository ships its own modelling code and you trust it, pass "
+            f"trust_remote_code=True (CLI: --trust-remote-code); any other PyTorch module works through "
+            f"Extractor.from_module(model, tokenizer, layers=...)"
+        ) from None
     except OSError as exc:
         hint = "" if allow_pickle else " If only a pickle checkpoint exists and you trust it, pass allow_pickle=True."
         raise ModelLoadError(f"could not load the weights of {source!r}: {str(exc).splitlines()[0]}.{hint}") from exc
@@ -285,6 +391,9 @@ def _read_weights(source: str, config: Any, dtype: torch.dtype, allow_pickle: bo
             f"the weights of {source!r} are not a readable safetensors file ({exc}); the file is corrupt or "
             f"truncated: download or save the model again"
         ) from None
+    if getattr(config, "is_encoder_decoder", False) and cls is AutoModel and hasattr(net, "get_encoder"):
+        return net.get_encoder()  # the encoder's states are the features; the decoder needs target ids
+    return net
 
 
 def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:
@@ -296,4 +405,19 @@ def _read_tokenizer(source: str, kwargs: dict[str, Any]) -> Any:
             f"the tokenizer of {source!r} is not a fast (Rust) tokenizer; layerwise needs offsets and word ids, "
             f"which only fast tokenizers give. Provide a tokenizer.json in the model directory."
         )
+    ensure_pad_token(tokenizer)
     return tokenizer
+
+
+def ensure_pad_token(tokenizer: Any) -> None:
+    """Give a tokenizer without a pad token (GPT-2, Llama) one: its eos, unk or bos token.
+
+    Padding is always masked out, so which token pads changes no result; it lets batches (and fine-tuning, which
+    pads with the tokenizer) be built at all.
+    """
+    if tokenizer.pad_token is None:
+        for name in ("eos_token", "unk_token", "bos_token"):
+            token = getattr(tokenizer, name, None)
+            if token is not None:
+                tokenizer.pad_token = token
+                return

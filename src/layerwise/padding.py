@@ -53,3 +53,33 @@ def pad_rows(
     for i, r in enumerate(rows):
         x[i, : lengths[i]] = r
     return x, length_mask(lengths, width)
+
+
+PADDING_SIDES = ("right", "left")
+
+
+def move_padding_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids``/``mask [batch, T]`` as left-padded ones, and the index that undoes it.
+
+    Returns:
+        ``(ids, mask, back)``; ``back [batch, T]`` gathers a left-padded row's positions into right-padded order:
+        ``right[:, r] = left[:, r].gather(0, back[r])`` (see :func:`gather_tokens`).
+    """
+    T = ids.shape[1]
+    shift = T - mask.sum(dim=1, keepdim=True)  # [batch, 1] pads per row
+    t = torch.arange(T, device=ids.device).unsqueeze(0)
+    src = (t - shift) % T  # left[:, t] = right[:, (t - shift) % T]
+    back = (t + shift) % T  # right[:, t] = left[:, (t + shift) % T]
+    return ids.gather(1, src), mask.gather(1, src), back
+
+
+def gather_tokens(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``states [K, batch, T, W]`` with each row's tokens reordered by ``index [batch, T]``."""
+    K, b, T, W = states.shape
+    idx = index.to(states.device).view(1, b, T, 1).expand(K, b, T, W)
+    return states.gather(2, idx)
+
+
+def positions_from_mask(mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """``[batch, T]`` position ids counting real tokens from ``offset`` (padding gets ``offset``)."""
+    return (mask.long().cumsum(dim=1) - 1).clamp_min(0) + offset

@@ -110,10 +110,13 @@ def forward_windows(
     batch_tokens: int,
     pad_id: int,
     sort: bool = True,
+    empty: Callable[[int], torch.Tensor] | None = None,
 ) -> Iterator[Group]:
     """Run every window of ``toks``; yield groups of finished texts (stitched when windowed).
 
-    ``run_batch(input_ids [b, T], attention_mask [b, T]) -> states [K, b, T, W]``.
+    ``run_batch(input_ids [b, T], attention_mask [b, T]) -> states [K, b, T, W]``. A text with no token at all (an
+    empty string for a tokenizer that adds no special tokens, e.g. GPT-2) is not run: ``empty(n)`` gives its states
+    ``[K, n, 0, W]`` (it pools to zeros).
     """
     windows: list[Window] = []
     per_text: list[list[int]] = []
@@ -121,8 +124,15 @@ def forward_windows(
         ws = make_windows(t, i, max_length, stride)
         per_text.append(list(range(len(windows), len(windows) + len(ws))))
         windows.extend(ws)
+    blank = [i for i, t in enumerate(toks) if not t.ids]
+    if blank:
+        if empty is None:
+            raise ValueError(f"text {blank[0]} has no token (the tokenizer adds no special tokens); give empty=")
+        yield Group(texts=blank, states=empty(len(blank)), lengths=[0] * len(blank))
     pending: dict[int, dict[int, torch.Tensor]] = {}
-    for batch in plan_batches([len(w.ids) for w in windows], batch_tokens, sort=sort):
+    runnable = [j for j, w in enumerate(windows) if w.ids]
+    for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
+        batch = [runnable[j] for j in planned]
         ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
         states = run_batch(ids, mask)  # [K, b, T, W]
         single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]

@@ -141,6 +141,10 @@ def pool(
         pooler: the model's pooler function ``[batch, hidden] -> [batch, hidden]`` for ``mode="pooler"``.
     """
     validate_pool(mode, skip_special_tokens=skip_special_tokens, has_pooler=pooler is not None or mode != "pooler")
+    if x.shape[1] == 0:  # rows without any token (an empty text, no special tokens): one masked-out zero token
+        x = x.new_zeros((x.shape[0], 1) + tuple(x.shape[2:]))
+        mask = mask.new_zeros((x.shape[0], 1))
+        special = None if special is None else special.new_zeros((x.shape[0], 1))
     keep = mask.bool()
     if skip_special_tokens:
         if special is None:

@@ -200,8 +200,9 @@ class EncodeSpec:
         site = validate_site(self.site, layers)
         if site not in model.sites:
             raise ValueError(
-                f"site {site!r} is not available with this backend; it offers {', '.join(model.sites)} "
-                f"(use backend='torch' for every site)"
+                f"site {site!r} is not available for this model with this backend; it offers "
+                f"{', '.join(model.sites)} (backend='torch' records every site a model has; Extractor.describe() "
+                f"lists them)"
             )
         validate_combine(self.combine, len(layers), self.weights, learned=learned)
         if self.level == "sentence" and not (learned and self.pool in LEARNED_POOLS):

@@ -8,7 +8,8 @@ kind is a new module here plus one line in :data:`BACKENDS`.
 ==========  ===========================================================  ==================================
 name        runtime                                                      sites
 ==========  ===========================================================  ==================================
-``torch``   PyTorch with scoped forward hooks and early exit             block, attention, intermediate, pre_ln
+``torch``   PyTorch with scoped forward hooks and early exit, any        block, raw, attention, intermediate,
+            architecture (the layer map of :mod:`layerwise.layermap`)    pre_ln (those the model has)
 ``onnx``    ONNX Runtime (CPU): the encoder exported up to the deepest   block
             requested layer, cached on disk
 ==========  ===========================================================  ==================================

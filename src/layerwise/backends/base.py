@@ -41,14 +41,16 @@ class Backend(ABC):
         revision: str | None = None,
         allow_pickle: bool = False,
         trust_remote_code: bool = False,
+        layers: str | None = None,
         **options: Any,
     ) -> "Backend":
         """Load ``model`` (directory, hub id or ``None`` for the embedded default; see ``load_model``).
 
-        ``options`` go to the backend's constructor (e.g. ``cache=`` for ONNX).
+        ``layers`` names the layer list by hand (see ``load_model``); ``options`` go to the backend's constructor
+        (``cache=`` for ONNX, ``padding_side=`` for torch).
         """
         loaded = load_model(model, device=device, dtype=dtype, revision=revision, allow_pickle=allow_pickle,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, layers=layers)
         return cls(loaded, **options)
 
     # ---- facts ---------------------------------------------------------------------------------------------
@@ -72,14 +74,18 @@ class Backend(ABC):
         """The dtype the model computes (and returns states) in."""
         return self.loaded.dtype
 
+    @property
+    def model_sites(self) -> tuple[str, ...]:
+        """The sites this backend can record on this model: its :attr:`sites` that the model has."""
+        return tuple(s for s in self.sites if s in self.loaded.site_widths)
+
     def site_width(self, site: str) -> int:
         """Feature width of ``site``."""
         return self.loaded.site_width(site)
 
     def pooler(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """The model's pooler ``[batch, hidden] -> [batch, hidden]`` (BERT-style), or ``None``."""
-        fn = self.loaded.family.pooler
-        return fn(self.loaded.model) if fn is not None else None
+        return self.loaded.pooler
 
     def fingerprint(self) -> str:
         """A sha256 over the weights' names, shapes and values (computed once per backend)."""

@@ -52,12 +52,11 @@ class _Truncated(nn.Module):
 def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     """A copy of the model that runs only its first ``depth`` layers (``depth >= 1``)."""
     model = copy.deepcopy(loaded.model).cpu().float().eval()
-    fam = loaded.family
-    if fam.name == "albert":  # one shared layer run num_hidden_layers times
+    if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times
         # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
         model.config.num_hidden_layers = depth  # type: ignore[union-attr]
         return model
-    container_path = fam.layer_paths[0]
+    container_path = loaded.layer_map.path
     parent = model
     *head, last = container_path.split(".")
     for part in head:
@@ -115,6 +114,11 @@ class OnnxBackend(Backend):
         super().__init__(loaded)
         if loaded.device.type != "cpu":
             raise ValueError("backend='onnx' runs on the CPU here; use backend='torch' for CUDA")
+        if loaded.layer_map.source != "table":
+            raise ValueError(
+                f"backend='onnx' exports the BERT-family encoders of the family table; this {loaded.architecture} "
+                f"model's layers were {loaded.layer_map.source} at load: use backend='torch'"
+            )
         self.ort = _require_ort()
         self.root = cache_dir(cache)
         self.threads = threads or torch.get_num_threads()
@@ -122,10 +126,10 @@ class OnnxBackend(Backend):
 
     def path_for(self, layers: Sequence[int]) -> Path:
         """Where the graph for ``layers`` is cached (keyed by weights, family, layers and exporter versions)."""
-        spec = {"weights": self.fingerprint(), "family": self.loaded.family.name, "layers": list(layers),
+        spec = {"weights": self.fingerprint(), "family": self.loaded.architecture, "layers": list(layers),
                 "torch": torch.__version__, "ort": self.ort.__version__}
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
-        return self.root / f"{self.loaded.family.name}-{digest}.onnx"
+        return self.root / f"{self.loaded.architecture}-{digest}.onnx"
 
     def session(self, layers: Sequence[int]) -> Any:
         """The inference session for ``layers`` (exported on first use, then read from the cache)."""

@@ -155,7 +155,8 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
     def model_info() -> dict:
         lm = ex.loaded
         return {
-            "name": lm.name, "family": lm.family.name, "families": list(SUPPORTED_MODEL_TYPES),
+            "name": lm.name, "family": lm.architecture, "architecture": lm.architecture,
+            "table_families": list(SUPPORTED_MODEL_TYPES), "positions": lm.positions.describe(),
             "num_layers": lm.num_layers, "layers": f"0..{lm.num_layers} (0 = embeddings; negatives count from the end)",
             "hidden_size": lm.hidden_size, "intermediate_size": lm.intermediate_size, "sites": list(ex.sites),
             "combine": list(FIXED_COMBINES), "pools": [p for p in POOL_MODES if p != "attention"],
