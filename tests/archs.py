@@ -120,8 +120,8 @@ ARCHS: dict[str, tuple[str, Callable[[], tuple[Tokenizer, dict]], str, Callable[
     "qwen3": ("decoder", lambda: _bpe(None), "Qwen3Config",
               lambda t: dict(_DEC, head_dim=16, **_ids(t, bos_token_id="<s>", eos_token_id="</s>")), "AutoModel"),
     "gemma": ("decoder", lambda: _bpe("<s> $A"), "GemmaConfig",
-              lambda t: dict(_DEC, head_dim=16, **_ids(t, bos_token_id="<s>", eos_token_id="</s>", pad_token_id="<pad>")),
-              "AutoModel"),
+              lambda t: dict(_DEC, head_dim=16,
+                             **_ids(t, bos_token_id="<s>", eos_token_id="</s>", pad_token_id="<pad>")), "AutoModel"),
     "gemma2": ("decoder", lambda: _bpe("<s> $A"), "Gemma2Config",
                lambda t: dict(_DEC, head_dim=16, sliding_window=4,
                               **_ids(t, bos_token_id="<s>", eos_token_id="</s>", pad_token_id="<pad>")), "AutoModel"),
@@ -202,6 +202,6 @@ if __name__ == "__main__":  # regenerate the README table
     exs = {n: lw.Extractor(str(build(n, root / n)), device="cpu") for n in ALL}
     readme_path = Path(__file__).resolve().parent.parent / "README.md"
     text = readme_path.read_text(encoding="utf-8")
-    new = text.replace(readme_block(text), table(exs))
-    readme_path.write_text(new, encoding="utf-8")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    readme_path.write_text(text[:start] + "\n" + table(exs) + "\n" + text[end:], encoding="utf-8")
     print(f"README table: {len(ALL)} architectures", file=sys.stderr)

@@ -10,6 +10,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 
 import layerwise as lw  # noqa: E402
+from archs import ARCHS  # noqa: E402
+from archs import build as build_arch  # noqa: E402
 
 from tiny import FAMILIES, build  # noqa: E402
 
@@ -32,6 +34,18 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_extractors(tiny_dirs) -> dict[str, lw.Extractor]:
     return {fam: lw.Extractor(str(path), device="cpu") for fam, path in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def arch_dirs(tmp_path_factory, tiny_dirs) -> dict[str, Path]:
+    """Tiny models of every architecture of ``tests/archs.py`` (the 7 families included)."""
+    root = tmp_path_factory.mktemp("archs")
+    return {**tiny_dirs, **{name: build_arch(name, root / name) for name in ARCHS}}
+
+
+@pytest.fixture(scope="session")
+def arch_extractors(arch_dirs, tiny_extractors) -> dict[str, lw.Extractor]:
+    return {**tiny_extractors, **{n: lw.Extractor(str(arch_dirs[n]), device="cpu") for n in ARCHS}}
 
 
 @pytest.fixture(params=FAMILIES)

@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 import layerwise as lw
+from archs import ALL, END, kind, readme_block, table
 from layerwise.capture import count_layer_calls
 from layerwise.discovery import MappingError, discover
-
-from archs import ALL, ARCHS, END, build, kind, readme_block, table
 
 TEXTS = [
     "EU rejects German call to boycott British lamb .",
@@ -26,17 +25,6 @@ TEXTS = [
     "naïve cafés",
     "a",
 ]
-
-
-@pytest.fixture(scope="session")
-def arch_dirs(tmp_path_factory, tiny_dirs) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("archs")
-    return {**tiny_dirs, **{name: build(name, root / name) for name in ARCHS}}
-
-
-@pytest.fixture(scope="session")
-def arch_extractors(arch_dirs, tiny_extractors) -> dict[str, lw.Extractor]:
-    return {**tiny_extractors, **{n: lw.Extractor(str(arch_dirs[n]), device="cpu") for n in ARCHS}}
 
 
 @pytest.fixture(params=ALL)
@@ -289,3 +277,15 @@ def test_readme_table_is_generated_from_these_models(arch_extractors):
     assert END in readme
     assert readme_block(readme) == table(arch_extractors), "README table is stale: run python tests/archs.py"
     assert len(ALL) >= 20
+
+
+def test_readme_custom_module_example_runs_as_shown(capsys):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Any PyTorch module") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    torch.manual_seed(0)
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    printed = capsys.readouterr().out.splitlines()
+    shown = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
+    assert printed == shown

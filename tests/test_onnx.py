@@ -60,5 +60,6 @@ def test_onnx_errors(tiny_extractors, tmp_path):
     with pytest.raises(ValueError, match="unknown backend 'tf'. Valid backends are: torch, onnx"):
         lw.Extractor(loaded, backend="tf")
     ex = lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path)
-    with pytest.raises(ValueError, match="site .attention. is not available for this model with this backend; it offers block"):
+    with pytest.raises(ValueError, match="site .attention. is not available for this model with this backend; "
+                       "it offers block"):
         ex.encode(["x"], layers=1, site="attention")

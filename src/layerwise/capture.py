@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -76,7 +76,8 @@ class Recorder:
         self.current += 1
         if self.current == 1 and 0 in self.wanted:
             hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("src"))
-            self.tensors[0] = hidden
+            if isinstance(hidden, torch.Tensor):
+                self.tensors[0] = hidden
             if self.deepest == 0:
                 raise _StopForward
 

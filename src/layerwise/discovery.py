@@ -138,15 +138,18 @@ class _Watch:
         return hook
 
     def site(self, site: str, where: Where) -> Callable[..., None]:
+        shapes = self.site_shapes.setdefault(site, [])
+
+        def note(value: Any) -> None:
+            shapes.append(tuple(value.shape) if isinstance(value, torch.Tensor) else None)
+
         def out_hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            value = _first(output)
-            self.site_shapes.setdefault(site, []).append(tuple(value.shape) if isinstance(value, torch.Tensor) else None)
+            note(_first(output))
 
         def in_hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            value = args[0] if args else None
-            self.site_shapes.setdefault(site, []).append(tuple(value.shape) if isinstance(value, torch.Tensor) else None)
+            note(args[0] if args else None)
 
-        return out_hook if where == "out" else in_hook  # type: ignore[return-value]
+        return out_hook if where == "out" else in_hook
 
 
 def _site_candidates(layer: nn.Module) -> dict[str, tuple[str, Where]]:
@@ -176,7 +179,8 @@ def _watch_forward(
             for site, (rel, where) in sites.items():
                 sub = resolve_path(layer, rel)[0]
                 hook = watch.site(site, where)
-                handles.append(sub.register_forward_hook(hook) if where == "out" else sub.register_forward_pre_hook(hook))
+                register = sub.register_forward_hook if where == "out" else sub.register_forward_pre_hook
+                handles.append(register(hook))
         for name, module in model.named_modules():
             if id(module) not in inside and module is not model and not name.startswith(f"{path}."):
                 handles.append(module.register_forward_hook(watch.other(name)))
@@ -201,7 +205,7 @@ def _measure_sites(watch: _Watch, sites: dict[str, tuple[str, Where]], batch: tu
 
 
 def _config_key(model: nn.Module, given: str | None) -> tuple[str, str]:
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
     cls = f"{type(model).__module__}.{type(model).__qualname__}|{given or ''}"
     return cls, hashlib.sha256(text.encode()).hexdigest()
@@ -235,9 +239,9 @@ def discover(
         hit = _cache.get(key)
     if hit is not None:
         path, final_path, sites, widths = hit
-        lst = resolve_path(model, path)[0]
+        mods = list(resolve_path(model, path)[0].children())
         final = resolve_path(model, final_path)[0] if final_path else None
-        return LayerMap(name, "given" if layers else "discovered", path, list(lst), dict(sites), final,
+        return LayerMap(name, "given" if layers else "discovered", path, mods, dict(sites), final,
                         final_path), dict(widths)
     dev = device or next((p.device for p in model.parameters()), torch.device("cpu"))
     ids, mask = (t.to(dev) for t in probe_batch(tokenizer))
@@ -258,7 +262,7 @@ def discover(
             raise MappingError(f"{name}: layers={layers!r}: {exc}") from None
         if not isinstance(given, nn.ModuleList):
             raise MappingError(f"{name}: layers={layers!r} is a {type(given).__name__}, not a list of layer modules")
-        candidates = [(layers, given)]
+        candidates: list[tuple[str, nn.ModuleList]] = [(layers, given)]
     else:
         candidates = _candidates(model, n_layers)
     tried: list[str] = []
@@ -270,7 +274,7 @@ def discover(
             tried.append(f"{path or '(root)'} ({len(lst)} x {type(lst[0]).__name__}): {problem}")
             continue
         widths = {"block": int(hs[0].shape[-1]), "raw": int(hs[0].shape[-1])}
-        widths.update(_measure_sites(watch, sites, tuple(ids.shape)))
+        widths.update(_measure_sites(watch, sites, (int(ids.shape[0]), int(ids.shape[1]))))
         kept = {s: sites[s] for s in widths if s in sites}
         final = resolve_path(model, final_path)[0] if final_path else None
         with _cache_lock:

@@ -32,8 +32,8 @@ from .backends import Backend, backend_class
 from .combine import combine as combine_layers
 from .layers import LayerSpec
 from .loading import LoadedModel
-from .positions import UNLIMITED
 from .pipeline import Encoded, Group, check_texts, forward_windows, make_reducer
+from .positions import UNLIMITED
 from .spec import EncodeSpec
 from .stack import LayerStack
 from .tokenize import Tokenized, special_template, tokenize

@@ -1,8 +1,9 @@
 """The table of BERT-family encoders: where each site lives in their modules (the fast path).
 
 Any other architecture is discovered and verified at load time (:mod:`layerwise.discovery`); this table stays
-the fast path (no check at load) and the place for the sub-layer sites of these seven families. One table maps the site names of :mod:`layerwise.layers` to each family's modules (paths are relative to
-the module that implements one encoder layer). The ``attention`` and ``intermediate`` sites read the module's
+the fast path (no check at load) and the place for the sub-layer sites of these seven families. One table maps
+the site names of :mod:`layerwise.layers` to each family's modules (paths are relative to the module that
+implements one encoder layer). The ``attention`` and ``intermediate`` sites read the module's
 output, or its first element when the module returns a tuple; ``pre_ln`` reads the first input of the module,
 with a forward pre-hook:
 

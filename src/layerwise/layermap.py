@@ -75,7 +75,7 @@ def map_from_family(family: Family, model: nn.Module) -> LayerMap:
         source="table",
         path=family.layer_paths[0],
         layers=layer_modules(family, model),
-        sites=dict(family.sites),
+        sites={site: (rel, "in" if where == "in" else "out") for site, (rel, where) in family.sites.items()},
         after_first=post_layer1_override(family, model),
     )
 

@@ -119,7 +119,9 @@ class LoadedModel:
     def site_width(self, site: str) -> int:
         """Feature width of one site (``ValueError`` naming the model's sites for one it lacks)."""
         if site not in self.site_widths:
-            raise ValueError(f"this {self.architecture} model has no site {site!r}; its sites are: {', '.join(self.sites)}")
+            raise ValueError(
+                f"this {self.architecture} model has no site {site!r}; its sites are: {', '.join(self.sites)}"
+            )
         return self.site_widths[site]
 
 

@@ -20,8 +20,10 @@ from .options import (
     CombineOpt,
     DeviceOpt,
     DtypeOpt,
+    LayerModulesOpt,
     LayersOpt,
     ModelOpt,
+    PaddingSideOpt,
     SiteOpt,
     TrustCodeOpt,
     WeightsOpt,
@@ -90,6 +92,8 @@ def encode(
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
     backend: str = BackendOpt,
+    layer_modules: Optional[str] = LayerModulesOpt,
+    padding_side: str = PaddingSideOpt,
 ) -> None:
     """Encode TEXTs with the chosen layers, combination and pooling; print JSON / JSON lines or write .npy.
 
@@ -110,7 +114,8 @@ def encode(
                           skip_special_tokens=skip_special, truncate=truncate, normalize=normalize)
         if fmt == "npy" and pool_mode is None:
             raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
-        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend)
+        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend, layers=layer_modules,
+                       padding_side=padding_side)
         spec = spec.resolve(ex)
         if not quiet:
             lm = ex.loaded

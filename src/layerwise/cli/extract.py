@@ -12,8 +12,10 @@ from .options import (
     BackendOpt,
     CombineOpt,
     DeviceOpt,
+    LayerModulesOpt,
     LayersOpt,
     ModelOpt,
+    PaddingSideOpt,
     SiteOpt,
     TrustCodeOpt,
     WeightsOpt,
@@ -78,6 +80,8 @@ def extract(
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
     backend: str = BackendOpt,
+    layer_modules: Optional[str] = LayerModulesOpt,
+    padding_side: str = PaddingSideOpt,
 ) -> None:
     """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
     from ..engine import ExtractOptions
@@ -95,7 +99,8 @@ def extract(
         detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
                                  strict=strict, overwrite=overwrite, progress=False if quiet else None)
-        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend)
+        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend,
+                       layers=layer_modules, padding_side=padding_side)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
     if not quiet:
         lm = ex.loaded

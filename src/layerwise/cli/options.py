@@ -48,6 +48,15 @@ TrustCodeOpt = typer.Option(
     help="Run modelling code shipped with a hub repo. RISK: it runs with your permissions.",
 )
 
+LayerModulesOpt = typer.Option(
+    None,
+    "--layer-modules",
+    help="Module path of the model's layer list (e.g. model.layers) when it is not found by itself; verified at load.",
+)
+PaddingSideOpt = typer.Option(
+    "right", "--padding-side", help="right (default) or left (decoder embedding models); both give the same states."
+)
+
 err_console = Console(stderr=True)
 
 

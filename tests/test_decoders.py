@@ -1,0 +1,113 @@
+"""Decoder models through everything above the pipeline, unchanged: extraction to a store, heads, the probe, the
+service. The decoder is the tiny random Llama of ``tests/archs.py`` (rotary positions, final norm, BOS, no pad
+token in its tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from layerwise.heads import HeadConfig, TrainOptions, load, train
+from layerwise.probe import ProbeConfig, run
+from layerwise.store import open_store
+
+from tiny import extract, toy
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés in Paris", "a"]
+
+
+@pytest.fixture(scope="module")
+def llama(arch_dirs, arch_extractors):
+    return arch_dirs["llama"], arch_extractors["llama"]
+
+
+def test_extract_a_store_from_a_decoder(llama, tmp_path):
+    path, ex = llama
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n")
+    extract(src, tmp_path / "store", model=ex, layers="-2:", combine="concat", pool="last")
+    store = open_store(tmp_path / "store")
+    want = ex.encode(TEXTS, layers="-2:", combine="concat", pool="last")
+    assert np.abs(np.asarray(store[0 : len(TEXTS)]) - want).max() <= 1e-6
+    assert store.manifest["model"]["family"] == "llama"
+
+
+def test_a_frozen_head_on_a_decoder_trains_saves_and_predicts(llama, tmp_path):
+    path, ex = llama
+    tr, dv = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    toy(tr, 48, 0), toy(dv, 24, 1)
+    cfg = HeadConfig(model=str(path), layers="-2:", combine="scalar_mix", pool="last")
+    opts = TrainOptions(epochs=8, lr=1e-2, batch_size=16, cache_dir=tmp_path / "cache", progress=False)
+    result = train(cfg, tr, dv, extractor=ex, options=opts, output=tmp_path / "head", log=lambda line: None)
+    assert result.dev["accuracy"] >= 0.75, result.dev  # the toy set is separable by one keyword (chance: 0.5)
+    clf = load(tmp_path / "head", extractor=ex)
+    texts = [t for t, _ in toy(tmp_path / "again.tsv", 8, 5)]
+    want = [y for _, y in toy(tmp_path / "again.tsv", 8, 5)]
+    assert sum(a == b for a, b in zip(clf.predict(texts), want)) >= 6
+
+
+def test_the_probe_runs_every_layer_of_a_decoder(llama, tmp_path):
+    path, ex = llama
+    data = tmp_path / "s.tsv"
+    toy(data, 40, 3)
+    res = run(data, data, config=ProbeConfig(task="sentence", epochs=2), model=ex, output=tmp_path / "probe",
+              log=lambda line: None, progress=False)
+    names = [row["name"] for row in res.rows]
+    assert {"embeddings", "layer 1", "layer 2", "last"} <= set(names)
+    assert (tmp_path / "probe" / "results.csv").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_the_service_serves_a_decoder(llama, tmp_path):
+    path, ex = llama
+    port = _free_port()
+    cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(path), "--device", "cpu",
+           "--port", str(port), "--log-level", "warning"]
+    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "log", "w+") as log, subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/v1/model", timeout=5) as resp:
+                        info = json.loads(resp.read())
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        pytest.fail(f"server did not start:\n{log.read()}")
+                    time.sleep(0.2)
+            assert info["architecture"] == "llama" and "rotary" in info["positions"]
+            status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": "-2:", "pool": "last"})
+            assert status == 200, body
+            got = np.asarray(body["vectors"], dtype=np.float32)
+            assert np.abs(got - ex.encode(TEXTS, layers="-2:", pool="last")).max() <= 1e-5
+            status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": -1, "site": "pre_ln"})
+            assert status == 422 and "site 'pre_ln' is not available for this model" in json.dumps(body)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
