@@ -14,7 +14,9 @@ import urllib.request
 
 import numpy as np
 import pytest
+import torch
 
+import layerwise as lw
 from layerwise.heads import HeadConfig, TrainOptions, load, train
 from layerwise.probe import ProbeConfig, run
 from layerwise.store import open_store
@@ -111,3 +113,36 @@ def test_the_service_serves_a_decoder(llama, tmp_path):
         finally:
             proc.terminate()
             proc.wait(timeout=20)
+
+
+def test_add_eos_appends_the_token_last_pooling_reads(llama, arch_extractors):
+    path, ex = llama
+    tok = ex.tokenizer
+    texts = ["Peter Blackburn", "EU rejects German call"]
+    got = ex.encode(texts, layers=-1, pool="last", add_eos=True)
+    for text, vec in zip(texts, got):  # independently: the tokenizer's ids + eos, through transformers
+        ids = torch.tensor([tok(text)["input_ids"] + [tok.eos_token_id]])
+        with torch.inference_mode():
+            ref = ex.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+        assert np.abs(vec - ref.hidden_states[-1][0, -1].numpy()).max() <= 1e-5
+    left = lw.Extractor(ex.loaded, padding_side="left")  # the Qwen3-Embedding convention: same vectors
+    assert np.abs(left.encode(texts, layers=-1, pool="last", add_eos=True) - got).max() <= 1e-5
+    (tokens,) = ex.encode(["Peter"], layers=-1, pool=None, add_eos=True)
+    assert tokens.shape[0] == len(tok("Peter")["input_ids"]) + 1
+    t5 = arch_extractors["t5"]  # its tokenizer ends every text with </s> already: nothing is added twice
+    (t5_tokens,) = t5.encode(["Peter"], layers=-1, pool=None, add_eos=True)
+    assert t5_tokens.shape[0] == len(t5.tokenizer("Peter")["input_ids"])
+
+
+def test_prompt_is_put_before_every_text(llama):
+    path, ex = llama
+    texts = ["Peter Blackburn", "naïve cafés"]
+    prompt = "Instruct: find the name\nQuery: "
+    got = ex.encode(texts, layers=-1, pool="mean", prompt=prompt)
+    assert np.abs(got - ex.encode([prompt + t for t in texts], layers=-1, pool="mean")).max() == 0
+    spec = lw.EncodeSpec(layers=-1, pool="last", prompt=prompt, add_eos=True)
+    assert lw.EncodeSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="prompt applies to levels 'sentence' and 'token'"):
+        lw.EncodeSpec(level="word", prompt="query: ")
+    with pytest.raises(ValueError, match="add_eos must be True or False, got 'yes'"):
+        lw.EncodeSpec(add_eos="yes")

@@ -36,7 +36,7 @@ from .pipeline import Encoded, Group, check_texts, forward_windows, make_reducer
 from .positions import UNLIMITED
 from .spec import EncodeSpec
 from .stack import LayerStack
-from .tokenize import Tokenized, special_template, tokenize
+from .tokenize import Tokenized, append_eos, special_template, tokenize
 
 ReturnTensors = Literal["np", "pt"]
 RETURN_TENSORS = ("np", "pt")
@@ -266,19 +266,32 @@ class Extractor:
         )
 
     # ---- the pipeline -----------------------------------------------------------------------------------
-    def tokenize(self, items: Sequence[Any], *, words: bool, truncate: bool = False) -> list[Tokenized]:
+    def tokenize(
+        self, items: Sequence[Any], *, words: bool, truncate: bool = False, prompt: str = "", add_eos: bool = False
+    ) -> list[Tokenized]:
         """Tokenise texts (or word lists with ``words=True``) with the model's special tokens.
 
         With ``truncate`` a text longer than ``max_length`` keeps its first tokens and its special tokens; otherwise
-        it is kept whole and windowed by the forward pass.
+        it is kept whole and windowed by the forward pass. ``prompt`` is put before every text; ``add_eos`` appends
+        the tokenizer's end-of-sequence token where the tokenizer does not (see :class:`~layerwise.EncodeSpec`).
         """
+        if prompt:
+            items = [prompt + text for text in items]
         toks = tokenize(self.tokenizer, items, words=words, template=self._template)
+        if add_eos:
+            eos = self.tokenizer.eos_token_id
+            if eos is None:
+                raise ValueError(
+                    f"add_eos=True, but the tokenizer of {self.loaded.name!r} has no end-of-sequence token; drop "
+                    f"add_eos (pool='last' then reads the last token of the text)"
+                )
+            append_eos(toks, eos)
         if words:
             for t, item in zip(toks, items):
                 t.n_words = len(item)
         if truncate:
-            cap = self.max_length - sum(self._template)
             for t in toks:
+                cap = self.max_length - t.n_prefix - t.n_suffix
                 if t.n_content > cap:
                     keep = list(range(t.n_prefix + cap)) + list(range(len(t.ids) - t.n_suffix, len(t.ids)))
                     t.ids, t.offsets = [t.ids[i] for i in keep], [t.offsets[i] for i in keep]
@@ -323,7 +336,7 @@ class Extractor:
             if words:
                 chunk = [item.split() if isinstance(item, str) else item for item in chunk]
             items = check_texts(chunk, words=words, start=start)
-            toks = self.tokenize(items, words=words, truncate=spec.truncate)
+            toks = self.tokenize(items, words=words, truncate=spec.truncate, prompt=spec.prompt, add_eos=spec.add_eos)
             done: dict[int, torch.Tensor] = {}
             following = 0
             for group in self._forward(toks, spec.layer_indices, spec.site, budget):
@@ -386,6 +399,8 @@ class Extractor:
         skip_special_tokens: bool = False,
         truncate: bool = False,
         normalize: bool = False,
+        prompt: str = "",
+        add_eos: bool = False,
         return_tensors: ReturnTensors = "np",
         batch_tokens: int | None = None,
         show_progress: bool = False,
@@ -403,6 +418,9 @@ class Extractor:
             skip_special_tokens: leave ``[CLS]``/``[SEP]``-like tokens out of the pool.
             truncate: cut texts at ``max_length`` instead of windowing them.
             normalize: L2-normalise each sentence vector (sentence-transformers' ``Normalize`` module).
+            prompt: text put before every text (an instruction such as ``"query: "``); its tokens are pooled too.
+            add_eos: append the end-of-sequence token where the tokenizer does not (decoder embedding models
+                pool it with ``pool="last"``).
             return_tensors: ``"np"`` (float32 numpy) or ``"pt"`` (float32 CPU torch tensors).
             batch_tokens: token budget per forward batch (default: the Extractor's).
             show_progress: show a progress bar.
@@ -415,7 +433,7 @@ class Extractor:
         spec = EncodeSpec(
             layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
             level="token" if pool is None else "sentence", pool=pool, skip_special_tokens=skip_special_tokens,
-            truncate=truncate, normalize=normalize,
+            truncate=truncate, normalize=normalize, prompt=prompt, add_eos=add_eos,
         )
         results = self._collect(texts, spec, return_tensors, batch_tokens, show_progress)
         return results if pool is None else _out(torch.stack(results), return_tensors)

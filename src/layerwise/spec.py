@@ -23,6 +23,11 @@ field                       valid values
 ``normalize``               level ``sentence``: L2-normalise each vector over its last axis (sentence-transformers'
                             ``Normalize`` module; a ``stack`` is normalised layer by layer)
 ``truncate``                cut long texts at the model maximum instead of windowing them
+``prompt``                  levels ``sentence``/``token``: text put before every record (an instruction such as
+                            ``"query: "`` or ``"Instruct: ...\nQuery: "``, sentence-transformers' ``prompt``); its
+                            tokens are part of the record (pooled, and listed at level ``token``)
+``add_eos``                 append the tokenizer's end-of-sequence token to every record when the tokenizer does
+                            not add it itself (decoder embedding models read the last token: ``pool="last"``)
 ``dtype``                   of the output: ``float32 | float16`` (the model computes in its own dtype)
 ==========================  ================================================================================
 
@@ -105,6 +110,8 @@ class EncodeSpec:
     truncate: bool = False
     dtype: str = "float32"
     normalize: bool = False
+    prompt: str = ""
+    add_eos: bool = False
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen dataclass
@@ -117,7 +124,9 @@ class EncodeSpec:
         validate_site(self.site)
         if not isinstance(self.combine, nn.Module) and self.combine not in COMBINE_MODES:
             validate_combine(self.combine, 1)  # raises, listing the valid modes
-        for name in ("skip_special_tokens", "truncate", "normalize"):
+        if not isinstance(self.prompt, str):
+            raise ValueError(f"prompt must be a string (put before every text), got {type(self.prompt).__name__}")
+        for name in ("skip_special_tokens", "truncate", "normalize", "add_eos"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_level_options()
@@ -145,6 +154,11 @@ class EncodeSpec:
                 )
         elif self.subword is not None:
             raise ValueError(f"subword={self.subword!r} applies to level 'word' only, not level {self.level!r}")
+        if self.prompt and self.level == "word":
+            raise ValueError(
+                "prompt applies to levels 'sentence' and 'token'; at level 'word' add the prompt's words to each "
+                "word list yourself"
+            )
         if self.normalize and self.level != "sentence":
             raise ValueError(f"normalize applies to level 'sentence' only, not level {self.level!r}")
         if self.skip_special_tokens and self.level != "sentence":

@@ -122,6 +122,24 @@ def tokenize(tokenizer, items: Sequence, *, words: bool, template: tuple[int, in
     return out
 
 
+def append_eos(toks: Sequence[Tokenized], eos_id: int) -> None:
+    """Append ``eos_id`` as a special suffix token to every text that does not already end with it (in place).
+
+    Decoder embedding models (e5-mistral, gte-Qwen) read the state of an end-of-sequence token appended to each
+    text; tokenizers that do not add one themselves get it here. It is a suffix special token, so a windowed text
+    has it at the end of every window, like ``[SEP]``.
+    """
+    for t in toks:
+        if t.ids and t.ids[-1] == eos_id and t.special[-1]:
+            continue
+        end = t.offsets[-1][1] if t.offsets else 0
+        t.ids.append(eos_id)
+        t.offsets.append((end, end))
+        t.word_ids.append(None)
+        t.special.append(True)
+        t.n_suffix += 1
+
+
 def window_starts(n_content: int, capacity: int, stride: int) -> list[int]:
     """Start offsets of windows of ``capacity`` content tokens overlapping by ``stride``; last one flush right."""
     if n_content <= capacity:

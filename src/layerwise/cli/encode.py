@@ -15,6 +15,7 @@ from ..pipeline import Encoded, check_texts
 from ..pooling import POOL_MODES
 from ..spec import EncodeSpec
 from .options import (
+    AddEosOpt,
     AllowPickleOpt,
     BackendOpt,
     CombineOpt,
@@ -24,6 +25,7 @@ from .options import (
     LayersOpt,
     ModelOpt,
     PaddingSideOpt,
+    PromptOpt,
     SiteOpt,
     TrustCodeOpt,
     WeightsOpt,
@@ -94,6 +96,8 @@ def encode(
     backend: str = BackendOpt,
     layer_modules: Optional[str] = LayerModulesOpt,
     padding_side: str = PaddingSideOpt,
+    prompt: str = PromptOpt,
+    add_eos: bool = AddEosOpt,
 ) -> None:
     """Encode TEXTs with the chosen layers, combination and pooling; print JSON / JSON lines or write .npy.
 
@@ -111,7 +115,8 @@ def encode(
         pool_mode = parse_pool(pool)
         spec = EncodeSpec(layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights),
                           level="token" if pool_mode is None else "sentence", pool=pool_mode,
-                          skip_special_tokens=skip_special, truncate=truncate, normalize=normalize)
+                          skip_special_tokens=skip_special, truncate=truncate, normalize=normalize, prompt=prompt,
+                          add_eos=add_eos)
         if fmt == "npy" and pool_mode is None:
             raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
         ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend, layers=layer_modules,

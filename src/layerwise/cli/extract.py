@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from .options import (
+    AddEosOpt,
     AllowPickleOpt,
     BackendOpt,
     CombineOpt,
@@ -16,6 +17,7 @@ from .options import (
     LayersOpt,
     ModelOpt,
     PaddingSideOpt,
+    PromptOpt,
     SiteOpt,
     TrustCodeOpt,
     WeightsOpt,
@@ -82,6 +84,8 @@ def extract(
     backend: str = BackendOpt,
     layer_modules: Optional[str] = LayerModulesOpt,
     padding_side: str = PaddingSideOpt,
+    prompt: str = PromptOpt,
+    add_eos: bool = AddEosOpt,
 ) -> None:
     """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
     from ..engine import ExtractOptions
@@ -94,6 +98,7 @@ def extract(
         spec = EncodeSpec(
             layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights), level=level,
             pool=pool, subword=subword, skip_special_tokens=skip_special, truncate=truncate, dtype=dtype,
+            prompt=prompt, add_eos=add_eos,
         )
         reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
         detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads

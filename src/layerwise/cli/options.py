@@ -57,6 +57,13 @@ PaddingSideOpt = typer.Option(
     "right", "--padding-side", help="right (default) or left (decoder embedding models); both give the same states."
 )
 
+PromptOpt = typer.Option(
+    "", "--prompt", help="Text put before every text (an instruction such as 'query: '); sentence/token level."
+)
+AddEosOpt = typer.Option(
+    False, "--add-eos", help="Append the end-of-sequence token where the tokenizer does not (use with --pool last)."
+)
+
 err_console = Console(stderr=True)
 
 

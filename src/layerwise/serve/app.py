@@ -73,6 +73,8 @@ class EncodeRequest(BaseModel):
     truncate: bool = False
     normalize: bool = Field(False, description="L2-normalise sentence vectors (level 'sentence' only).")
     dtype: Literal["float32", "float16"] = "float32"
+    prompt: str = Field("", description="Text put before every text (an instruction), levels sentence/token.")
+    add_eos: bool = Field(False, description="Append the tokenizer's end-of-sequence token (pool 'last' reads it).")
     encoding: Literal["json", "base64"] = "json"
 
     def spec(self) -> EncodeSpec:
