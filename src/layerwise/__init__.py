@@ -1,4 +1,5 @@
-"""layerwise: every hidden layer of a transformer encoder as a first-class, fast, validated object.
+"""layerwise: every hidden layer of a transformer (any architecture, any PyTorch module) as a first-class, fast,
+validated object.
 
 Layer addressing: index 0 is the embeddings output, ``i`` in ``1..L`` the output of encoder layer ``i``,
 negative indices count from the end (the Hugging Face ``hidden_states`` convention).
@@ -25,13 +26,16 @@ from typing import Any
 from .capture import capture, record
 from .client import Client
 from .combine import COMBINE_MODES, LayerAttention, ScalarMix, combine
+from .discovery import MappingError
 from .engine import ExtractError, ExtractOptions, ExtractSummary, extract
 from .extractor import Extractor
 from .families import SUPPORTED_MODEL_TYPES
+from .layermap import LayerMap
 from .layers import SITES, resolve_layers
 from .loading import LoadedModel, ModelLoadError, default_model_path, load_model
 from .pipeline import Encoded
 from .pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
+from .positions import Positions
 from .readers import ReadOptions
 from .spec import LEVELS, EncodeSpec
 from .stack import LayerStack
@@ -61,10 +65,13 @@ __all__ = [
     "FeatureStore",
     "LEVELS",
     "LayerAttention",
+    "LayerMap",
     "LayerStack",
     "LoadedModel",
+    "MappingError",
     "ModelLoadError",
     "POOL_MODES",
+    "Positions",
     "ReadOptions",
     "SITES",
     "SUPPORTED_MODEL_TYPES",

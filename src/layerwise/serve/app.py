@@ -145,7 +145,7 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
         batcher.close()  # stop the worker thread when the server stops
 
     app = FastAPI(title="layerwise", version=__version__, lifespan=lifespan,
-                  description="Hidden layers of a BERT-family encoder as features, with dynamic batching.")
+                  description="Hidden layers of a transformer as features, with dynamic batching.")
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
     app.state.batcher, app.state.metrics, app.state.extractor = batcher, metrics, ex
 
