@@ -289,3 +289,11 @@ def test_readme_custom_module_example_runs_as_shown(capsys):
     printed = capsys.readouterr().out.splitlines()
     shown = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
     assert printed == shown
+
+
+def test_onnx_backend_names_what_it_exports(arch_extractors):
+    with pytest.raises(ValueError, match=r"backend='onnx' exports the BERT-family encoders of the family table; "
+                                         r"this llama model's layers were discovered at load: use backend='torch'"):
+        lw.Extractor(arch_extractors["llama"].loaded, backend="onnx")
+    with pytest.raises(ValueError, match=r"padding_side='left' needs backend='torch'"):
+        lw.Extractor(arch_extractors["bert"].loaded, backend="onnx", padding_side="left")
