@@ -44,8 +44,9 @@ def build(kind: str, root: Path, layers: int, width: int) -> Path:
                             bos_token_id=0, eos_token_id=0)
     else:
         config = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=width * 8 // 3,
-                             num_hidden_layers=layers, num_attention_heads=width // 64, num_key_value_heads=width // 128,
-                             max_position_embeddings=4096, bos_token_id=0, eos_token_id=0)
+                             num_hidden_layers=layers, num_attention_heads=width // 64,
+                             num_key_value_heads=width // 128, max_position_embeddings=4096, bos_token_id=0,
+                             eos_token_id=0)
     path = root / kind
     AutoModel.from_config(config).save_pretrained(path)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", model_max_length=1024).save_pretrained(path)
@@ -70,6 +71,34 @@ def by_hand(model, tokenizer, texts: list[str], batch: int = 32) -> list[torch.T
     return out
 
 
+def measure(path: Path, texts: list[str], repeats: int) -> tuple:
+    """(L, tokens, load layerwise, load transformers, cached load, all layers, by hand, layer L/4, layer L)."""
+    load_lw: list[float] = []
+    load_hf: list[float] = []
+    for _ in range(repeats):
+        discovery._cache.clear()  # a first load in a fresh process
+        best(lambda: lw.load_model(str(path), device="cpu"), load_lw)
+        best(lambda: (AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)), load_hf)
+    cached: list[float] = []
+    for _ in range(repeats):
+        best(lambda: lw.load_model(str(path), device="cpu"), cached)
+    ex = lw.Extractor(str(path), device="cpu")
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.pad_token = tok.eos_token
+    L = ex.num_layers
+    n_tokens = sum(len(ids) for ids in tok(texts)["input_ids"])
+    t_lw: list[float] = []
+    t_hand: list[float] = []
+    t_k: list[float] = []
+    t_full: list[float] = []
+    for _ in range(repeats):
+        best(lambda: ex.encode(texts, layers="all", combine="stack", pool="mean"), t_lw)
+        best(lambda: by_hand(ex.model, tok, texts), t_hand)
+        best(lambda: ex.encode(texts, layers=L // 4, pool="mean"), t_k)
+        best(lambda: ex.encode(texts, layers=L, pool="mean"), t_full)
+    return (L, n_tokens, min(load_lw), min(load_hf), min(cached), min(t_lw), min(t_hand), min(t_k), min(t_full))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layers", type=int, default=12)
@@ -81,37 +110,11 @@ def main(argv=None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("gpt2", "llama"):
-            path = build(kind, Path(tmp), args.layers, args.width)
-            load_lw: list[float] = []
-            load_hf: list[float] = []
-            for _ in range(args.repeats):
-                discovery._cache.clear()  # a first load in a fresh process
-                best(lambda: lw.load_model(str(path), device="cpu"), load_lw)
-                best(lambda: (AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)), load_hf)
-            cached: list[float] = []
-            for _ in range(args.repeats):
-                best(lambda: lw.load_model(str(path), device="cpu"), cached)
-            ex = lw.Extractor(str(path), device="cpu")
-            tok = AutoTokenizer.from_pretrained(path)
-            tok.pad_token = tok.eos_token
-            model = ex.model
-            L = ex.num_layers
-            n_tokens = sum(len(ids) for ids in tok(texts)["input_ids"])
-            t_lw: list[float] = []
-            t_hand: list[float] = []
-            t_k: list[float] = []
-            t_full: list[float] = []
-            for _ in range(args.repeats):
-                best(lambda: ex.encode(texts, layers="all", combine="stack", pool="mean"), t_lw)
-                best(lambda: by_hand(model, tok, texts), t_hand)
-                best(lambda: ex.encode(texts, layers=L // 4, pool="mean"), t_k)
-                best(lambda: ex.encode(texts, layers=L, pool="mean"), t_full)
-            rows.append((kind, L, n_tokens, min(load_lw), min(load_hf), min(cached), min(t_lw), min(t_hand), min(t_k),
-                         min(t_full)))
+            rows.append((kind, *measure(build(kind, Path(tmp), args.layers, args.width), texts, args.repeats)))
     print(f"Random {args.layers}-layer, width-{args.width} decoders, CPU fp32, {torch.get_num_threads()} threads, "
           f"{args.texts} texts, best of {args.repeats} alternating runs\n")
     print("| model | load: layerwise / transformers (first) | cached | all layers pooled: layerwise / by hand | "
-          f"layer L/4 / layer L |")
+          "layer L/4 / layer L |")
     print("|---|---|---|---|---|")
     for kind, L, n, lw_load, hf_load, cached_load, a, h, k, full in rows:
         print(f"| {kind} ({n:,} tokens) | {lw_load:.2f} s / {hf_load:.2f} s = {lw_load / hf_load:.2f}x | "
