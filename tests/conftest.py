@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices (the tests' own processes)
 
 import layerwise as lw  # noqa: E402
 from archs import ARCHS  # noqa: E402

@@ -21,6 +21,8 @@ HEAVY = {
     "seqeval",
     "onnxruntime",
     "tensorflow",
+    "keras",
+    "keras_hub",
     "ray",
     "pandas",
 }

@@ -143,7 +143,7 @@ def store_header(ex: Extractor, spec: EncodeSpec, input_path: str, fmt: str, rea
     return {
         "spec": spec.to_dict(),
         "model": {"name": lm.name, "fingerprint": ex.fingerprint(), "family": lm.architecture,
-                  "num_layers": ex.num_layers, "hidden_size": ex.hidden_size},
+                  "num_layers": ex.num_layers, "hidden_size": ex.hidden_size, "backend": ex.backend.name},
         "tokenizer": {"class": type(tok).__name__, "vocab_size": len(tok), "max_length": ex.max_length,
                       "stride": ex.stride, "do_lower_case": getattr(tok, "do_lower_case", None)},
         "input": {**reading.to_dict(), "path": os.path.abspath(input_path) if input_path != "-" else "-",

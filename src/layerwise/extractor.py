@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import torch
 from torch import nn
 
-from .backends import Backend, backend_class
+from .backends import Backend, backend_class, detect_backend
 from .combine import combine as combine_layers
 from .layers import LayerSpec
 from .loading import LoadedModel
@@ -76,8 +76,13 @@ class Extractor:
         sort_by_length: sort rows by length before batching (faster; results are identical either way).
         revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
             opt-in because they run code from the checkpoint).
-        backend: ``torch`` (default) or ``onnx`` (ONNX Runtime on CPU, block site, the BERT families; the graph is
-            exported once per layer choice and cached under ``onnx_cache``, default ``~/.cache/layerwise/onnx``).
+        backend: ``torch``, ``onnx`` (ONNX Runtime on CPU, block site, the BERT families; the graph is exported once
+            per layer choice and cached under ``onnx_cache``, default ``~/.cache/layerwise/onnx``), ``keras`` (a
+            keras-hub backbone: a preset directory, or a Hugging Face directory converted on load) or ``tf`` (a TF Hub
+            BERT SavedModel); default: ``keras`` for a keras-hub preset directory, ``tf`` for a SavedModel, else
+            ``torch``. ``keras`` and ``tf`` need ``pip install 'layerwise[tf]'``.
+        tokenizer: ``backend="tf"`` only: a directory holding the SavedModel's Hugging Face tokenizer, when the
+            SavedModel directory has none.
         layers: the module path of the layer list (``"model.layers"``) for a model whose layers are not found
             automatically; verified against ``output_hidden_states`` at load.
         padding_side: ``"right"`` (default) or ``"left"`` (the decoder embedding-model convention); both give the
@@ -99,18 +104,26 @@ class Extractor:
         revision: str | None = None,
         allow_pickle: bool = False,
         trust_remote_code: bool = False,
-        backend: str = "torch",
+        backend: str | None = None,
         onnx_cache: str | os.PathLike | None = None,
         layers: str | None = None,
         padding_side: str = "right",
+        tokenizer: str | os.PathLike | None = None,
     ):
+        if backend is None:
+            backend = "torch" if isinstance(model, (LoadedModel, Backend)) else detect_backend(model)
         options: dict[str, Any] = {"cache": onnx_cache} if backend == "onnx" else {}
+        if tokenizer is not None:
+            if backend != "tf":
+                raise ValueError(f"tokenizer= goes with backend='tf' (a SavedModel without its tokenizer); the "
+                                 f"{backend} backend reads the model directory's own tokenizer")
+            options["tokenizer"] = tokenizer
         if backend == "torch":
             options["padding_side"] = padding_side
         elif padding_side != "right":
             raise ValueError(f"padding_side={padding_side!r} needs backend='torch' (backend={backend!r} pads right)")
         if isinstance(model, Backend):
-            self.backend = model
+            self.backend: Backend = model
         elif isinstance(model, LoadedModel):
             self.backend = backend_class(backend)(model, **options)
         else:
@@ -204,6 +217,11 @@ class Extractor:
     def hidden_size(self) -> int:
         """Width of the ``block`` site."""
         return self.loaded.hidden_size
+
+    @property
+    def first_layer(self) -> int:
+        """0, or 1 for a backend that does not expose the embeddings (a TF Hub SavedModel)."""
+        return self.backend.first_layer
 
     @property
     def sites(self) -> tuple[str, ...]:

@@ -211,6 +211,12 @@ class EncodeSpec:
         """
         given = list(self.layers) if isinstance(self.layers, tuple) else self.layers  # messages show the user's list
         layers = resolve_layers(given, model.num_layers)
+        if 0 in layers and getattr(model, "first_layer", 0) > 0:
+            raise ValueError(
+                f"layer 0 (the embeddings) is not an output of this model's backend (its layers are "
+                f"1..{model.num_layers}: a TF Hub BERT SavedModel returns encoder_outputs only); drop layer 0, e.g. "
+                f"layers='1:' or layers=-1"
+            )
         site = validate_site(self.site, layers)
         if site not in model.sites:
             raise ValueError(

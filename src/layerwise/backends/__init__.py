@@ -12,19 +12,42 @@ name        runtime                                                      sites
             architecture (the layer map of :mod:`layerwise.layermap`)    pre_ln (those the model has)
 ``onnx``    ONNX Runtime (CPU): the encoder exported up to the deepest   block
             requested layer, cached on disk
+``keras``   Keras 3 / keras-hub backbones (a preset directory, or a      block
+            Hugging Face directory converted on load); a functional
+            sub-model ends at the deepest requested layer
+``tf``      a TensorFlow SavedModel in the TF Hub BERT interface         block (layers 1..L unless it
+            (``encoder_outputs``); the whole graph runs                  returns ``embedding_output``)
 ==========  ===========================================================  ==================================
+
+``keras`` and ``tf`` need the optional extra ``layerwise[tf]``; their modules import TensorFlow only when a model is
+loaded with them. :func:`detect_backend` picks ``keras`` for a keras-hub preset directory and ``tf`` for a
+SavedModel directory, ``torch`` otherwise.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..loading import LoadedModel
 from .base import Backend
+from .keras import KerasBackend, is_keras_preset
 from .ort import OnnxBackend
 from .pytorch import TorchBackend
+from .savedmodel import SavedModelBackend, is_saved_model
 
-BACKENDS: dict[str, type[Backend]] = {"torch": TorchBackend, "onnx": OnnxBackend}
+BACKENDS: dict[str, type[Backend]] = {"torch": TorchBackend, "onnx": OnnxBackend, "keras": KerasBackend,
+                                      "tf": SavedModelBackend}
+
+
+def detect_backend(model: object) -> str:
+    """``"keras"`` for a keras-hub preset directory, ``"tf"`` for a SavedModel directory, else ``"torch"``."""
+    if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
+        if is_saved_model(model):
+            return "tf"
+        if is_keras_preset(model):
+            return "keras"
+    return "torch"
 
 
 def backend_class(name: object) -> type[Backend]:
@@ -39,4 +62,5 @@ def create_backend(name: str, loaded: LoadedModel, **options: Any) -> Backend:
     return backend_class(name)(loaded, **options)
 
 
-__all__ = ["BACKENDS", "Backend", "OnnxBackend", "TorchBackend", "backend_class", "create_backend"]
+__all__ = ["BACKENDS", "Backend", "KerasBackend", "OnnxBackend", "SavedModelBackend", "TorchBackend", "backend_class",
+           "create_backend", "detect_backend"]

@@ -75,6 +75,11 @@ class Backend(ABC):
         return self.loaded.dtype
 
     @property
+    def first_layer(self) -> int:
+        """The lowest layer index this backend can give: 0 (the embeddings), or 1 for a model that hides them."""
+        return 0
+
+    @property
     def model_sites(self) -> tuple[str, ...]:
         """The sites this backend can record on this model: its :attr:`sites` that the model has."""
         return tuple(s for s in self.sites if s in self.loaded.site_widths)

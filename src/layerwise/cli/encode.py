@@ -93,7 +93,7 @@ def encode(
     dtype: Optional[str] = DtypeOpt,
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
-    backend: str = BackendOpt,
+    backend: Optional[str] = BackendOpt,
     layer_modules: Optional[str] = LayerModulesOpt,
     padding_side: str = PaddingSideOpt,
     prompt: str = PromptOpt,

@@ -81,7 +81,7 @@ def extract(
     ),
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
-    backend: str = BackendOpt,
+    backend: Optional[str] = BackendOpt,
     layer_modules: Optional[str] = LayerModulesOpt,
     padding_side: str = PaddingSideOpt,
     prompt: str = PromptOpt,

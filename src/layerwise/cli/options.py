@@ -38,9 +38,11 @@ AllowPickleOpt = typer.Option(
     help="Also load pickle checkpoints. RISK: unpickling can run arbitrary code; trusted files only.",
 )
 BackendOpt = typer.Option(
-    "torch",
+    None,
     "--backend",
-    help="torch (default) or onnx (ONNX Runtime, CPU, block site; exported once and cached).",
+    help="torch, onnx (ONNX Runtime, CPU, block site; exported once and cached), keras (keras-hub backbone) or tf "
+    "(TF Hub BERT SavedModel); default: keras for a keras-hub preset, tf for a SavedModel, else torch. keras and tf "
+    "need pip install 'layerwise[tf]'.",
 )
 TrustCodeOpt = typer.Option(
     False,

@@ -19,7 +19,7 @@ def serve(
     max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", help="Largest request body (larger: 413)."),
     device: Optional[str] = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
-    backend: str = BackendOpt,
+    backend: Optional[str] = BackendOpt,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve POST /v1/encode, GET /v1/model, /health, /metrics and OpenAPI docs at /docs."""

@@ -171,7 +171,7 @@ def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train:
 def _predict(clf: SequenceClassifier, split: _Split, per_layer: bool = False, batch: int = 512) -> torch.Tensor:
     """Predicted indices ``[n]`` (``per_layer=True``: ``[n, K]``, each layer's own classifier)."""
     clf.head.eval()
-    clf.extractor.model.eval()
+    encoder_mode(clf.extractor, training=False)
     out = []
     with torch.inference_mode():
         for start in range(0, len(split), batch):
@@ -226,6 +226,11 @@ def train(
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     ex = extractor or Extractor(config.model, device=opts.device, max_length=config.max_length)
+    if config.mode == "finetune" and ex.backend.name != "torch":
+        raise ValueError(
+            f"mode='finetune' trains the encoder's weights, which needs backend='torch'; this encoder runs on "
+            f"backend={ex.backend.name!r}: use mode='frozen' (its features are cached) or the torch backend"
+        )
     if config.model is None and ex.loaded.name != DEFAULT_MODEL_NAME:
         config.model = ex.loaded.name  # the saved model must name the encoder it was trained with
     if config.model is not None and Path(config.model).expanduser().is_dir():
@@ -252,6 +257,12 @@ def train(
     return result
 
 
+def encoder_mode(ex: Extractor, *, training: bool) -> None:
+    """Put a PyTorch encoder in train or eval mode (a TensorFlow/Keras encoder is only ever run for inference)."""
+    if isinstance(ex.model, torch.nn.Module):
+        ex.model.train(training)
+
+
 def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions, gen: torch.Generator,
          say: Callable[[str], None], show: bool) -> tuple[list[dict[str, Any]], int]:
     """The epoch loop with early stopping; leaves ``clf`` at its best epoch. Returns the log and the best epoch."""
@@ -268,7 +279,7 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
     for epoch in range(1, opts.epochs + 1):
         t_epoch = time.perf_counter()
         clf.head.train()
-        ex.model.train(config.mode == "finetune")
+        encoder_mode(ex, training=config.mode == "finetune")
         order = torch.randperm(len(tr), generator=gen)
         total, seen = 0.0, 0
         steps = range(0, len(tr), opts.batch_size)
@@ -303,7 +314,7 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
     clf.head.load_state_dict(best_state[0])
     if best_state[1] is not None:
         ex.model.load_state_dict(best_state[1])
-    ex.model.eval()
+    encoder_mode(ex, training=False)
     clf.head.eval()
     return history, best_epoch
 

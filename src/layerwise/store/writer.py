@@ -40,7 +40,7 @@ from .layout import (
 )
 
 OpenState = Literal["new", "resume", "complete"]
-PROVENANCE_ONLY = {"model": ("name", "hidden_size"), "input": ("path",)}  # recorded, not compared on resume
+PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path",)}  # recorded, not compared on resume
 
 
 def identity(header: dict[str, Any]) -> dict[str, Any]:
