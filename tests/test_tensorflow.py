@@ -81,6 +81,7 @@ def test_tfhub_saved_model_equals_the_model_it_was_built_from(default_extractor,
     assert tf_ex.backend.name == "tf" and tf_ex.first_layer == 1
     worst, cos = _agree(default_extractor, tf_ex, varied(seed=1), "1:")
     assert worst <= 2e-3 and cos >= 0.9999, (worst, cos)
+    assert worst <= 1e-4  # built with the exact GELU: the same computation
 
 
 def test_tfhub_layer_0_is_refused_unless_the_model_returns_it(tf_ex, tiny_dirs, tiny_extractors, tmp_path):
@@ -210,6 +211,8 @@ def test_tf_backends_refuse_what_they_cannot_do(tiny_dirs, saved_model):
         lw.Extractor(backend="keras", dtype="float16")
     with pytest.raises(lw.ModelLoadError, match=r"backend='tf' loads a TensorFlow SavedModel directory"):
         lw.Extractor(str(tiny_dirs["bert"]), backend="tf")
+    with pytest.raises(ValueError, match=r"backend='tf' loads its own model: pass the SavedModel directory"):
+        lw.Extractor(lw.Extractor().loaded, backend="tf")
     with pytest.raises(ValueError, match=r"tokenizer= goes with backend='tf'"):
         lw.Extractor(str(tiny_dirs["bert"]), tokenizer=str(tiny_dirs["bert"]))
     with pytest.raises(ValueError, match=r"site 'attention' is not available for this model with this backend"):

@@ -10,6 +10,7 @@ encoders do. Its vocabulary goes to ``assets/vocab.txt``, where TF Hub models ke
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 
@@ -31,7 +32,9 @@ def keras_preset(hf_dir: Path, out: Path) -> Path:
     import keras_hub
 
     backbone = keras_hub.models.BertBackbone.from_preset(str(hf_dir))
-    backbone.save_to_preset(str(out))
+    with warnings.catch_warnings():  # keras' h5 writer trips numpy 2's __array__(copy=) deprecation notice
+        warnings.simplefilter("ignore", DeprecationWarning)
+        backbone.save_to_preset(str(out))
     vocab = write_vocab(hf_dir, out.parent / f"{out.name}-vocab.txt")
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=str(vocab), lowercase=True)
     tokenizer.save_to_preset(str(out))

@@ -129,6 +129,9 @@ class KerasBackend(Backend):
     sites = ("block",)
 
     def __init__(self, loaded: LoadedModel):
+        if isinstance(loaded.model, torch.nn.Module):
+            raise ValueError("backend='keras' loads its own model: pass the model directory (a keras-hub preset or a "
+                             "Hugging Face directory), not an already loaded PyTorch model")
         super().__init__(loaded)
         self.keras, _ = require_keras()
         self.backbone = cast(Any, loaded.model)  # a Keras model, held where torch backends hold their module

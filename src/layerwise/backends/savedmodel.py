@@ -80,6 +80,9 @@ class SavedModelBackend(Backend):
     sites = ("block",)
 
     def __init__(self, loaded: LoadedModel, *, has_embeddings: bool = False):
+        if isinstance(loaded.model, torch.nn.Module):
+            raise ValueError("backend='tf' loads its own model: pass the SavedModel directory, not an already loaded "
+                             "PyTorch model")
         super().__init__(loaded)
         self.tf = require_tf()
         self.encoder = cast(Any, loaded.model)  # the restored SavedModel object
