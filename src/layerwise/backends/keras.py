@@ -35,7 +35,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -129,12 +129,13 @@ class KerasBackend(Backend):
     sites = ("block",)
 
     def __init__(self, loaded: LoadedModel):
-        if isinstance(loaded.model, torch.nn.Module):
+        model: Any = loaded.model  # a Keras model, held where torch backends hold their module
+        if isinstance(model, torch.nn.Module):
             raise ValueError("backend='keras' loads its own model: pass the model directory (a keras-hub preset or a "
                              "Hugging Face directory), not an already loaded PyTorch model")
         super().__init__(loaded)
         self.keras, _ = require_keras()
-        self.backbone = cast(Any, loaded.model)  # a Keras model, held where torch backends hold their module
+        self.backbone = model
         self.blocks = block_layers(self.backbone)
         self.input_names = [t.name for t in self.backbone.inputs]
         self._subs: dict[tuple[int, ...], Any] = {}

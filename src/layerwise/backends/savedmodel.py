@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -80,12 +80,13 @@ class SavedModelBackend(Backend):
     sites = ("block",)
 
     def __init__(self, loaded: LoadedModel, *, has_embeddings: bool = False):
-        if isinstance(loaded.model, torch.nn.Module):
+        model: Any = loaded.model  # the restored SavedModel object
+        if isinstance(model, torch.nn.Module):
             raise ValueError("backend='tf' loads its own model: pass the SavedModel directory, not an already loaded "
                              "PyTorch model")
         super().__init__(loaded)
         self.tf = require_tf()
-        self.encoder = cast(Any, loaded.model)  # the restored SavedModel object
+        self.encoder = model
         self.has_embeddings = has_embeddings
 
     @property
