@@ -209,6 +209,9 @@ def test_without_the_extra_the_error_says_what_to_install(monkeypatch):
 def test_tf_backends_refuse_what_they_cannot_do(tiny_dirs, saved_model):
     with pytest.raises(ValueError, match=r"backend='keras' runs float32 on the CPU .* dtype='float16'"):
         lw.Extractor(backend="keras", dtype="float16")
+    with pytest.raises(lw.ModelLoadError, match=r"keras-hub cannot load .*deberta-v2.* as a backbone .*no converter.*"
+                                                r"use backend='torch' for this one"):
+        lw.Extractor(str(tiny_dirs["deberta-v2"]), backend="keras")
     with pytest.raises(lw.ModelLoadError, match=r"backend='tf' loads a TensorFlow SavedModel directory"):
         lw.Extractor(str(tiny_dirs["bert"]), backend="tf")
     with pytest.raises(ValueError, match=r"backend='tf' loads its own model: pass the SavedModel directory"):

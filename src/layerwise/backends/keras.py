@@ -169,9 +169,12 @@ class KerasBackend(Backend):
         path = _local_dir(model)
         try:
             backbone = keras_hub.models.Backbone.from_preset(str(path))
-        except (ValueError, KeyError, OSError) as exc:
+        except Exception as exc:  # keras-hub's converters raise many kinds (SafetensorError, KeyError, ValueError...)
+            reason = str(exc).splitlines()[0] if str(exc) else repr(exc)
             raise ModelLoadError(
-                f"keras-hub cannot load {str(path)!r} as a backbone: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+                f"keras-hub cannot load {str(path)!r} as a backbone ({type(exc).__name__}: {reason}). Its converters "
+                f"read Hugging Face checkpoints of the architectures keras-hub implements, as saved by their full "
+                f"model classes; use backend='torch' for this one"
             ) from None
         blocks = block_layers(backbone)
         if not blocks:
