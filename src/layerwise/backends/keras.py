@@ -139,6 +139,7 @@ class KerasBackend(Backend):
         self.blocks = block_layers(self.backbone)
         self.input_names = [t.name for t in self.backbone.inputs]
         self._subs: dict[tuple[int, ...], Any] = {}
+        self._runners: dict[tuple[int, ...], Any] = {}
 
     @classmethod
     def load(
@@ -225,6 +226,20 @@ class KerasBackend(Backend):
             self._subs[key] = self.keras.Model(self.backbone.inputs, outputs, name=f"layerwise_layers_{max(key)}")
         return self._subs[key]
 
+    def runner(self, layers: Sequence[int]) -> Any:
+        """The sub-model as one traced graph on the TensorFlow backend (``tf.function`` with shape relaxation, so
+        batches of new shapes do not retrace each time); the sub-model itself on other Keras backends."""
+        key = tuple(sorted(set(layers)))
+        if key not in self._runners:
+            sub = self.submodel(key)
+            if self.keras.backend.backend() == "tensorflow":
+                import tensorflow as tf
+
+                self._runners[key] = tf.function(lambda feed: sub(feed, training=False), reduce_retracing=True)
+            else:
+                self._runners[key] = lambda feed: sub(feed, training=False)
+        return self._runners[key]
+
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
     ) -> torch.Tensor:
@@ -233,7 +248,7 @@ class KerasBackend(Backend):
         ids = input_ids.cpu().numpy().astype(np.int32)
         feed = {"token_ids": ids, "padding_mask": attention_mask.cpu().numpy().astype(np.int32),
                 "segment_ids": np.zeros_like(ids)}
-        outs = self.submodel(key)({k: v for k, v in feed.items() if k in self.input_names}, training=False)
+        outs = self.runner(key)({k: v for k, v in feed.items() if k in self.input_names})
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         by_layer = {i: torch.from_numpy(np.asarray(_numpy(self.keras, o), dtype=np.float32)) for i, o in zip(key, outs)}
         return torch.stack([by_layer[i] for i in layers])
