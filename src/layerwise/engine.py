@@ -68,6 +68,10 @@ class ExtractOptions:
         strict: stop at the first bad record (``ExtractError`` with its line and reason) instead of skipping it.
         overwrite: replace a store made with other options.
         progress: show a progress bar (default: when stderr is a terminal).
+        num_shards, shard_index: process only part ``shard_index`` of ``num_shards`` of the input: the records whose
+            number in the input (counting bad ones, from 0) is ``shard_index`` modulo ``num_shards``. Stable across
+            reruns, so each part resumes alone and any scheduler (Slurm arrays, Kubernetes jobs, Spark) can run the
+            parts; ``layerwise merge`` (:func:`layerwise.store.merge_stores`) joins them in input order.
     """
 
     batch_tokens: int | None = None
@@ -76,13 +80,21 @@ class ExtractOptions:
     strict: bool = False
     overwrite: bool = False
     progress: bool | None = None
+    num_shards: int = 1
+    shard_index: int = 0
 
     def __post_init__(self) -> None:
-        given = {k: getattr(self, k) for k in ("max_records", "shard_records", "batch_tokens")}
+        given = {k: getattr(self, k) for k in ("max_records", "shard_records", "batch_tokens", "num_shards")}
         try:
             positive_ints(**{k: v for k, v in given.items() if v is not None})
         except ValueError as exc:
             raise ExtractError(str(exc)) from None
+        index = self.shard_index
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_shards:
+            raise ExtractError(
+                f"shard_index={index!r} must be an int in 0..{self.num_shards - 1} (one part of num_shards="
+                f"{self.num_shards}); run one command per index"
+            )
 
 
 @dataclass
@@ -305,9 +317,12 @@ class _Run:
         limit, w = self.options.max_records, self.writer
         if limit is not None and w.done_records >= limit:
             return
-        for item in items:
+        parts, part = self.options.num_shards, self.options.shard_index
+        for number, item in enumerate(items):
             if self.stdin is not None:
                 self.stdin.add(item)
+            if number % parts != part:
+                continue  # another part's record (--num-shards/--shard-index)
             if item.line <= w.resume_line:
                 continue  # finished before the interruption
             if isinstance(item, BadRecord):
@@ -418,6 +433,8 @@ def extract(
                            f"default") from None
     spec = spec.resolve(ex)
     header = store_header(ex, spec, input_path, fmt, reading)
+    if options.num_shards > 1:  # a part store: merged with its siblings by `layerwise merge`
+        header["part"] = {"index": options.shard_index, "of": options.num_shards}
     # Start reading before touching the store: header and --keep problems must not leave a store behind.
     # stdin has no file to hash beforehand: its bytes are hashed as they stream, its records as they pass
     stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if input_path == "-" else None

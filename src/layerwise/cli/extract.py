@@ -66,6 +66,12 @@ def extract(
         None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."
     ),
     max_records: Optional[int] = typer.Option(None, "--max-records", help="Stop after this many records in the store."),
+    num_shards: int = typer.Option(
+        1, "--num-shards", help="Split the input into N parts (record number modulo N); run one command per part."
+    ),
+    shard_index: int = typer.Option(
+        0, "--shard-index", help="Which part this run extracts (0..N-1); join the parts with layerwise merge."
+    ),
     shard_records: Optional[int] = typer.Option(
         None, "--shard-records", help="Records per shard (default: ~32 MB of features)."
     ),
@@ -103,7 +109,8 @@ def extract(
         reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
         detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
-                                 strict=strict, overwrite=overwrite, progress=False if quiet else None)
+                                 strict=strict, overwrite=overwrite, progress=False if quiet else None,
+                                 num_shards=num_shards, shard_index=shard_index)
         ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend,
                        layers=layer_modules, padding_side=padding_side)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)

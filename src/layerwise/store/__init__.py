@@ -9,10 +9,11 @@ and :func:`export` to convert one.
 
 from .export import EXPORT_FORMATS, export
 from .layout import FORMAT_VERSION, STORE_DTYPES, StoreError, StoreFullError
+from .merge import MergeSummary, check_parts, merge_stores
 from .reader import FeatureStore, open_store
 from .writer import StoreWriter
 
 __all__ = [
-    "EXPORT_FORMATS", "FORMAT_VERSION", "FeatureStore", "STORE_DTYPES", "StoreError", "StoreFullError", "StoreWriter",
-    "export", "open_store",
+    "EXPORT_FORMATS", "FORMAT_VERSION", "FeatureStore", "MergeSummary", "STORE_DTYPES", "StoreError", "StoreFullError",
+    "StoreWriter", "check_parts", "export", "merge_stores", "open_store",
 ]

@@ -45,7 +45,7 @@ PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path"
 
 def identity(header: dict[str, Any]) -> dict[str, Any]:
     """The part of a header that a resume must match (``header`` minus :data:`PROVENANCE_ONLY` fields)."""
-    out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input")}
+    out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input", "part")}
     source = out.get("input") or {}
     if source.get("path") == "-":  # a stream is hashed as it is read: the engine checks it against the record
         for key in ("sha256", "bytes"):

@@ -1,0 +1,194 @@
+"""Join the part stores of a sharded extraction into one store, in input order, after checking they belong together.
+
+``layerwise extract ... --num-shards N --shard-index I`` writes part ``I`` of ``N``: the records whose number in the
+input is ``I`` modulo ``N``, each part a complete store of its own whose manifest says ``"part": {"index": I, "of":
+N}``. :func:`merge_stores` takes every part and writes one ordinary store, as a plain run would have written it:
+
+* the parts must be complete, all ``N`` of them, each index once, made from the same input (sha256), model
+  (weights fingerprint), tokenizer and spec; anything else is refused, naming the part and the difference;
+* records are interleaved back by their input line (each part is in line order), so ``store[i]`` is the ``i``-th
+  good record of the input, with its features, token ids, words and kept columns;
+* the error logs are joined in line order.
+
+Per-shard token counts are not kept per record, so the merged shards share each part shard's count among its
+records (the store's total is exact). The merge reads and writes stores only; nothing is recomputed.
+
+Example::
+
+    >>> merge_stores(["feats-0", "feats-1", "feats-2"], "feats")
+    MergeSummary(parts=3, records=2997, skipped=3, shards=1)
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..provenance import differences
+from .layout import ERRORS, FORMAT, MANIFEST, STORE_DTYPES, StoreError, atomic_write_bytes, read_json
+from .reader import FeatureStore
+from .writer import StoreWriter, identity
+
+MANIFEST_ONLY = ("format", "format_version", "layerwise_version", "created", "updated", "status", "counts", "shards",
+                 "part")
+RECORDS_PER_SHARD = 4096
+
+
+@dataclass
+class MergeSummary:
+    """What a merge wrote."""
+
+    parts: int
+    records: int
+    skipped: int
+    shards: int
+
+
+def _header(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in manifest.items() if k not in MANIFEST_ONLY}
+
+
+def check_parts(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """The manifests of ``paths`` in part order, after checking they are the ``N`` complete parts of one run.
+
+    Raises:
+        StoreError: a path that is not a store, an incomplete part, a part index missing or given twice, or parts
+            made with different inputs, models or options (naming the part and the difference).
+    """
+    if not paths:
+        raise StoreError("merge needs the part stores of one sharded run (layerwise extract --num-shards N ...)")
+    found: dict[int, tuple[str, dict[str, Any]]] = {}
+    total = None
+    for path in paths:
+        mpath = Path(path) / MANIFEST
+        if not mpath.is_file():
+            raise StoreError(f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST})")
+        manifest = read_json(mpath)
+        if manifest.get("format") != FORMAT:
+            raise StoreError(f"{os.fspath(path)!r} is not a layerwise store")
+        part = manifest.get("part")
+        if not isinstance(part, dict):
+            raise StoreError(f"{os.fspath(path)!r} is a whole store, not a part of a sharded run (no 'part' in its "
+                             f"manifest); merge takes the stores written with --num-shards/--shard-index")
+        if manifest.get("status") != "complete":
+            raise StoreError(f"part {part['index']} ({os.fspath(path)!r}) is {manifest.get('status')}: rerun its "
+                             f"extract command to finish it, then merge")
+        if total is not None and part["of"] != total:
+            raise StoreError(f"{os.fspath(path)!r} is part {part['index']} of {part['of']}, the others of {total}")
+        total = int(part["of"])
+        if part["index"] in found:
+            raise StoreError(f"part {part['index']} is given twice: {found[part['index']][0]!r} and "
+                             f"{os.fspath(path)!r}")
+        first = next(iter(found.values()), None)
+        if first is not None:
+            diffs = differences(identity(_header(first[1])), identity(_header(manifest)))
+            if diffs:
+                raise StoreError(f"{os.fspath(path)!r} does not belong with {first[0]!r}: "
+                                 f"{'; '.join(d.replace('store:', 'first part:') for d in diffs)}")
+        found[int(part["index"])] = (os.fspath(path), manifest)
+    missing = sorted(set(range(total or 0)) - set(found))
+    if missing:
+        raise StoreError(f"parts {missing} of {total} are missing; give every part of the run")
+    return [found[i][1] | {"path": found[i][0]} for i in range(total or 0)]
+
+
+def _records(store: FeatureStore, path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line, record)`` of one part, in order: features rows, token ids, words, kept columns, its token share."""
+    lines = store.lines
+    level = store.spec.level
+    names = store.columns
+    columns = {name: store.column(name) for name in names}
+    shards = store.manifest["shards"]
+    shares: list[int] = []
+    for s in shards:  # a shard's token count shared among its records (exact in total)
+        q, r = divmod(int(s["tokens"]), int(s["records"]))
+        shares += [q + (1 if k < r else 0) for k in range(int(s["records"]))]
+    for i in range(len(store)):
+        yield int(lines[i]), {
+            "features": store[i],
+            "token_ids": store.token_ids(i) if level == "token" else None,
+            "words": store.words(i) if level == "word" else None,
+            "columns": {name: columns[name][i] for name in names},
+            "tokens": shares[i],
+            "part": path,
+        }
+
+
+def _shard(batch: list[tuple[int, dict[str, Any]]], level: str, dtype: Any, names: list[str]
+           ) -> tuple[dict[str, np.ndarray], dict[str, str], int]:
+    lines = np.array([line for line, _ in batch], dtype=np.int64)
+    feats = [np.asarray(r["features"], dtype=dtype) for _, r in batch]
+    tensors: dict[str, np.ndarray] = {"lines": lines}
+    if level == "sentence":
+        tensors["features"] = np.stack([f.reshape(-1) for f in feats])
+    else:
+        tensors["features"] = np.concatenate(feats)
+        tensors["offsets"] = np.concatenate([[0], np.cumsum([f.shape[0] for f in feats])]).astype(np.int64)
+        if level == "token":
+            tensors["token_ids"] = np.concatenate([np.asarray(r["token_ids"], dtype=np.int32) for _, r in batch])
+    tokens = sum(r["tokens"] for _, r in batch)
+    meta = {"tokens": str(tokens)}
+    if names:
+        meta["columns"] = json.dumps({n: [r["columns"][n] for _, r in batch] for n in names}, ensure_ascii=False)
+    if level == "word":
+        meta["words"] = json.dumps([r["words"] for _, r in batch], ensure_ascii=False)
+    return tensors, meta, tokens
+
+
+def merge_stores(
+    parts: Sequence[str | os.PathLike], output: str | os.PathLike, *, overwrite: bool = False,
+    records_per_shard: int = RECORDS_PER_SHARD,
+) -> MergeSummary:
+    """Write the parts of a sharded extraction as one store at ``output``, in input order (see the module docstring).
+
+    Args:
+        parts: the part stores (any order).
+        output: the merged store's directory (new, or a store of the same run to replace with ``overwrite``).
+        overwrite: replace a store made with other options at ``output``.
+        records_per_shard: records per shard of the merged store.
+
+    Raises:
+        StoreError: parts that do not belong together (see :func:`check_parts`), or an output that is not a new
+            directory or a store.
+    """
+    manifests = check_parts(parts)
+    header = _header(manifests[0])
+    header.pop("path", None)
+    if Path(output).resolve() in {Path(m["path"]).resolve() for m in manifests}:
+        raise StoreError(f"the merged store {os.fspath(output)!r} cannot be one of its parts; give a new directory")
+    writer = StoreWriter(output, header)
+    if writer.open(overwrite=overwrite) == "complete":
+        return MergeSummary(len(manifests), writer.done_records, int(writer.manifest["counts"].get("skipped", 0)),
+                            len(writer.shards))
+    if writer.shards:  # an interrupted merge restarts from nothing: merging is cheap next to extracting
+        writer = StoreWriter(output, header)
+        writer.open(overwrite=True)
+    stores = [FeatureStore(m["path"]) for m in manifests]
+    level = stores[0].spec.level
+    dtype = STORE_DTYPES[stores[0].spec.dtype]
+    names = stores[0].columns
+    merged = heapq.merge(*(_records(s, m["path"]) for s, m in zip(stores, manifests)), key=lambda item: item[0])
+    batch: list[tuple[int, dict[str, Any]]] = []
+    for item in merged:
+        batch.append(item)
+        if len(batch) >= records_per_shard:
+            tensors, meta, tokens = _shard(batch, level, dtype, names)
+            writer.write_shard(tensors, meta, tokens=tokens)
+            batch = []
+    if batch:
+        tensors, meta, tokens = _shard(batch, level, dtype, names)
+        writer.write_shard(tensors, meta, tokens=tokens)
+    errors = sorted((e for s in stores for e in s.errors), key=lambda e: int(e.get("line", 0)))
+    text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in errors)
+    atomic_write_bytes(Path(output) / ERRORS, text.encode("utf-8"))
+    writer.write_manifest("complete", len(errors))
+    return MergeSummary(len(manifests), writer.done_records, len(errors), len(writer.shards))
+
+
+__all__ = ["MergeSummary", "check_parts", "merge_stores"]
