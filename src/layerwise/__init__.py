@@ -42,13 +42,13 @@ from .stack import LayerStack
 from .store import FeatureStore, open_store
 from .version import __version__
 
-_SUBPACKAGES = ("heads", "probe")
+_SUBPACKAGES = {"heads": ".heads", "probe": ".probe", "ray": ".engines.ray"}
 
 
 def __getattr__(name: str) -> Any:
     """``lw.heads`` and ``lw.probe`` (training stacks) are imported on first use, keeping ``import layerwise`` light."""
     if name in _SUBPACKAGES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(_SUBPACKAGES[name], __name__)
     raise AttributeError(f"module 'layerwise' has no attribute {name!r}")
 
 

@@ -72,6 +72,12 @@ def extract(
     shard_index: int = typer.Option(
         0, "--shard-index", help="Which part this run extracts (0..N-1); join the parts with layerwise merge."
     ),
+    engine: str = typer.Option("local", "--engine", help="local (this process) or ray (Ray cluster; layerwise[ray])."),
+    num_workers: int = typer.Option(2, "--num-workers", help="--engine ray: actors, each loading the model once."),
+    gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="--engine ray: GPUs per actor."),
+    cpus_per_worker: int = typer.Option(1, "--cpus-per-worker", help="--engine ray: CPUs (torch threads) per actor."),
+    parts: int = typer.Option(32, "--parts", help="--engine ray: parts the input is split into (keep it to resume)."),
+    address: Optional[str] = typer.Option(None, "--address", help="--engine ray: a running cluster (ray.init)."),
     shard_records: Optional[int] = typer.Option(
         None, "--shard-records", help="Records per shard (default: ~32 MB of features)."
     ),
@@ -111,6 +117,19 @@ def extract(
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
                                  strict=strict, overwrite=overwrite, progress=False if quiet else None,
                                  num_shards=num_shards, shard_index=shard_index)
+        if engine not in ("local", "ray"):
+            raise ValueError(f"unknown --engine {engine!r}. Valid engines are: local, ray")
+        if engine == "ray":
+            from ..engines import ray as lray
+
+            done = lray.extract(input, output, spec, model=model, device=device, reading=reading, options=options,
+                                num_workers=num_workers, cpus_per_worker=cpus_per_worker,
+                                gpus_per_worker=gpus_per_worker, parts=parts, address=address)
+            if not quiet:
+                err_console.print(f"ray: {done.parts} parts ({done.already_complete} already complete), "
+                                  f"{done.records:,} records, {done.skipped:,} skipped in {done.seconds:.1f}s -> "
+                                  f"{output}", highlight=False, soft_wrap=True)
+            return
         ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend,
                        layers=layer_modules, padding_side=padding_side)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
