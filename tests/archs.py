@@ -17,7 +17,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoModel, PreTrainedTokenizerFast
 
-from tiny import CORPUS, FAMILIES, HEADS, HIDDEN, INTER, LAYERS, MAXPOS
+from tiny import CORPUS, FAMILIES, HEADS, HIDDEN, INTER, LAYERS, MAXPOS, wordpiece
 from tiny import build as build_family
 
 
@@ -38,19 +38,6 @@ def _bpe(template: str | None) -> tuple[Tokenizer, dict]:
             single=template, special_tokens=[(n, tok.token_to_id(n)) for n in names]
         )
     return tok, dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>")  # no pad token: layerwise adds one
-
-
-def _wordpiece_like(cls: str, sep: str) -> tuple[Tokenizer, dict]:
-    specials = ["[PAD]", "[UNK]", cls, sep, "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))]
-    )
-    return tok, dict(pad_token="[PAD]", unk_token="[UNK]", cls_token=cls, sep_token=sep, mask_token="[MASK]")
 
 
 def _mpnet_tok() -> tuple[Tokenizer, dict]:
@@ -91,12 +78,12 @@ ARCHS: dict[str, tuple[str, Callable[[], tuple[Tokenizer, dict]], str, Callable[
     "mpnet": ("encoder", _mpnet_tok, "MPNetConfig",
               lambda t: dict(_C, max_position_embeddings=MAXPOS + 2,
                              **_ids(t, pad_token_id="<pad>", bos_token_id="<s>", eos_token_id="</s>")), "AutoModel"),
-    "modernbert": ("encoder", lambda: _wordpiece_like("[CLS]", "[SEP]"), "ModernBertConfig",
+    "modernbert": ("encoder", wordpiece, "ModernBertConfig",
                    lambda t: dict(_C, num_hidden_layers=3, global_attn_every_n_layers=2, local_attention=4,
                                   max_position_embeddings=MAXPOS,
                                   **_ids(t, pad_token_id="[PAD]", cls_token_id="[CLS]", sep_token_id="[SEP]",
                                          bos_token_id="[CLS]", eos_token_id="[SEP]")), "AutoModel"),
-    "deberta": ("encoder", lambda: _wordpiece_like("[CLS]", "[SEP]"), "DebertaConfig",
+    "deberta": ("encoder", wordpiece, "DebertaConfig",
                 lambda t: dict(_C, max_position_embeddings=MAXPOS, relative_attention=True, max_relative_positions=16,
                                pos_att_type=["c2p", "p2c"], **_ids(t, pad_token_id="[PAD]")), "AutoModel"),
     "t5": ("encoder", _t5_tok, "T5Config",

@@ -5,11 +5,6 @@ token in its tokenizer)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 
 import numpy as np
@@ -21,7 +16,7 @@ from layerwise.heads import HeadConfig, TrainOptions, load, train
 from layerwise.probe import ProbeConfig, run
 from layerwise.store import open_store
 
-from tiny import extract, toy
+from tiny import extract, serving, toy
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés in Paris", "a"]
 
@@ -67,12 +62,6 @@ def test_the_probe_runs_every_layer_of_a_decoder(llama, tmp_path):
     assert (tmp_path / "probe" / "results.csv").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> tuple[int, dict]:
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
@@ -84,35 +73,16 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 def test_the_service_serves_a_decoder(llama, tmp_path):
     path, ex = llama
-    port = _free_port()
-    cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(path), "--device", "cpu",
-           "--port", str(port), "--log-level", "warning"]
-    base = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "log", "w+") as log, subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    ) as proc:
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{base}/v1/model", timeout=5) as resp:
-                        info = json.loads(resp.read())
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        pytest.fail(f"server did not start:\n{log.read()}")
-                    time.sleep(0.2)
-            assert info["architecture"] == "llama" and "rotary" in info["positions"]
-            status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": "-2:", "pool": "last"})
-            assert status == 200, body
-            got = np.asarray(body["vectors"], dtype=np.float32)
-            assert np.abs(got - ex.encode(TEXTS, layers="-2:", pool="last")).max() <= 1e-5
-            status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": -1, "site": "pre_ln"})
-            assert status == 422 and "site 'pre_ln' is not available for this model" in json.dumps(body)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+    with serving(path, tmp_path / "log", "--device", "cpu") as base:
+        with urllib.request.urlopen(f"{base}/v1/model", timeout=30) as resp:
+            info = json.loads(resp.read())
+        assert info["architecture"] == "llama" and "rotary" in info["positions"]
+        status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": "-2:", "pool": "last"})
+        assert status == 200, body
+        got = np.asarray(body["vectors"], dtype=np.float32)
+        assert np.abs(got - ex.encode(TEXTS, layers="-2:", pool="last")).max() <= 1e-5
+        status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": -1, "site": "pre_ln"})
+        assert status == 422 and "site 'pre_ln' is not available for this model" in json.dumps(body)
 
 
 def test_add_eos_appends_the_token_last_pooling_reads(llama, arch_extractors):

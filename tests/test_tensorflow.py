@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from layerwise.probe import ProbeConfig, run
 from layerwise.store import open_store
 from tfhub import keras_preset, tfhub_saved_model
 
-from tiny import extract, toy
+from tiny import extract, serving, toy
 
 WORDS = ("the EU rejects German call to boycott British lamb Peter Blackburn went Brussels Monday quick brown fox "
          "jumps over lazy dog naïve cafés émigrés 1996 2,000 tokens layer probing shows which knows what syntax "
@@ -159,40 +157,14 @@ def test_heads_and_probe_take_a_keras_encoder(keras_ex, tmp_path):
     assert [r["name"] for r in res.rows][:2] == ["embeddings", "layer 1"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_service_serves_a_saved_model(saved_model, tf_ex, tmp_path):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(saved_model), "--port", str(port),
-           "--log-level", "warning"]
-    base = f"http://127.0.0.1:{port}"
     texts = ["I love Paris", "EU rejects German call to boycott British lamb ."]
-    with open(tmp_path / "log", "w+") as log, subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    ) as proc:
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    urllib.request.urlopen(f"{base}/health", timeout=5).read()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        pytest.fail(f"server did not start:\n{log.read()}")
-                    time.sleep(0.3)
-            body = json.dumps({"texts": texts, "layers": "-2:", "combine": "mean"}).encode()
-            req = urllib.request.Request(f"{base}/v1/encode", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                got = np.asarray(json.loads(resp.read())["vectors"], dtype=np.float32)
-            assert np.abs(got - tf_ex.encode(texts, layers="-2:", combine="mean")).max() <= 1e-5
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+    with serving(saved_model, tmp_path / "log") as base:  # a SavedModel directory: backend "tf" by itself
+        body = json.dumps({"texts": texts, "layers": "-2:", "combine": "mean"}).encode()
+        req = urllib.request.Request(f"{base}/v1/encode", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            got = np.asarray(json.loads(resp.read())["vectors"], dtype=np.float32)
+        assert np.abs(got - tf_ex.encode(texts, layers="-2:", combine="mean")).max() <= 1e-5
 
 
 def test_without_the_extra_the_error_says_what_to_install(monkeypatch):

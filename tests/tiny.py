@@ -5,6 +5,7 @@ Each is saved to a directory (safetensors) and loaded back through layerwise's r
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -34,19 +35,20 @@ FAMILIES = ("bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", 
 HIDDEN, LAYERS, HEADS, INTER, MAXPOS = 32, 2, 2, 37, 64
 
 
-def _wordpiece() -> tuple[Tokenizer, dict]:
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+def wordpiece(cls: str = "[CLS]", sep: str = "[SEP]") -> tuple[Tokenizer, dict]:
+    """A lower-casing WordPiece tokenizer trained on :data:`CORPUS` with ``cls $A sep`` around each text."""
+    specials = ["[PAD]", "[UNK]", cls, sep, "[MASK]"]
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))],
     )
-    return tok, dict(pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    return tok, dict(pad_token="[PAD]", unk_token="[UNK]", cls_token=cls, sep_token=sep, mask_token="[MASK]")
 
 
 def _bytelevel_bpe() -> tuple[Tokenizer, dict]:
@@ -95,7 +97,7 @@ def build(family: str, directory: Path, seed: int = 0) -> Path:
     """Save a tiny random ``family`` model with a matching tokenizer into ``directory``."""
     common = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=INTER)
     if family in ("bert", "electra", "distilbert"):
-        tok, special = _wordpiece()
+        tok, special = wordpiece()
     elif family == "roberta":
         tok, special = _bytelevel_bpe()
     elif family == "xlm-roberta":
@@ -253,3 +255,50 @@ def extract(input, output, *, model=None, device=None, stdin=None, on_shard=None
 def module_hook_count(model) -> int:
     """Total forward (pre-)hooks registered on ``model``'s modules (torch keeps them in private dicts)."""
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(model, log_path: Path, *extra: str, timeout: float = 180):
+    """``layerwise serve --model MODEL`` in a subprocess on a free local port; yields its base URL once healthy.
+
+    The server is stopped on exit; if it does not come up the test fails with its log.
+    """
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import pytest
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(model), "--port", str(port),
+           "--log-level", "warning", *extra]
+    base = f"http://127.0.0.1:{port}"
+    with open(log_path, "w+") as log, subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    ) as proc:
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    urllib.request.urlopen(f"{base}/health", timeout=5).read()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        pytest.fail(f"server did not start:\n{log.read()}")
+                    time.sleep(0.2)
+            yield base
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)

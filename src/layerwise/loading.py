@@ -32,7 +32,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from .discovery import MappingError, ModelCall, discover, transformers_call
-from .families import table_family
+from .families import Family, table_family
 from .layermap import LayerMap, map_from_family
 from .layers import SITES
 from .positions import Positions, positions_of
@@ -283,38 +283,49 @@ def load_model(
     tokenizer = _read_tokenizer(source, kwargs)
     net.eval().to(dev)
     family = table_family(model_type) if layers is None else None
-    if family is not None:
-        layer_map = map_from_family(family, net)
-        hidden = int(config.hidden_size if hasattr(config, "hidden_size") else config.dim)
-        inter = int(getattr(config, "intermediate_size", getattr(config, "hidden_dim", 0)))
-        widths = {site: inter if site == "intermediate" else hidden for site in SITES}
-        n_layers = family.num_layers(config)
-        kind = positions_of(net, model_type, config).kind
-        positions = Positions(kind, _cap(family.max_positions(config), tokenizer))
-        pooler = family.pooler(net) if family.pooler is not None else None
-    else:
-        try:
-            layer_map, widths = discover(net, tokenizer, name=model_type, layers=layers, device=dev)
-        except MappingError as exc:
-            raise ModelLoadError(f"{source!r}: {exc}") from None
-        n_layers = len(layer_map.layers)
-        positions = positions_of(net, model_type, config, tokenizer)
-        pooler = bert_style_pooler(net)
+    try:
+        facts = (_table_facts(family, net, config, tokenizer, model_type) if family is not None
+                 else _discovered_facts(net, config, tokenizer, model_type, layers, dev))
+    except MappingError as exc:
+        raise ModelLoadError(f"{source!r}: {exc}") from None
+    st_window = (sentence_transformers_length(Path(source)) or 0) if is_local else 0
     return LoadedModel(
         model=net,
         tokenizer=tokenizer,
-        layer_map=layer_map,
         name=DEFAULT_MODEL_NAME if model is None else os.fspath(model),
-        num_layers=n_layers,
-        site_widths=widths,
-        positions=positions,
         device=dev,
         dtype=torch_dtype,
-        window=((sentence_transformers_length(Path(source)) or 0) if is_local else 0) or _cap(positions.max_length,
-                                                                                             tokenizer),
-        pooler=pooler,
+        window=st_window or _cap(facts["positions"].max_length, tokenizer),
         accepts_position_ids=takes_position_ids(net),
+        **facts,
     )
+
+
+def _table_facts(family: Family, net: nn.Module, config: Any, tokenizer: Any, model_type: str) -> dict[str, Any]:
+    """Layer map, widths, layer count, positions and pooler of a model with a row in the family table."""
+    hidden = int(config.hidden_size if hasattr(config, "hidden_size") else config.dim)
+    inter = int(getattr(config, "intermediate_size", getattr(config, "hidden_dim", 0)))
+    return {
+        "layer_map": map_from_family(family, net),
+        "site_widths": {site: inter if site == "intermediate" else hidden for site in SITES},
+        "num_layers": family.num_layers(config),
+        "positions": Positions(positions_of(net, model_type, config).kind,
+                               _cap(family.max_positions(config), tokenizer)),
+        "pooler": family.pooler(net) if family.pooler is not None else None,
+    }
+
+
+def _discovered_facts(net: nn.Module, config: Any, tokenizer: Any, model_type: str, layers: str | None,
+                      dev: torch.device) -> dict[str, Any]:
+    """The same facts for any other model: its layers found (or given) and verified (``MappingError`` if not)."""
+    layer_map, widths = discover(net, tokenizer, name=model_type, layers=layers, device=dev)
+    return {
+        "layer_map": layer_map,
+        "site_widths": widths,
+        "num_layers": len(layer_map.layers),
+        "positions": positions_of(net, model_type, config, tokenizer),
+        "pooler": bert_style_pooler(net),
+    }
 
 
 def _cap(limit: int, tokenizer: Any) -> int:

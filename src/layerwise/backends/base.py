@@ -11,6 +11,23 @@ from ..loading import LoadedModel, load_model
 from ..provenance import tensors_fingerprint
 
 
+def refuse_torch_only(backend: str, source: str, *, device: Any, dtype: Any, revision: Any, layers: Any,
+                      options: dict[str, Any]) -> None:
+    """For a backend that runs float32 on the CPU from ``source``: refuse the loading options only torch takes.
+
+    Raises:
+        ValueError: a CUDA device, reduced precision, ``revision=`` or ``layers=``, naming it.
+        TypeError: options the backend's constructor does not take.
+    """
+    for name, value, ok in (("device", device, (None, "cpu")), ("dtype", dtype, (None, "float32", torch.float32)),
+                            ("revision", revision, (None,)), ("layers", layers, (None,))):
+        if value not in ok:
+            raise ValueError(f"backend={backend!r} runs float32 on the CPU ({source}); {name}={value!r} is not "
+                             f"supported with it (use backend='torch')")
+    if options:
+        raise TypeError(f"backend={backend!r} takes no options {sorted(options)}")
+
+
 class Backend(ABC):
     """A model runtime behind the pipeline.
 

@@ -51,7 +51,7 @@ from ..loading import (
     sentence_transformers_length,
 )
 from ..positions import UNLIMITED, Positions
-from .base import Backend
+from .base import Backend, refuse_torch_only
 
 BLOCK = re.compile(r"^transformer_layer_(\d+)$")
 INSTALL = "pip install 'layerwise[tf]' (TensorFlow, Keras 3 and keras-hub)"
@@ -159,13 +159,8 @@ class KerasBackend(Backend):
 
         ``exact_gelu``: give converted blocks the checkpoint's exact GELU back (see the module docstring).
         """
-        for name, value, ok in (("device", device, (None, "cpu")), ("dtype", dtype, (None, "float32", torch.float32)),
-                                ("revision", revision, (None,)), ("layers", layers, (None,))):
-            if value not in ok:
-                raise ValueError(f"backend='keras' runs float32 on the CPU from a local directory; {name}={value!r} "
-                                 f"is not supported with it (use backend='torch')")
-        if options:
-            raise TypeError(f"backend='keras' takes no options {sorted(options)}")
+        refuse_torch_only("keras", "a local directory", device=device, dtype=dtype, revision=revision, layers=layers,
+                          options=options)
         _, keras_hub = require_keras()
         path = _local_dir(model)
         try:

@@ -31,7 +31,7 @@ import torch
 from ..layermap import LayerMap
 from ..loading import TOKENIZER_FILES, LoadedModel, ModelLoadError, ensure_pad_token
 from ..positions import UNLIMITED, Positions
-from .base import Backend
+from .base import Backend, refuse_torch_only
 
 INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 INSTALL = "pip install 'layerwise[tf]' (TensorFlow, Keras 3 and keras-hub)"
@@ -88,6 +88,7 @@ class SavedModelBackend(Backend):
         self.tf = require_tf()
         self.encoder = model
         self.has_embeddings = has_embeddings
+        self.training_arg = takes_training(model)
 
     @property
     def first_layer(self) -> int:
@@ -109,13 +110,8 @@ class SavedModelBackend(Backend):
         **options: Any,
     ) -> "SavedModelBackend":
         """Load a SavedModel directory (``tokenizer=``: a directory with a Hugging Face tokenizer for it)."""
-        for name, value, ok in (("device", device, (None, "cpu")), ("dtype", dtype, (None, "float32", torch.float32)),
-                                ("revision", revision, (None,)), ("layers", layers, (None,))):
-            if value not in ok:
-                raise ValueError(f"backend='tf' runs a SavedModel float32 on the CPU; {name}={value!r} is not "
-                                 f"supported with it")
-        if options:
-            raise TypeError(f"backend='tf' takes no options {sorted(options)}")
+        refuse_torch_only("tf", "a SavedModel", device=device, dtype=dtype, revision=revision, layers=layers,
+                          options=options)
         if model is None or not isinstance(model, (str, os.PathLike)) or not is_saved_model(model):
             raise ModelLoadError(
                 f"backend='tf' loads a TensorFlow SavedModel directory (with saved_model.pb); {model!r} is not one"
@@ -125,7 +121,7 @@ class SavedModelBackend(Backend):
         obj = tf.saved_model.load(str(path))
         tok = _tokenizer(Path(tokenizer), None) if tokenizer is not None else _tokenizer(path, obj)
         probe = tok(["layerwise", "hello world"], padding=True, return_tensors="np")
-        outs = _call(obj, tf, probe["input_ids"], probe["attention_mask"])
+        outs = _call(obj, tf, probe["input_ids"], probe["attention_mask"], takes_training(obj))
         missing = [k for k in ("encoder_outputs", "sequence_output") if k not in outs]
         if missing:
             raise ModelLoadError(
@@ -169,7 +165,7 @@ class SavedModelBackend(Backend):
         """``[K, batch, tokens, hidden]`` from one call of the SavedModel (all its layers run)."""
         if 0 in layers and not self.has_embeddings:
             raise ValueError(_NO_EMBEDDINGS)
-        outs = _call(self.encoder, self.tf, input_ids.cpu().numpy(), attention_mask.cpu().numpy())
+        outs = _call(self.encoder, self.tf, input_ids.cpu().numpy(), attention_mask.cpu().numpy(), self.training_arg)
         states = [outs["embedding_output"] if i == 0 else outs["encoder_outputs"][i - 1] for i in layers]
         return torch.stack([torch.from_numpy(np.asarray(s.numpy(), dtype=np.float32)) for s in states])
 
@@ -196,11 +192,11 @@ def takes_training(obj: Any) -> bool:
     return args is not None and "training" in (list(args.args) + list(args.kwonlyargs))
 
 
-def _call(obj: Any, tf: Any, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+def _call(obj: Any, tf: Any, ids: np.ndarray, mask: np.ndarray, training_arg: bool) -> dict[str, Any]:
     ids = ids.astype(np.int32)
     feed = {"input_word_ids": tf.constant(ids), "input_mask": tf.constant(mask.astype(np.int32)),
             "input_type_ids": tf.constant(np.zeros_like(ids))}
-    out = obj(feed, training=False) if takes_training(obj) else obj(feed)
+    out = obj(feed, training=False) if training_arg else obj(feed)
     if not isinstance(out, dict):
         raise ModelLoadError(f"the SavedModel returned {type(out).__name__}, not the TF Hub BERT output dict")
     return out
