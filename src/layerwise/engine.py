@@ -36,7 +36,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
 import numpy as np
@@ -44,8 +43,9 @@ import torch
 
 from .checks import positive_ints
 from .extractor import Extractor, check_budget
-from .provenance import HashingStream, file_sha256
-from .readers import BadRecord, Item, ReadOptions, Record, count_records, detect_format, read_records
+from .provenance import HashingStream
+from .readers import BadRecord, Item, ReadOptions, Record
+from .sources import Source, open_source
 from .spec import EncodeSpec
 from .store import STORE_DTYPES, StoreError, StoreWriter
 
@@ -138,17 +138,18 @@ def _count(n: int, noun: str) -> str:
 
 
 # ---- step 1 and 2: validate, build the header -----------------------------------------------------------------
-def _check(spec: EncodeSpec, reading: ReadOptions, input_path: str) -> None:
+def _check(spec: EncodeSpec, reading: ReadOptions, source: Source) -> None:
     if isinstance(spec.combine, torch.nn.Module) or isinstance(spec.pool, torch.nn.Module):
         raise ExtractError("a store needs named modes (modules cannot be written to its manifest); "
                            "use combine/pool names, e.g. combine='concat', pool='mean'")
     if reading.context == "document" and spec.level != "word":
         raise ExtractError("context='document' gives word features: use it with level='word'")
-    if input_path != "-" and not Path(input_path).is_file():
-        raise ExtractError(f"input file {input_path!r} does not exist (or is not a file)")
+    if reading.context == "document" and source.fmt != "conll":
+        raise ExtractError(f"context='document' needs a CoNLL-2003 input with -DOCSTART- documents, not "
+                           f"{source.name} ({source.fmt})")
 
 
-def store_header(ex: Extractor, spec: EncodeSpec, input_path: str, fmt: str, reading: ReadOptions) -> dict[str, Any]:
+def store_header(ex: Extractor, spec: EncodeSpec, source: Source, reading: ReadOptions) -> dict[str, Any]:
     """What a store records about a run: the resolved spec, the model, the tokenizer, the input, the feature shape."""
     tok = ex.tokenizer
     lm = ex.loaded
@@ -158,8 +159,7 @@ def store_header(ex: Extractor, spec: EncodeSpec, input_path: str, fmt: str, rea
                   "num_layers": ex.num_layers, "hidden_size": ex.hidden_size, "backend": ex.backend.name},
         "tokenizer": {"class": type(tok).__name__, "vocab_size": len(tok), "max_length": ex.max_length,
                       "stride": ex.stride, "do_lower_case": getattr(tok, "do_lower_case", None)},
-        "input": {**reading.to_dict(), "path": os.path.abspath(input_path) if input_path != "-" else "-",
-                  "format": fmt, "sha256": file_sha256(input_path) if input_path != "-" else None},
+        "input": source.identity(reading),
         "feature_shape": list(spec.feature_shape(ex.site_width(spec.site))),
     }
 
@@ -312,7 +312,7 @@ class _Run:
         self.per_shard = options.shard_records or max(16, SHARD_BYTES // (d * itemsize * rows))
         self.buffer: list[Record] = []
 
-    def loop(self, items: Iterator[Item], input_path: str, bar: Any) -> None:
+    def loop(self, items: Iterator[Item], input_name: str, bar: Any) -> None:
         """Read records after the resume point, log or raise on bad ones, flush full shards."""
         limit, w = self.options.max_records, self.writer
         if limit is not None and w.done_records >= limit:
@@ -326,7 +326,7 @@ class _Run:
             if item.line <= w.resume_line:
                 continue  # finished before the interruption
             if isinstance(item, BadRecord):
-                self._bad(item, input_path, bar)
+                self._bad(item, input_name, bar)
                 continue
             self.buffer.append(item)
             if self.stdin is not None:  # what a resume must find again at the start of its stdin
@@ -338,11 +338,11 @@ class _Run:
         if self.buffer:
             self.flush(bar)
 
-    def _bad(self, item: BadRecord, input_path: str, bar: Any) -> None:
+    def _bad(self, item: BadRecord, input_name: str, bar: Any) -> None:
         if self.options.strict:
             if self.buffer:
                 self.flush(bar)
-            raise ExtractError(f"bad record at line {item.line} of {input_path}: {item.reason} (--strict)")
+            raise ExtractError(f"bad record at line {item.line} of {input_name}: {item.reason} (--strict)")
         self.writer.log_error(item.line, item.reason)
         self.summary.skipped += 1
 
@@ -379,7 +379,7 @@ class _Run:
 
 
 def extract(
-    input: str | os.PathLike,
+    input: str | os.PathLike | Any,
     output: str | os.PathLike,
     spec: EncodeSpec | None = None,
     *,
@@ -392,7 +392,9 @@ def extract(
     """Extract features for every record of ``input`` into the store directory ``output``.
 
     Args:
-        input: a corpus file (txt, jsonl, csv, tsv, parquet, CoNLL-2003, CoNLL-U) or ``"-"`` for stdin.
+        input: a corpus file (txt, jsonl, csv, tsv, parquet, CoNLL-2003, CoNLL-U), a directory of parquet files,
+            ``"-"`` for stdin, or a table in memory: a Hugging Face ``datasets.Dataset`` or a ``pyarrow.Table``
+            (rows numbered from 1 in ``store.lines``; see :mod:`layerwise.sources`).
         output: the store directory; created, resumed, or (``options.overwrite``) replaced.
         spec: what to compute (default ``EncodeSpec()``: the last layer, mean-pooled sentence vectors). Level
             ``word`` uses a CoNLL file's words, else whitespace-separated words.
@@ -406,25 +408,22 @@ def extract(
         An :class:`ExtractSummary`. The store holds ``[records, *D]`` (sentence) or ragged ``[rows, *D]``.
 
     Raises:
-        TypeError: ``input`` or ``output`` is not a path (records in memory go to :meth:`Extractor.stream`).
+        TypeError: ``input`` is none of the above (records in a list go to :meth:`Extractor.stream`), or
+            ``output`` is not a path.
         ExtractError (a ValueError): bad options, a store made with other options, a non-store directory,
             a bad record under ``strict``, a full disk (the message says how to resume), stdin that differs from
             the input the store was made (or started) with.
     """
-    if not isinstance(input, (str, os.PathLike)):
-        raise TypeError(
-            f"input must be a file path or '-' (stdin), got {type(input).__name__}; extract() reads a corpus file. "
-            f"To encode records held in memory use Extractor.stream(records, spec) (or Extractor.encode(texts)), "
-            f"or write them to a .txt/.jsonl file first"
-        )
     if not isinstance(output, (str, os.PathLike)):
         raise TypeError(f"output must be the store's directory path, got {type(output).__name__}")
     spec = spec or EncodeSpec()
     reading = reading or ReadOptions()
     options = options or ExtractOptions()
-    input_path = os.fspath(input)
-    fmt = detect_format(input_path, reading.format)
-    _check(spec, reading, input_path)
+    try:
+        source = open_source(input, reading)
+    except ValueError as exc:
+        raise ExtractError(str(exc)) from None
+    _check(spec, reading, source)
     ex = model if isinstance(model, Extractor) else Extractor(model)
     try:  # 0 is a bad budget, not "unset": only None means the Extractor's own
         check_budget(ex.batch_tokens if options.batch_tokens is None else options.batch_tokens)
@@ -432,25 +431,23 @@ def extract(
         raise ExtractError(f"{exc}; give a positive --batch-tokens (batch_tokens=), or leave it out for the "
                            f"default") from None
     spec = spec.resolve(ex)
-    header = store_header(ex, spec, input_path, fmt, reading)
+    header = store_header(ex, spec, source, reading)
     if options.num_shards > 1:  # a part store: merged with its siblings by `layerwise merge`
         header["part"] = {"index": options.shard_index, "of": options.num_shards}
     # Start reading before touching the store: header and --keep problems must not leave a store behind.
     # stdin has no file to hash beforehand: its bytes are hashed as they stream, its records as they pass
-    stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if input_path == "-" else None
-    items = read_records(input_path, fmt, text_field=reading.text_field, keep=reading.keep,
-                         stdin=io.BufferedReader(stream) if stream is not None else None,
-                         document_context=reading.context == "document")
+    stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if source.is_stdin else None
+    items = source.records(reading, stdin=io.BufferedReader(stream) if stream is not None else None)
     first = next(items, None)
     items = itertools.chain([first] if first is not None else [], items)
     try:
-        return _write(ex, spec, StoreWriter(output, header), items, input_path, fmt, reading, options, on_shard,
+        return _write(ex, spec, StoreWriter(output, header), items, source, reading, options, on_shard,
                       _StdinRecords(stream) if stream is not None else None)
     except StoreError as exc:
         raise ExtractError(str(exc)) from None
 
 
-def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], input_path: str, fmt: str,
+def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], source: Source,
            reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
            stdin: _StdinRecords | None) -> ExtractSummary:
     state = writer.open(options.overwrite)
@@ -467,10 +464,10 @@ def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator
     show = sys.stderr.isatty() if options.progress is None else options.progress
     from tqdm.auto import tqdm
 
-    total = count_records(input_path, fmt) if show else None
+    total = source.count() if show else None
     with tqdm(total=total, initial=writer.done_records, disable=not show, unit="rec", desc="extract",
               file=sys.stderr, dynamic_ncols=True) as bar:
-        run.loop(items, input_path, bar)
+        run.loop(items, source.name, bar)
     run.finish()
     return summary
 

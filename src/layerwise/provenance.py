@@ -29,6 +29,33 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def input_sha256(path: str | os.PathLike) -> str:
+    """sha256 of an input: a file's bytes, or for a directory of parquet files each file's name and sha256 in name
+    order (renaming, adding or changing a file changes it)."""
+    from .readers import parquet_files
+
+    if not os.path.isdir(path):
+        return file_sha256(path)
+    h = hashlib.sha256()
+    for f in parquet_files(path):
+        h.update(f"{f.name}\t{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+def table_sha256(table: Any, rows: int = 65536) -> str:
+    """sha256 of a ``pyarrow.Table``'s schema and values: Arrow IPC of slices of ``rows`` rows, so the same rows
+    hash the same whatever their chunking."""
+    import pyarrow as pa
+
+    h = hashlib.sha256(table.schema.remove_metadata().serialize().to_pybytes())
+    for start in range(0, table.num_rows, rows):
+        part = table.slice(start, rows)
+        # concatenating with an empty array copies into fresh buffers: a slice's offset never reaches the bytes
+        arrays = [pa.concat_arrays([*col.chunks, pa.array([], col.type)]) for col in part.columns]
+        h.update(pa.RecordBatch.from_arrays(arrays, schema=part.schema).serialize().to_pybytes())
+    return h.hexdigest()
+
+
 def tensors_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
     """sha256 over every tensor's name, shape and float32 values, in name order (one pass over the weights)."""
     h = hashlib.sha256()

@@ -11,14 +11,16 @@ format         file                         a record is
 ``jsonl``      ``*.jsonl``, ``*.ndjson``    one JSON object per line; text from ``text_field``
 ``csv``        ``*.csv``                    one row (header row first); text from ``text_field``
 ``tsv``        ``*.tsv``                    one tab-separated row (header first; quotes are literal)
-``parquet``    ``*.parquet``                one row; text from ``text_field``
+``parquet``    ``*.parquet``, a directory   one row; text from ``text_field``; a directory's ``*.parquet``
+               of them                      files are read in name order as one input
 ``conll``      ``*.conll``, ``*.conll2003``  one sentence of CoNLL-2003 ``word POS chunk NER`` lines;
                                             ``-DOCSTART-`` lines start documents (``doc`` field)
 ``conllu``     ``*.conllu``                 one CoNLL-U sentence; multiword-token (``1-2``) and empty-node
                                             (``8.1``) lines are skipped, so words align with the tree
 =============  ===========================  ===========================================================
 
-Line numbers are 1-based lines of the file (a CoNLL sentence: its first word line; parquet: the row number).
+Line numbers are 1-based lines of the file (a CoNLL sentence: its first word line; parquet and tables: the row
+number, counted on across a directory's files). :func:`read_table` reads an Arrow table in memory the same way.
 For the CoNLL formats ``Record.words`` holds the words and ``Record.text`` is ``" ".join(words)``; per-word
 columns are kept as lists: ``pos``, ``chunk``, ``ner`` (CoNLL-2003) and ``lemma``, ``upos``, ``xpos``, ``feats``,
 ``head``, ``deprel`` (CoNLL-U), plus ``sent_id`` and the ``# text`` comment as ``sent_text``.
@@ -52,13 +54,29 @@ _SUFFIXES = {
 TEXT_FIELD_GUESSES = ("text", "sentence")
 
 
-def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
-    """The format of ``path`` (``format`` if given, ``txt`` for stdin ``-``); ``ValueError`` lists the valid ones."""
-    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and Path(path).is_dir():
+def parquet_files(path: str | os.PathLike) -> list[Path]:
+    """The parquet files of an input: the file itself, or a directory's ``*.parquet`` files in name order."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".parquet" and f.is_file())
+    if not files:
         raise ValueError(
-            f"input {os.fspath(path)!r} is a directory; give one corpus file (or '-' for stdin), e.g. "
-            f"{os.path.join(os.fspath(path), 'corpus.txt')!r}"
+            f"input {os.fspath(path)!r} is a directory without .parquet files; give one corpus file (or '-' for "
+            f"stdin) or a directory of .parquet files, e.g. {os.path.join(os.fspath(path), 'corpus.txt')!r}"
         )
+    return files
+
+
+def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
+    """The format of ``path`` (``format`` if given, ``txt`` for stdin ``-``, ``parquet`` for a directory of parquet
+    files); ``ValueError`` lists the valid ones."""
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and Path(path).is_dir():
+        parquet_files(path)  # a directory is an input only when it holds parquet files
+        if format not in (None, "parquet"):
+            raise ValueError(f"input {os.fspath(path)!r} is a directory of parquet files; it cannot be read as "
+                             f"{format!r} (leave the format out, or give format='parquet')")
+        return "parquet"
     if format is not None:
         if format not in FORMATS:
             raise ValueError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
@@ -95,7 +113,9 @@ def _check_text(value: object, name: str, line: int) -> BadRecord | str:
     return value
 
 
-def _pick_column(columns: Sequence[str], wanted: str | None, keep: Sequence[str], where: str) -> str:
+def pick_column(columns: Sequence[str], wanted: str | None, keep: Sequence[str], where: str) -> str:
+    """The text column among ``columns`` (``wanted``, else ``text``, else ``sentence``); ``ValueError`` naming the
+    columns when it or a ``keep`` column is missing (``where`` says what was read)."""
     if wanted is None:
         wanted = next((c for c in TEXT_FIELD_GUESSES if c in columns), None)
         if wanted is None:
@@ -161,7 +181,7 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
     except StopIteration:
         return
     kind = "TSV" if delimiter == "\t" else "CSV"
-    name = _pick_column(header, text_field, keep, f"the {kind} header")
+    name = pick_column(header, text_field, keep, f"the {kind} header")
     col = {c: i for i, c in enumerate(header)}
     while True:
         start = reader.line_num + 1
@@ -187,15 +207,9 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
         yield Record(start, text, fields={k: row[col[k]] for k in keep})
 
 
-def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
-        raise ValueError("reading .parquet needs pyarrow: pip install pyarrow") from exc
-    pf = pq.ParquetFile(path)
-    name = _pick_column(pf.schema_arrow.names, text_field, keep, f"the parquet file {os.fspath(path)!r}")
+def _read_batches(batches: Iterator[Any], name: str, keep: Sequence[str]) -> Iterator[Item]:
     row = 0
-    for batch in pf.iter_batches(columns=[name, *[k for k in keep if k != name]], batch_size=4096):
+    for batch in batches:
         cols = batch.to_pydict()
         for i in range(batch.num_rows):
             row += 1
@@ -204,6 +218,31 @@ def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequenc
                 yield text
             else:
                 yield Record(row, text, fields={k: cols[k][i] for k in keep})
+
+
+def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise ValueError("reading .parquet needs pyarrow: pip install pyarrow") from exc
+    paths = parquet_files(path)
+    files = [pq.ParquetFile(f) for f in paths]
+    name = pick_column(files[0].schema_arrow.names, text_field, keep, f"the parquet file {os.fspath(paths[0])!r}")
+    columns = [name, *[k for k in keep if k != name]]
+    for f, pf in zip(paths[1:], files[1:]):  # every file of a directory has the columns
+        pick_column(pf.schema_arrow.names, name, keep, f"the parquet file {os.fspath(f)!r}")
+    yield from _read_batches((b for pf in files for b in pf.iter_batches(columns=columns, batch_size=4096)), name,
+                             keep)
+
+
+def read_table(table: Any, text_field: str | None = None, keep: Sequence[str] = ()) -> Iterator[Item]:
+    """Stream the rows of a ``pyarrow.Table`` as :class:`Record` / :class:`BadRecord`, numbered from 1.
+
+    ``text_field`` names the text column (default ``text``, else ``sentence``); ``keep`` the columns to carry along.
+    """
+    name = pick_column(table.column_names, text_field, keep, "the table")
+    columns = [name, *[k for k in keep if k != name]]
+    yield from _read_batches(iter(table.select(columns).to_batches(max_chunksize=4096)), name, keep)
 
 
 @dataclass(frozen=True)
@@ -244,7 +283,7 @@ def count_records(path: str | os.PathLike, fmt: str) -> int | None:
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.ParquetFile(path).metadata.num_rows)
+        return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(path))
     n = blocks = 0
     prev_blank = True
     with open(path, "rb") as fh:
@@ -270,7 +309,7 @@ def read_records(
     """Stream the records of ``path`` (``"-"`` = stdin) as :class:`Record` / :class:`BadRecord`.
 
     Args:
-        path: input file, or ``"-"`` for standard input.
+        path: input file, a directory of parquet files, or ``"-"`` for standard input.
         format: one of :data:`FORMATS`; default from the suffix (stdin: ``txt``).
         text_field: column holding the text (jsonl/csv/tsv/parquet); default ``text``, else ``sentence``.
         keep: other columns to carry along (CoNLL: ``pos``/``chunk``/``ner``/``doc``; CoNLL-U: ``upos``...).
@@ -295,8 +334,8 @@ def read_records(
     if fmt == "parquet":
         if os.fspath(path) == "-":
             raise ValueError("parquet cannot be read from stdin; pass the file path")
-        if not Path(path).is_file():
-            raise ValueError(f"input file {os.fspath(path)!r} does not exist (or is not a file)")
+        if not Path(path).exists():
+            raise ValueError(f"input file {os.fspath(path)!r} does not exist")
         yield from _read_parquet(path, text_field, keep)
         return
     fh = _open_binary(path, stdin)
@@ -318,5 +357,5 @@ def read_records(
 
 __all__ = [
     "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "count_records",
-    "detect_format", "read_records", "with_document_context",
+    "detect_format", "parquet_files", "pick_column", "read_records", "read_table", "with_document_context",
 ]

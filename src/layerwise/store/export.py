@@ -12,8 +12,8 @@ format      what is written
             one per row, delimited by ``offsets``), ``lines``, ``columns/<name>``; the manifest as the JSON
             attribute ``manifest``
 ``parquet`` one file, one row per record: ``line``, the kept columns, ``token_ids`` (token level) or
-            ``words`` (word level) as lists, and ``features`` (a list of floats, or a list of per-row lists at
-            token/word level)
+            ``words`` (word level) as lists, and ``features`` (fixed-size lists following the feature shape, or a
+            list of them at token/word level; see :mod:`layerwise.store.arrow`)
 ==========  ==================================================================================================
 
 Token ids and words are streamed like the features (no format holds the whole store in memory): token ids
@@ -47,6 +47,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
+from .arrow import OWN_COLUMNS, record_batches
 from .layout import FORMAT
 from .reader import FeatureStore
 
@@ -54,7 +55,7 @@ ExportFormat = Literal["npy", "hdf5", "parquet"]
 EXPORT_FORMATS = ("npy", "hdf5", "parquet")
 CHUNK = 4096  # records per streamed chunk
 _NPY_OWN = ("features", "offsets", "token_ids", "lines", "manifest")  # npy: <name>.npy files of the export itself
-_PARQUET_OWN = ("line", "features", "token_ids", "words")  # parquet: the export's own columns
+_PARQUET_OWN = OWN_COLUMNS  # parquet: the export's own columns
 
 
 def _column_array(values: list) -> np.ndarray:
@@ -161,61 +162,12 @@ def _to_hdf5(store: FeatureStore, out: Path) -> None:
 
 
 def _to_parquet(store: FeatureStore, out: Path) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
-        raise ValueError("export to parquet needs pyarrow: pip install pyarrow") from exc
-    columns = {}
-    for name in store.columns:  # one type per column over all records (a null-only shard must not fix it)
-        values = [_plain(v) for v in store.column(name)]
-        try:
-            columns[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            columns[name] = pa.array([None if v is None else str(v) for v in values])
-    value = pa.float16() if store.dtype == np.float16 else pa.float32()
-    width = int(np.prod(store.feature_shape))
-    feat_type = pa.list_(value, width) if store.level == "sentence" else pa.list_(pa.list_(value, width))
-    extra: list[tuple[str, Any]] = []  # per-record lists beside the features: token ids or words
-    if store.level == "token":
-        extra = [("token_ids", pa.list_(pa.int32()))]
-    elif store.level == "word":
-        extra = [("words", pa.list_(pa.string()))]
-    schema = pa.schema(
-        [("line", pa.int64()), *[(k, a.type) for k, a in columns.items()], *extra, ("features", feat_type)],
-        metadata={b"layerwise_manifest": json.dumps(store.manifest).encode()},
-    )
-    side: Any = iter(())
-    if store.level == "token":
-        side = store.iter_token_ids(size=CHUNK)
-    elif store.level == "word":
-        side = store.iter_words(size=CHUNK)
-    lines = store.lines
-    start = 0
-    with pq.ParquetWriter(out, schema) as writer:
-        for batch in store.iter_chunks(size=CHUNK):
-            n = len(batch)
-            if store.level == "sentence":
-                flat = np.asarray(batch).reshape(n, width)
-                feats = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel(), type=value), width)
-            else:
-                rows = [b.reshape(b.shape[0], width) for b in batch]
-                inner = pa.FixedSizeListArray.from_arrays(
-                    pa.array(np.concatenate(rows).ravel() if rows else np.zeros(0), type=value), width)
-                offsets = pa.array(np.concatenate([[0], np.cumsum([r.shape[0] for r in rows])]).astype(np.int32))
-                feats = pa.ListArray.from_arrays(offsets, inner)
-            data = [pa.array(lines[start : start + n], type=pa.int64())]
-            data += [a.slice(start, n) for a in columns.values()]
-            if extra:
-                got = next(side)
-                values = [np.asarray(x).tolist() for x in got] if store.level == "token" else got
-                data.append(pa.array(values, type=extra[0][1]))
-            writer.write_table(pa.Table.from_arrays(data + [feats], schema=schema))
-            start += n
+    import pyarrow.parquet as pq
 
-
-def _plain(value):
-    return value if isinstance(value, (str, int, float, bool, list)) or value is None else json.dumps(value)
+    sch, batches = record_batches(store, "lists", CHUNK)
+    with pq.ParquetWriter(out, sch) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
 
 
 # ---- what is at the output path ------------------------------------------------------------------------------

@@ -193,6 +193,22 @@ class FeatureStore:
             return np.zeros((0,) + self.feature_shape, dtype=self.dtype)
         return np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._shards])
 
+    def to_arrow(self) -> Any:
+        """The store as a ``pyarrow.Table``, one row per record: ``line``, kept columns, ``token_ids``/``words``,
+        ``features`` as ``arrow.fixed_shape_tensor`` ``[*F]`` (a list of them at token/word level); the manifest is
+        the schema metadata ``layerwise_manifest``. See :mod:`layerwise.store.arrow`."""
+        from .arrow import to_arrow
+
+        return to_arrow(self)
+
+    def to_dataset(self, path: str | os.PathLike | None = None) -> Any:
+        """The store as a Hugging Face ``datasets.Dataset`` (columns as :meth:`to_arrow`, features as nested
+        fixed-size lists; ``ds.with_format("numpy")``); with ``path``, streamed to an Arrow file there and
+        memory-mapped. Needs ``pip install 'layerwise[hf]'``."""
+        from .arrow import to_dataset
+
+        return to_dataset(self, None if path is None else os.fspath(path))
+
     def ragged(self) -> tuple[np.ndarray, np.ndarray]:
         """Token/word level: ``(rows [N, *F], offsets [records + 1])``.
 

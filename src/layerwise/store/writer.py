@@ -40,7 +40,8 @@ from .layout import (
 )
 
 OpenState = Literal["new", "resume", "complete"]
-PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path",)}  # recorded, not compared on resume
+# recorded, not compared on resume
+PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path", "kind")}
 
 
 def identity(header: dict[str, Any]) -> dict[str, Any]:
