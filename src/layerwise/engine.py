@@ -43,11 +43,13 @@ import torch
 
 from .checks import positive_ints
 from .extractor import Extractor, check_budget
+from .pipeline import check_texts
 from .provenance import HashingStream
 from .readers import BadRecord, Item, ReadOptions, Record
 from .sources import Source, open_source
 from .spec import EncodeSpec
 from .store import STORE_DTYPES, StoreError, StoreWriter
+from .tokenize import TextTokenizer, Tokenized
 
 SHARD_BYTES = 32 << 20  # target shard size (32 MB of features); bounds memory per shard
 TOKENS_PER_RECORD = 48  # a guess for token/word-level shard sizing (rows per record)
@@ -165,17 +167,35 @@ def store_header(ex: Extractor, spec: EncodeSpec, source: Source, reading: ReadO
 
 
 # ---- one shard's tensors --------------------------------------------------------------------------------------
+def shard_items(spec: EncodeSpec, records: list[Record]) -> tuple[list[Any], list[list[str]]]:
+    """What to encode for ``records``: texts, or at word level word lists (with their CoNLL document context around
+    them); and each record's own words (word level; else empty)."""
+    if spec.level != "word":
+        return [r.text for r in records], []
+    own = [r.words if r.words is not None else r.text.split() for r in records]
+    return [(r.context[0] + w + r.context[1]) if r.context else w for r, w in zip(records, own)], own
+
+
+def tokenize_records(tokenizer: TextTokenizer, spec: EncodeSpec, records: list[Record]) -> list[Tokenized]:
+    """Tokenise ``records`` as :func:`shard_tensors` would (``spec`` resolved): the CPU half of a shard, for an engine
+    that tokenises in another process than the model's (:mod:`layerwise.engines.ray`)."""
+    items, _ = shard_items(spec, records)
+    words = spec.level == "word"
+    items = check_texts(items, words=words)
+    return tokenizer(items, words=words, truncate=spec.truncate, prompt=spec.prompt, add_eos=spec.add_eos)
+
+
 def shard_tensors(
-    ex: Extractor, spec: EncodeSpec, records: list[Record], keep: tuple[str, ...], batch_tokens: int
+    ex: Extractor, spec: EncodeSpec, records: list[Record], keep: tuple[str, ...], batch_tokens: int,
+    toks: list[Tokenized] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str], int]:
     """Features of ``records`` as the shard tensors of :mod:`layerwise.store.layout`, its metadata, and its tokens.
 
     Word level with CoNLL document context: each record is encoded with its neighbours and keeps its own words.
+    ``toks``: the records already tokenised by :func:`tokenize_records` (then only the model runs here).
     """
     words = spec.level == "word"
-    own = [r.words if r.words is not None else r.text.split() for r in records] if words else []
-    items: list[Any] = [r.text for r in records] if not words else [
-        (r.context[0] + w + r.context[1]) if r.context else w for r, w in zip(records, own)]
+    items, own = shard_items(spec, records)
     dtype = STORE_DTYPES[spec.dtype]
     d = int(np.prod(spec.feature_shape(ex.site_width(spec.site))))
     sentence = spec.level == "sentence"
@@ -183,7 +203,9 @@ def shard_tensors(
     rows: list[np.ndarray] = []
     ids: list[list[int]] = []
     tokens = 0
-    for res in ex.stream(items, spec, batch_tokens=batch_tokens):
+    encoded = (ex.stream(items, spec, batch_tokens=batch_tokens) if toks is None
+               else ex.encode_tokenized(toks, spec, batch_tokens=batch_tokens))
+    for res in encoded:
         vec, rec = res.features, records[res.index]
         if words and rec.context:
             vec = vec[len(rec.context[0]) : len(rec.context[0]) + len(own[res.index])]
@@ -472,4 +494,7 @@ def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator
     return summary
 
 
-__all__ = ["ExtractError", "ExtractOptions", "ExtractSummary", "extract", "shard_tensors", "store_header"]
+__all__ = [
+    "ExtractError", "ExtractOptions", "ExtractSummary", "extract", "shard_items", "shard_tensors", "store_header",
+    "tokenize_records",
+]

@@ -36,7 +36,7 @@ from .pipeline import Encoded, Group, check_texts, forward_windows, make_reducer
 from .positions import UNLIMITED
 from .spec import EncodeSpec
 from .stack import LayerStack
-from .tokenize import Tokenized, append_eos, special_template, tokenize
+from .tokenize import TextTokenizer, Tokenized, special_template
 
 ReturnTensors = Literal["np", "pt"]
 RETURN_TENSORS = ("np", "pt")
@@ -284,37 +284,16 @@ class Extractor:
         )
 
     # ---- the pipeline -----------------------------------------------------------------------------------
+    def text_tokenizer(self) -> TextTokenizer:
+        """This Extractor's tokenising half (tokenizer, special tokens, window), picklable and model-free."""
+        return TextTokenizer(self.tokenizer, self._template, self.max_length, self.loaded.name)
+
     def tokenize(
         self, items: Sequence[Any], *, words: bool, truncate: bool = False, prompt: str = "", add_eos: bool = False
     ) -> list[Tokenized]:
-        """Tokenise texts (or word lists with ``words=True``) with the model's special tokens.
-
-        With ``truncate`` a text longer than ``max_length`` keeps its first tokens and its special tokens; otherwise
-        it is kept whole and windowed by the forward pass. ``prompt`` is put before every text; ``add_eos`` appends
-        the tokenizer's end-of-sequence token where the tokenizer does not (see :class:`~layerwise.EncodeSpec`).
-        """
-        if prompt:
-            items = [prompt + text for text in items]
-        toks = tokenize(self.tokenizer, items, words=words, template=self._template)
-        if add_eos:
-            eos = self.tokenizer.eos_token_id
-            if eos is None:
-                raise ValueError(
-                    f"add_eos=True, but the tokenizer of {self.loaded.name!r} has no end-of-sequence token; drop "
-                    f"add_eos (pool='last' then reads the last token of the text)"
-                )
-            append_eos(toks, eos)
-        if words:
-            for t, item in zip(toks, items):
-                t.n_words = len(item)
-        if truncate:
-            for t in toks:
-                cap = self.max_length - t.n_prefix - t.n_suffix
-                if t.n_content > cap:
-                    keep = list(range(t.n_prefix + cap)) + list(range(len(t.ids) - t.n_suffix, len(t.ids)))
-                    t.ids, t.offsets = [t.ids[i] for i in keep], [t.offsets[i] for i in keep]
-                    t.word_ids, t.special = [t.word_ids[i] for i in keep], [t.special[i] for i in keep]
-        return toks
+        """Tokenise texts (or word lists with ``words=True``) with the model's special tokens (see
+        :class:`~layerwise.tokenize.TextTokenizer`)."""
+        return self.text_tokenizer()(items, words=words, truncate=truncate, prompt=prompt, add_eos=add_eos)
 
     def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int) -> Iterator[Group]:
         """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`)."""
@@ -344,10 +323,7 @@ class Extractor:
             ``[n_tokens, *D]`` or ``[n_words, *D]`` with ``D = spec.resolve(self).feature_shape(width)``.
         """
         spec = spec.resolve(self)
-        budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
         words = spec.level == "word"
-        out_dtype = _OUT_DTYPES[spec.dtype]
         it = iter(records)
         start = 0
         while chunk := list(itertools.islice(it, CHUNK_RECORDS)):
@@ -355,20 +331,32 @@ class Extractor:
                 chunk = [item.split() if isinstance(item, str) else item for item in chunk]
             items = check_texts(chunk, words=words, start=start)
             toks = self.tokenize(items, words=words, truncate=spec.truncate, prompt=spec.prompt, add_eos=spec.add_eos)
-            done: dict[int, torch.Tensor] = {}
-            following = 0
-            for group in self._forward(toks, spec.layer_indices, spec.site, budget):
-                mask, special = group.masks(toks)
-                rows = [toks[i] for i in group.texts]
-                with torch.inference_mode():
-                    x = combine_layers(group.states, spec.combine, weights=spec.weights, mask=mask)
-                    vecs = reduce(x, mask, special, rows)
-                for r, i in enumerate(group.texts):
-                    done[i] = vecs[r].to("cpu", out_dtype)
-                while following in done:
-                    yield Encoded(start + following, done.pop(following), toks[following])
-                    following += 1
+            yield from self.encode_tokenized(toks, spec, batch_tokens=batch_tokens, start=start)
             start += len(chunk)
+
+    def encode_tokenized(
+        self, toks: list[Tokenized], spec: EncodeSpec, *, batch_tokens: int | None = None, start: int = 0
+    ) -> Iterator[Encoded]:
+        """The model's half of :meth:`stream`: encode texts tokenised by :meth:`tokenize` (or by
+        :meth:`text_tokenizer` in another process) and yield one ``Encoded(start + i, features [*D] | [n, *D],
+        toks[i])`` per text, in order."""
+        spec = spec.resolve(self)
+        budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
+        reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
+        out_dtype = _OUT_DTYPES[spec.dtype]
+        done: dict[int, torch.Tensor] = {}
+        following = 0
+        for group in self._forward(toks, spec.layer_indices, spec.site, budget):
+            mask, special = group.masks(toks)
+            rows = [toks[i] for i in group.texts]
+            with torch.inference_mode():
+                x = combine_layers(group.states, spec.combine, weights=spec.weights, mask=mask)
+                vecs = reduce(x, mask, special, rows)
+            for r, i in enumerate(group.texts):
+                done[i] = vecs[r].to("cpu", out_dtype)
+            while following in done:
+                yield Encoded(start + following, done.pop(following), toks[following])
+                following += 1
 
     # ---- public API -------------------------------------------------------------------------------------
     def hidden_states(

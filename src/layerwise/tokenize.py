@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -232,3 +232,50 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, sort: bool = True) -
         batches.append(current)
     return batches
 
+
+@dataclass
+class TextTokenizer:
+    """The tokenising half of an :class:`~layerwise.Extractor`, without the model: picklable, so a CPU stage (a Ray
+    task) can make the :class:`Tokenized` inputs that the model's stage then runs (``Extractor.encode_tokenized``).
+
+    Attributes:
+        tokenizer: the model's fast tokenizer. template: special tokens before/after the content.
+        max_length: the window length (``truncate`` keeps this many tokens). name: the model, for messages.
+    """
+
+    tokenizer: Any
+    template: tuple[int, int]
+    max_length: int
+    name: str
+
+    def __call__(
+        self, items: Sequence[Any], *, words: bool, truncate: bool = False, prompt: str = "", add_eos: bool = False
+    ) -> list[Tokenized]:
+        """Tokenise texts (or word lists with ``words=True``) with the model's special tokens.
+
+        With ``truncate`` a text longer than ``max_length`` keeps its first tokens and its special tokens; otherwise
+        it is kept whole (windowed by the forward pass). ``prompt`` is put before every text; ``add_eos`` appends
+        the tokenizer's end-of-sequence token where the tokenizer does not (see :class:`~layerwise.EncodeSpec`).
+        """
+        if prompt:
+            items = [prompt + text for text in items]
+        toks = tokenize(self.tokenizer, items, words=words, template=self.template)
+        if add_eos:
+            eos = self.tokenizer.eos_token_id
+            if eos is None:
+                raise ValueError(
+                    f"add_eos=True, but the tokenizer of {self.name!r} has no end-of-sequence token; drop "
+                    f"add_eos (pool='last' then reads the last token of the text)"
+                )
+            append_eos(toks, eos)
+        if words:
+            for t, item in zip(toks, items):
+                t.n_words = len(item)
+        if truncate:
+            for t in toks:
+                cap = self.max_length - t.n_prefix - t.n_suffix
+                if t.n_content > cap:
+                    keep = list(range(t.n_prefix + cap)) + list(range(len(t.ids) - t.n_suffix, len(t.ids)))
+                    t.ids, t.offsets = [t.ids[i] for i in keep], [t.offsets[i] for i in keep]
+                    t.word_ids, t.special = [t.word_ids[i] for i in keep], [t.special[i] for i in keep]
+        return toks

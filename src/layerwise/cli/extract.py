@@ -76,7 +76,8 @@ def extract(
     num_workers: int = typer.Option(2, "--num-workers", help="--engine ray: actors, each loading the model once."),
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="--engine ray: GPUs per actor."),
     cpus_per_worker: int = typer.Option(1, "--cpus-per-worker", help="--engine ray: CPUs (torch threads) per actor."),
-    parts: int = typer.Option(32, "--parts", help="--engine ray: parts the input is split into (keep it to resume)."),
+    part_records: int = typer.Option(10_000, "--part-records",
+                                     help="--engine ray: records per part, the unit of work and resume (keep it)."),
     address: Optional[str] = typer.Option(None, "--address", help="--engine ray: a running cluster (ray.init)."),
     shard_records: Optional[int] = typer.Option(
         None, "--shard-records", help="Records per shard (default: ~32 MB of features)."
@@ -124,7 +125,7 @@ def extract(
 
             done = lray.extract(input, output, spec, model=model, device=device, reading=reading, options=options,
                                 num_workers=num_workers, cpus_per_worker=cpus_per_worker,
-                                gpus_per_worker=gpus_per_worker, parts=parts, address=address)
+                                gpus_per_worker=gpus_per_worker, part_records=part_records, address=address)
             if not quiet:
                 err_console.print(f"ray: {done.parts} parts ({done.already_complete} already complete), "
                                   f"{done.records:,} records, {done.skipped:,} skipped in {done.seconds:.1f}s -> "
