@@ -50,7 +50,15 @@ def _run(root, src, model, out, **kw):
 
 def test_two_workers_write_the_plain_store(cluster, data):
     root, src, model = data
-    summary = _run(root, src, model, "two")
+    seen = root / "encoders"
+    seen.mkdir()
+
+    def note_encoder(part: int) -> None:  # runs in an encode actor; slow enough that the second actor is up
+        (seen / f"{part}-{os.getpid()}").write_text("")
+        time.sleep(1.0)
+
+    summary = _run(root, src, model, "two", on_part=note_encoder)
+    assert len({p.name.split("-")[1] for p in seen.iterdir()}) == 2  # both actors encoded parts
     assert summary.parts == 6 and summary.records == 2996 and summary.skipped == 4
     _same(open_store(root / "two"), open_store(root / "plain"))
     assert open_store(part_path(root / "two", 5)).manifest["part"] == {"index": 5, "of": 6}
