@@ -98,3 +98,24 @@ def test_cuda_matches_cpu(default_extractor, dtype):  # pragma: no cover - runs 
     b = default_extractor.encode(texts, layers="-4:", combine="mean", pool="mean")
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert cos.min() > (0.99999 if dtype == "float32" else 0.999)
+
+
+def test_reduced_precision_on_cpu_is_warned_about_where_the_cpu_lacks_it():
+    from layerwise.hardware import PrecisionWarning, check_cpu_dtype, native_on_cpu
+
+    cpu = torch.device("cpu")
+    assert native_on_cpu(torch.float32, frozenset())
+    assert native_on_cpu(torch.bfloat16, frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    assert native_on_cpu(torch.bfloat16, frozenset({"amx_bf16"}))
+    assert not native_on_cpu(torch.bfloat16, frozenset({"avx2", "avx512f"}))
+    with pytest.warns(PrecisionWarning, match=r"dtype='bfloat16' on this CPU: it has none of avx512_bf16, amx_bf16"):
+        check_cpu_dtype(torch.bfloat16, cpu, flags=frozenset({"avx2"}))
+    with pytest.warns(PrecisionWarning, match="avx512_fp16, amx_fp16"):
+        check_cpu_dtype(torch.float16, cpu, flags=frozenset({"avx512f", "avx512_bf16"}))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_cpu_dtype(torch.bfloat16, cpu, flags=frozenset({"avx512_bf16"}))  # native: silent
+        check_cpu_dtype(torch.bfloat16, torch.device("meta"), flags=frozenset())  # not a CPU: not this check's job
+        check_cpu_dtype(torch.float32, cpu, flags=frozenset())

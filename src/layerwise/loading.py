@@ -151,16 +151,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``None`` is float32 everywhere: reduced precision is never chosen by default (it is slow on most CPUs)."""
+    """``None`` is float32 everywhere: reduced precision is never chosen by default. Asked for on a CPU without
+    native support (:mod:`layerwise.hardware`), it is kept but warned about."""
+    from .hardware import check_cpu_dtype
+
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {dtype}; valid dtypes are: {', '.join(_DTYPES)}")
-        return dtype
-    if dtype not in _DTYPES:
+        resolved = dtype
+    elif dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid dtypes are: {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    else:
+        resolved = _DTYPES[dtype]
+    check_cpu_dtype(resolved, device)
+    return resolved
 
 
 @contextlib.contextmanager
