@@ -1,56 +1,58 @@
-"""Speed of layer features: layerwise against the code people write today, side by side in one process.
+"""Speed and fidelity of layer features: layerwise's paths against the fastest peers, side by side in one run.
 
-Run: ``./dev bench run [--model default|bert-base-shape|minilm-shape] [--texts 2000] [--repeats 3]``.
+Run: ``./dev bench run [--model default|bert-base-shape|minilm-shape] [--texts 2000] [--repeats 5] [--no-side]``.
 
-Contestants (mean-pooled last layer unless said; outputs are checked equal before anything is timed):
+Contestants (mean-pooled last layer; every output is compared with the float32 PyTorch reference before timing):
 
-* ``seed``       one sentence at a time, padded to 512, autograd on, ``output_hidden_states=True`` (timed on a
-                 subset: it is very slow)
-* ``unsorted``   batches of 32 in input order, ``torch.no_grad``, ``output_hidden_states=True``, masked mean
-* ``sbert``      sentence-transformers ``encode`` (batch 32, its own length sorting) on the same weights
-* ``layerwise``  ``Extractor.encode(texts, layers=-1, pool="mean")``
-* ``onnx``       the same with ``backend="onnx"`` (ONNX Runtime; export cached outside the timing)
-* ``layer k``    ``Extractor.encode(texts, layers=k)`` for every k (early exit)
+* ``layerwise auto``   ``Extractor()``: the default backend (ONNX Runtime where exact, else PyTorch)
+* ``layerwise torch``  ``Extractor(backend="torch")``: PyTorch float32 (the reference, = transformers)
+* ``layerwise bf16``   ``Extractor(dtype="bfloat16")``, only on a CPU with AVX-512 BF16 or AMX
+* ``layerwise int8``   ``Extractor(quantize="int8")``: dynamic int8 through ONNX Runtime
+* ``st torch``         sentence-transformers ``encode`` (batch 32, its own length sorting), this environment
+* ``st onnx``, ``st onnx-O3``, ``st int8``: sentence-transformers' ONNX backends (optimum export, O3 graph
+  optimisation, dynamic int8 for this CPU), run in a side environment (``benchmarks/st_side.py``: optimum needs
+  transformers 4) by a worker that times its own ``encode``; ``--no-side`` leaves them out
+* ``batched unsorted``  the hand-written loop: batches of 32 in input order, ``output_hidden_states=True``
+* ``seed-style``       one sentence at a time padded to 512 with autograd on (timed on a few texts: very slow)
 
-Measurements alternate between contestants in each repeat (the machine is shared and noisy); the table reports
-medians, tokens/s, the ratio to layerwise and the share of the machine's fp32 matrix-product limit, measured
-here with a 2048 x 2048 matmul: model FLOPs per token / time / measured GEMM FLOP/s. Random-weight models of real
-shapes are fine for speed (FLOPs do not depend on weights); ``default`` is the embedded real model.
+Each repeat times every contestant once, in turn (the machine is shared and noisy); the table gives the best of the
+repeats. Columns: tokens/s, how many times faster the default is, the share of the machine's limit for the
+contestant's precision (``benchmarks/limits.py``: the best matrix-product rate of torch and ONNX Runtime on the
+encoder's own shapes; model FLOPs per token x tokens/s / limit; never above 100% unless the limit is wrong, which
+is then said), and fidelity against the float32 reference: the minimum cosine and the largest absolute difference
+of the unit-normalised vectors (sentence-transformers normalises its output; "exact" is <= 1e-5).
+
+Then, on real sentences (SST-2 dev), the per-layer fidelity of bf16 and int8 (every layer mean-pooled: minimum
+cosine and largest absolute difference to float32), and the first-use ONNX export time. Random-weight models of
+real shapes are fine for speed (FLOPs do not depend on weights); fidelity needs the real ``default`` model.
+Writes ``benchmarks/results/run.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import random
-import resource
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 import layerwise as lw
+from benchmarks import limits
+from layerwise.hardware import cpu_flags, native_on_cpu
 
 SHAPES = {
     "bert-base-shape": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "minilm-shape": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
 }
-
-
-def gemm_flops(n: int = 2048, repeats: int = 10) -> float:
-    """Measured fp32 matrix-product rate (FLOP/s) of this machine with torch's current thread count."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+EXACT = 1e-5  # largest absolute difference of unit vectors that counts as the same output
+RESULTS = Path(__file__).parent / "results" / "run.json"
 
 
 def model_flops_per_token(cfg, layers: int, mean_len: float) -> float:
@@ -62,15 +64,13 @@ def model_flops_per_token(cfg, layers: int, mean_len: float) -> float:
 def make_model(name: str, tmp: Path) -> str:
     if name == "default":
         return lw.default_model_path()
-    from transformers import BertConfig, BertModel
+    from transformers import AutoTokenizer, BertConfig, BertModel
 
     cfg = BertConfig(vocab_size=30522, max_position_embeddings=512, **SHAPES[name])
     torch.manual_seed(0)
     model = BertModel(cfg).eval()
     path = tmp / name
     model.save_pretrained(path, safe_serialization=True)
-    from transformers import AutoTokenizer
-
     AutoTokenizer.from_pretrained(lw.default_model_path()).save_pretrained(path)  # uncased WordPiece, 30522 ids
     return str(path)
 
@@ -82,6 +82,16 @@ def make_texts(n: int) -> list[str]:
     rng = random.Random(0)
     rng.shuffle(texts)  # unsorted input, as users have it
     return texts
+
+
+def dev_sentences() -> list[str]:
+    """SST-2 dev sentences (real, whole sentences) for the per-layer fidelity; generated ones when absent."""
+    from benchmarks.extract_memory import shared_data
+
+    path = shared_data() / "sst2" / "dev.tsv"
+    if path.is_file():
+        return [ln.split("\t")[0] for ln in path.read_text(encoding="utf-8").splitlines()[1:] if ln.strip()]
+    return make_texts(872)
 
 
 def masked_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -108,95 +118,243 @@ def unsorted_batches(model, tok, texts, batch=32):
     return torch.cat(out).numpy()
 
 
+def unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def fidelity(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(minimum cosine, largest absolute difference of the unit vectors) over rows."""
+    a, b = unit(got), unit(ref)
+    return float((a * b).sum(-1).min()), float(np.abs(a - b).max())
+
+
+def per_layer(ex: lw.Extractor, ref: lw.Extractor, texts: list[str]) -> list[dict]:
+    """Every layer mean-pooled: min cosine and max abs difference (raw values) to ``ref``."""
+    got = ex.encode(texts, layers="all", combine="stack", pool="mean")  # [n, K, D]
+    want = ref.encode(texts, layers="all", combine="stack", pool="mean")
+    rows = []
+    for k in range(want.shape[1]):
+        cos, _ = fidelity(got[:, k], want[:, k])
+        rows.append({"layer": k, "min_cosine": cos, "max_abs": float(np.abs(got[:, k] - want[:, k]).max())})
+    return rows
+
+
+class Contestant:
+    """A timed callable: ``run() -> (seconds, [n, D] embeddings)``, with its precision and a label."""
+
+    def __init__(self, label: str, precision: str, run: Callable[[], tuple[float, np.ndarray]], layers: int):
+        self.label, self.precision, self.run, self.layers = label, precision, run, layers
+        self.times: list[float] = []
+        self.output: np.ndarray | None = None
+
+
+def timed(fn: Callable[[], np.ndarray]) -> Callable[[], tuple[float, np.ndarray]]:
+    def run() -> tuple[float, np.ndarray]:
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, np.asarray(out)
+
+    return run
+
+
+def first_use_export(path: str, tmp: Path) -> dict[str, float]:
+    """Seconds of the first call with an empty cache (export + check) and of the same call afterwards."""
+    cache = tmp / "first-use"
+    t0 = time.perf_counter()
+    ex = lw.Extractor(path, device="cpu", onnx_cache=cache)
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ex.encode(["warm up"], layers=-1)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lw.Extractor(path, device="cpu", onnx_cache=cache).encode(["warm up"], layers=-1)
+    again = time.perf_counter() - t0
+    exported = ex.backend.onnx.export_seconds if getattr(ex.backend, "onnx", None) else {}
+    return {"load_s": load, "first_call_s": first, "export_s": sum(exported.values()), "cached_load_and_call_s": again}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", choices=["default", *SHAPES])
     ap.add_argument("--texts", type=int, default=2000)
     ap.add_argument("--seed-texts", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--skip", default="", help="comma-separated contestants to skip")
-    ap.add_argument("--exit-layers", default="", help="comma-separated k to time for early exit (default: all)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--skip", default="", help="comma-separated contestants to skip (auto, torch, bf16, int8, "
+                                                "st-torch, st-onnx, st-onnx-O3, st-int8, unsorted, seed)")
+    ap.add_argument("--no-side", action="store_true", help="leave out sentence-transformers' ONNX backends")
+    ap.add_argument("--exit-layers", default="", help="comma-separated k to time for early exit (default: none)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    if args.no_side:
+        skip |= {"st-onnx", "st-onnx-O3", "st-int8"}
+    threads = torch.get_num_threads()
+    bf16_ok = native_on_cpu(torch.bfloat16)
+    if not bf16_ok:
+        skip.add("bf16")
     with tempfile.TemporaryDirectory() as d:
-        path = make_model(args.model, Path(d))
-        ex = lw.Extractor(path, device="cpu")
-        model, tok = ex.model, ex.tokenizer
+        tmp = Path(d)
+        path = make_model(args.model, tmp)
+        cache = tmp / "onnx"
+        ref = lw.Extractor(path, device="cpu", backend="torch")
+        model, tok = ref.model, ref.tokenizer
         texts = make_texts(args.texts)
         n_tokens = sum(len(i) for i in tok(texts)["input_ids"])
         mean_len = n_tokens / len(texts)
-        seed_texts = texts[: args.seed_texts]
-        seed_tokens = sum(len(i) for i in tok(seed_texts)["input_ids"])
-        L = ex.num_layers
-        ref = ex.encode(texts, layers=-1, pool="mean")
-        runs = {
-            "layerwise": lambda: ex.encode(texts, layers=-1, pool="mean"),
-            "unsorted": lambda: unsorted_batches(model, tok, texts),
+        L = ref.num_layers
+        cfg = ref.model.config
+        variants = {"auto": lw.Extractor(path, device="cpu", onnx_cache=cache),
+                    "int8": lw.Extractor(path, device="cpu", onnx_cache=cache, quantize="int8")}
+        if "bf16" not in skip:
+            variants["bf16"] = lw.Extractor(path, device="cpu", dtype="bfloat16")
+        for ex in variants.values():
+            ex.encode(texts[:8], layers=-1)  # exports (and the exactness check) happen here, outside the timing
+        contestants: dict[str, Contestant] = {
+            "auto": Contestant("layerwise, default (auto)", "float32",
+                               timed(lambda: variants["auto"].encode(texts, layers=-1, pool="mean")), L),
+            "torch": Contestant("layerwise, backend='torch'", "float32",
+                                timed(lambda: ref.encode(texts, layers=-1, pool="mean")), L),
+            "int8": Contestant("layerwise, quantize='int8'", "int8",
+                               timed(lambda: variants["int8"].encode(texts, layers=-1, pool="mean")), L),
         }
-        checks = {"unsorted": unsorted_batches(model, tok, texts[:200])}
-        if args.model == "default" and "sbert" not in skip:
+        if "bf16" in variants:
+            contestants["bf16"] = Contestant("layerwise, dtype='bfloat16'", "bfloat16",
+                                             timed(lambda: variants["bf16"].encode(texts, layers=-1, pool="mean")), L)
+        if args.model == "default" and "st-torch" not in skip:
             from sentence_transformers import SentenceTransformer
 
             st = SentenceTransformer(path, device="cpu")
-            runs["sbert"] = lambda: st.encode(texts, batch_size=32, convert_to_numpy=True)
-            checks["sbert"] = st.encode(texts[:200], batch_size=32, convert_to_numpy=True)
-        if "onnx" not in skip:
-            ex_onnx = lw.Extractor(path, device="cpu", backend="onnx", onnx_cache=Path(d) / "onnx")
-            checks["onnx"] = ex_onnx.encode(texts[:200], layers=-1, pool="mean")
-            runs["onnx"] = lambda: ex_onnx.encode(texts, layers=-1, pool="mean")
-        exits = [int(k) for k in args.exit_layers.split(",") if k] or list(range(1, L))
+            contestants["st-torch"] = Contestant(
+                "sentence-transformers encode (torch)", "float32",
+                timed(lambda: st.encode(texts, batch_size=32, convert_to_numpy=True)), L)
+        contestants["unsorted"] = Contestant("batched unsorted, hidden_states", "float32",
+                                             timed(lambda: unsorted_batches(model, tok, texts)), L)
+        exits = [int(k) for k in args.exit_layers.split(",") if k]
         for k in exits:
-            runs[f"layer {k}"] = lambda k=k: ex.encode(texts, layers=k, pool="mean")
-        for name, got in checks.items():
-            cos = (got * ref[:200]).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref[:200], axis=1))
-            if cos.min() < 0.99999:
-                sys.exit(f"{name} output differs from layerwise (min cosine {cos.min():.6f}); not timing")
-        seed_check = seed_style(model, tok, seed_texts[:4])
-        np.testing.assert_allclose(seed_check, ref[: len(seed_check)], atol=1e-4)
-        runs = {k: v for k, v in runs.items() if k not in skip}
-        gemm = gemm_flops()
-        times: dict[str, list[float]] = {k: [] for k in runs}
-        seed_times: list[float] = []
-        for _ in range(args.repeats):
-            for name, fn in runs.items():
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-            if "seed" not in skip:
-                t0 = time.perf_counter()
-                seed_style(model, tok, seed_texts)
-                seed_times.append(time.perf_counter() - t0)
-        gemm2 = gemm_flops()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    full = statistics.median(times["layerwise"])
-    lw_tps = n_tokens / full
-    cfg = ex.model.config
-    print(f"{args.model}: {ex!r}; {len(texts)} texts, {n_tokens:,} tokens (mean {mean_len:.1f}); "
-          f"{torch.get_num_threads()} threads; fp32 GEMM {gemm / 1e9:.0f} / {gemm2 / 1e9:.0f} GFLOP/s (before/after); "
-          f"median of {args.repeats} alternating runs; peak RSS {rss:,.0f} MB\n")
-    print("| contestant | median s | tokens/s | layerwise speed-up | share of GEMM limit |")
-    print("|---|---|---|---|---|")
+            contestants[f"layer {k}"] = Contestant(
+                f"layerwise auto, layer {k} of {L} (early exit)", "float32",
+                timed(lambda k=k: variants["auto"].encode(texts, layers=k, pool="mean")), k)
+        side = None
+        side_names = [n for n in ("st-onnx", "st-onnx-O3", "st-int8") if n not in skip]
+        side_facts: dict = {}
+        if args.model == "default" and side_names:
+            from benchmarks.st_side import SideST
+
+            side = SideST(path, threads, tmp / "side").__enter__()
+            side_facts = side.prepare(texts)
+            labels = {"st-onnx": ("sentence-transformers backend='onnx'", "float32"),
+                      "st-onnx-O3": ("sentence-transformers ONNX O3", "float32"),
+                      "st-int8": ("sentence-transformers int8 (dynamic)", "int8")}
+            for name in side_names:
+                if name in side.names:
+                    contestants[name] = Contestant(labels[name][0], labels[name][1],
+                                                   lambda name=name: side.encode(name, batch_size=32), L)
+                else:
+                    print(f"{name}: not run ({side_facts.get(name, {}).get('error', 'failed')})", file=sys.stderr)
+        contestants = {k: c for k, c in contestants.items() if k not in skip}
+        try:
+            want = ref.encode(texts, layers=-1, pool="mean")
+            seed_texts = texts[: args.seed_texts]
+            seed_tokens = sum(len(i) for i in tok(seed_texts)["input_ids"])
+            np.testing.assert_allclose(seed_style(model, tok, seed_texts[:4]), want[:4], atol=1e-4)
+            limit = limits.measure(cfg.hidden_size, cfg.intermediate_size, bf16=bf16_ok)
+            seed_times: list[float] = []
+            for _ in range(args.repeats):
+                for c in contestants.values():
+                    seconds, out = c.run()
+                    c.times.append(seconds)
+                    if c.output is None:
+                        c.output = out
+                if "seed" not in skip:
+                    t0 = time.perf_counter()
+                    seed_style(model, tok, seed_texts)
+                    seed_times.append(time.perf_counter() - t0)
+            limit_after = limits.measure(cfg.hidden_size, cfg.intermediate_size, bf16=bf16_ok)
+            layer_rows = {}
+            first_use = first_use_export(path, tmp) if "auto" in contestants else {}
+            if args.model == "default":
+                dev = dev_sentences()
+                layer_rows = {name: per_layer(ex, ref, dev) for name, ex in variants.items() if name != "auto"}
+                layer_rows["auto"] = per_layer(variants["auto"], ref, dev)
+        finally:
+            if side is not None:
+                side.close()
+    for name in list(limit):  # the better of the two measurements
+        if limit_after[name]["flops"] > limit[name]["flops"]:
+            limit[name] = limit_after[name]
+    report(args, contestants, limit, n_tokens, mean_len, len(texts), cfg, want, seed_times, seed_tokens,
+           layer_rows, first_use, side_facts, threads)
+
+
+def report(args, contestants, limit, n_tokens, mean_len, n_texts, cfg, want, seed_times, seed_tokens, layer_rows,
+           first_use, side_facts, threads) -> None:
+    flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"})
+    print(f"{args.model}: {n_texts} texts, {n_tokens:,} tokens (mean {mean_len:.1f}); {platform.processor() or ''} "
+          f"{threads} threads; CPU flags {', '.join(flags)}; best of {args.repeats} alternating runs\n")
+    print("Limits (best matrix-product rate on the encoder's shapes): " + "; ".join(
+        f"{p} {r['flops'] / 1e9:.0f} GFLOP/s ({r['by']})" for p, r in limit.items()) + "\n")
+    best = {k: min(c.times) for k, c in contestants.items()}
+    base = best.get("auto")
     rows = []
+    print("| contestant | precision | best s | tokens/s | default is faster by | share of limit | min cosine | "
+          "max abs (unit) |")
+    print("|---|---|---|---|---|---|---|---|")
     if seed_times:
-        med = statistics.median(seed_times)
-        rows.append(
-            ("seed-style (1 at a time, pad 512, autograd)", med * len(texts) / len(seed_texts), seed_tokens / med, L)
-        )
-    for name in runs:
-        med = statistics.median(times[name])
-        layers = int(name.split()[1]) if name.startswith("layer ") else L
-        labels = {"layerwise": f"layerwise (layer {L} of {L})", "unsorted": "batched unsorted, hidden_states",
-                  "sbert": "sentence-transformers encode", "onnx": "layerwise, backend='onnx'"}
-        label = labels.get(name, f"layerwise layer {layers} of {L} (early exit)")
-        rows.append((label, med, n_tokens / med, layers))
-    g = max(gemm, gemm2)
-    for label, med, tps, layers in rows:
-        share = tps * model_flops_per_token(cfg, layers, mean_len) / g
-        print(f"| {label} | {med:.2f} | {tps:,.0f} | {lw_tps / tps:.2f}x | {share:.0%} |")
-    print("\nEarly exit (time for layer k / full depth vs k/L):")
-    for k in range(1, L):
-        if f"layer {k}" in times:
-            print(f"  layer {k}: {statistics.median(times[f'layer {k}']) / full:.1%} (k/L {k / L:.1%})")
+        s = min(seed_times)
+        speedup = (n_tokens / base) / (seed_tokens / s) if base else float("nan")
+        print(f"| seed-style (1 at a time, pad 512, autograd) | float32 | {s * n_texts / args.seed_texts:.1f} "
+              f"(est.) | {seed_tokens / s:,.0f} | {speedup:.1f}x | | | |")
+    over = []
+    for key, c in contestants.items():
+        tps = n_tokens / best[key]
+        lim = limit.get(c.precision, limit["float32"])["flops"]
+        share = tps * model_flops_per_token(cfg, c.layers, mean_len) / lim
+        if share > 1:
+            over.append(f"{c.label}: {share:.0%}")
+        cos, diff = fidelity(c.output, want)
+        ratio = (n_tokens / base) / tps if base else float("nan")
+        rows.append({"key": key, "label": c.label, "precision": c.precision, "best_s": best[key], "times": c.times,
+                     "tokens_per_s": tps, "default_speedup": ratio, "share_of_limit": share, "min_cosine": cos,
+                     "max_abs_unit": diff})
+        print(f"| {c.label} | {c.precision} | {best[key]:.2f} | {tps:,.0f} | {ratio:.2f}x | {share:.0%} | "
+              f"{cos:.6f} | {diff:.1e} |")
+    if over:
+        print(f"\nLIMIT WRONG: a share above 100% ({'; '.join(over)}): the measured limit is not the real one")
+    by = {r["key"]: r for r in rows}
+    print("\nAcceptance (issue 16):")
+    exact_st = [r for k, r in by.items() if k.startswith("st-") and r["max_abs_unit"] <= EXACT]
+    if exact_st and "auto" in by:
+        fastest = max(exact_st, key=lambda r: r["tokens_per_s"])
+        print(f"  default vs the fastest exact sentence-transformers backend ({fastest['label']}): "
+              f"{by['auto']['tokens_per_s'] / fastest['tokens_per_s']:.2f}x (target >= 1.3x)")
+    for key, target in (("bf16", 2.0), ("int8", 2.5)):
+        if key in by:
+            vs = {ref_key: by[key]["tokens_per_s"] / by[ref_key]["tokens_per_s"] for ref_key in ("torch", "auto")
+                  if ref_key in by}
+            layers = layer_rows.get(key, [])
+            worst = min((r["min_cosine"] for r in layers), default=float("nan"))
+            last = layers[-1]["min_cosine"] if layers else float("nan")
+            print(f"  {key}: {vs.get('torch', float('nan')):.2f}x PyTorch float32, {vs.get('auto', float('nan')):.2f}x "
+                  f"the default (target >= {target}x float32); per-layer min cosine {worst:.5f}, last layer "
+                  f"{last:.5f} (targets: bf16 >= 0.9995 every layer, int8 >= 0.99 last layer)")
+    if layer_rows:
+        names = list(layer_rows)
+        print("\nPer-layer fidelity on SST-2 dev sentences (mean-pooled; min cosine / max abs to PyTorch float32):\n")
+        print("| layer | " + " | ".join(names) + " |")
+        print("|---|" + "---|" * len(names))
+        for k in range(len(layer_rows[names[0]])):
+            cells = [f"{layer_rows[n][k]['min_cosine']:.6f} / {layer_rows[n][k]['max_abs']:.1e}" for n in names]
+            print(f"| {k} | " + " | ".join(cells) + " |")
+    if first_use:
+        print(f"\nFirst use of the default backend with an empty cache: load {first_use['load_s']:.1f} s, first call "
+              f"{first_use['first_call_s']:.1f} s (export {first_use['export_s']:.1f} s + exactness check); a new "
+              f"process with the cache: load + call {first_use['cached_load_and_call_s']:.1f} s")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "model": args.model, "texts": n_texts, "tokens": n_tokens,
+        "threads": threads, "cpu_flags": flags, "limits": limit, "rows": rows, "per_layer": layer_rows,
+        "first_use": first_use, "side": side_facts,
+    }, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices (the tests' own processes)
+# exported ONNX graphs (backend "auto"/"onnx") go to a fresh cache per test session, shared with the subprocesses
+os.environ.setdefault("LAYERWISE_CACHE", tempfile.mkdtemp(prefix="layerwise-test-cache-"))
 
 import layerwise as lw  # noqa: E402
 from archs import ARCHS  # noqa: E402

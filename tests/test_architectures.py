@@ -62,7 +62,8 @@ def test_raw_site_is_the_layer_output_before_the_final_norm(arch_extractors, arc
     block = ex.hidden_states(TEXTS[:2], layers="all").tensor
     raw = ex.hidden_states(TEXTS[:2], layers="all", site="raw").tensor
     same = [i for i in range(L + 1) if not (i == L and lmap.final is not None) and not (i == 1 and lmap.after_first)]
-    assert torch.equal(block[same], raw[same]), arch
+    # (the block site may come from ONNX Runtime under the default backend: the same states within 1e-5)
+    torch.testing.assert_close(block[same], raw[same], atol=1e-5, rtol=0, msg=arch)
     if lmap.final is not None:
         assert kind(arch) == "decoder" or arch in ("t5", "mt5", "modernbert")
         with torch.inference_mode():

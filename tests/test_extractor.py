@@ -119,3 +119,29 @@ def test_reduced_precision_on_cpu_is_warned_about_where_the_cpu_lacks_it():
         check_cpu_dtype(torch.bfloat16, cpu, flags=frozenset({"avx512_bf16"}))  # native: silent
         check_cpu_dtype(torch.bfloat16, torch.device("meta"), flags=frozenset())  # not a CPU: not this check's job
         check_cpu_dtype(torch.float32, cpu, flags=frozenset())
+
+
+def test_stream_tokenises_the_next_chunk_in_a_thread(tiny_extractors, monkeypatch):
+    import threading
+
+    import layerwise.extractor as lx
+
+    ex = tiny_extractors["bert"]
+    texts = [f"sentence {i} " + "word " * (i % 7) for i in range(11)]
+    want = ex.encode(texts, layers=-1)
+    monkeypatch.setattr(lx, "CHUNK_RECORDS", 3)
+    seen = []
+    real = lx.TextTokenizer.__call__
+    monkeypatch.setattr(lx.TextTokenizer, "__call__",
+                        lambda self, *a, **k: seen.append(threading.current_thread().name) or real(self, *a, **k))
+    spec = lw.EncodeSpec(layers=-1)
+    got = [r for r in ex.stream(iter(texts), spec)]
+    assert [r.index for r in got] == list(range(11))
+    np.testing.assert_array_equal(np.stack([r.features.numpy() for r in got]), want)
+    assert seen[0] == threading.current_thread().name  # the first chunk: nothing to overlap with yet
+    assert len(seen) == 4 and all(name.startswith("layerwise-tokenize") for name in seen[1:])
+    stream = ex.stream(iter(texts), spec)
+    next(stream)
+    stream.close()  # abandoning the stream stops the thread
+    with pytest.raises(TypeError, match="text 7 must be a string, got NoneType"):
+        list(ex.stream(iter(texts[:7] + [None] + texts[8:]), spec))

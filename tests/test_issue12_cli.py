@@ -89,7 +89,7 @@ def test_pool_none_any_case_with_tokens_offsets_and_jsonl(model, tiny_extractors
 
 def test_encode_says_what_it_ran_on(model):
     res = CliRunner().invoke(app, ["encode", "a", *model])
-    assert res.exit_code == 0 and "1 text, device cpu, dtype float32, backend torch" in res.stderr
+    assert res.exit_code == 0 and "1 text, device cpu, dtype float32, backend auto" in res.stderr
     res = CliRunner().invoke(app, ["encode", "a", "--quiet", *model])
     assert res.stderr == ""
 
@@ -186,7 +186,7 @@ def test_progress_bar_on_a_terminal_unless_quiet(model):
     status, out, term = _run_with_stderr_on_a_terminal(["encode", "a", "b c", "d", *model])
     assert status == 0 and len(json.loads(out)["vectors"]) == 3
     assert "0/3" in term and "text" in term, term  # tqdm's bar: "encode:   0%| | 0/3 [...text/s]"
-    assert "3 texts, device cpu, dtype float32, backend torch" in term
+    assert "3 texts, device cpu, dtype float32, backend auto" in term
     status, out, term = _run_with_stderr_on_a_terminal(["encode", "a", "b c", "d", "--quiet", *model])
     assert status == 0 and len(json.loads(out)["vectors"]) == 3 and term == ""
 

@@ -289,5 +289,5 @@ def test_extract_says_what_it_ran_on(tiny_dirs, tmp_path):
     p.write_text("a b\n")
     args = ["extract", str(p), "-o", str(tmp_path / "s"), "--model", str(tiny_dirs["bert"])]
     res = CliRunner().invoke(app, args)
-    assert res.exit_code == 0 and ": device cpu, dtype float32, backend torch" in res.stderr
+    assert res.exit_code == 0 and ": device cpu, dtype float32, backend auto" in res.stderr
     assert ": device cpu" not in CliRunner().invoke(app, [*args, "--quiet"]).stderr

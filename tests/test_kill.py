@@ -26,7 +26,7 @@ KILLER = textwrap.dedent(
     import layerwise as lw
     import layerwise.store.writer as ex_mod
     import layerwise.store.layout as shards
-    import layerwise.backends.pytorch as extractor_mod
+    import layerwise.backends.auto as auto_mod
 
     point, k, model, corpus, store = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -44,7 +44,7 @@ KILLER = textwrap.dedent(
         return wrapped
 
     if point == "mid_encode":        # inside the forward passes of shard k's batch
-        extractor_mod.capture = counting(extractor_mod.capture, "before")
+        auto_mod.AutoBackend.forward = counting(auto_mod.AutoBackend.forward, "before")
     elif point == "shard_tmp":       # shard k written to its temporary name, not yet renamed
         real_replace = os.replace
         def replace(src, dst):

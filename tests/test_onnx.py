@@ -45,9 +45,9 @@ def test_export_is_cached_and_truncated(tiny_extractors, tmp_path, monkeypatch):
     loaded = tiny_extractors["bert"].loaded
     lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path).encode(TEXTS, layers=1)
     lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path).encode(TEXTS, layers=1)  # a new process would too
-    assert calls == [(1,)]
+    assert calls == [1]
     lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path).encode(TEXTS, layers=2)
-    assert calls == [(1,), (2,)]
+    assert calls == [1, 2]
     sizes = {}
     for path in tmp_path.glob("*.onnx"):
         graph = onnx.load(str(path)).graph
@@ -57,7 +57,7 @@ def test_export_is_cached_and_truncated(tiny_extractors, tmp_path, monkeypatch):
 
 def test_onnx_errors(tiny_extractors, tmp_path):
     loaded = tiny_extractors["bert"].loaded
-    with pytest.raises(ValueError, match="unknown backend 'jax'. Valid backends are: torch, onnx, keras, tf"):
+    with pytest.raises(ValueError, match="unknown backend 'jax'. Valid backends are: auto, torch, onnx, keras, tf"):
         lw.Extractor(loaded, backend="jax")
     ex = lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path)
     with pytest.raises(ValueError, match="site .attention. is not available for this model with this backend; "

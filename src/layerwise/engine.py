@@ -158,7 +158,8 @@ def store_header(ex: Extractor, spec: EncodeSpec, source: Source, reading: ReadO
     return {
         "spec": spec.to_dict(),
         "model": {"name": lm.name, "fingerprint": ex.fingerprint(), "family": lm.architecture,
-                  "num_layers": ex.num_layers, "hidden_size": ex.hidden_size, "backend": ex.backend.name},
+                  "num_layers": ex.num_layers, "hidden_size": ex.hidden_size, "backend": ex.backend.name,
+                  "precision": ex.backend.precision},
         "tokenizer": {"class": type(tok).__name__, "vocab_size": len(tok), "max_length": ex.max_length,
                       "stride": ex.stride, "do_lower_case": getattr(tok, "do_lower_case", None)},
         "input": source.identity(reading),

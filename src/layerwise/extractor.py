@@ -21,8 +21,10 @@ batch size, order or length sorting; only the layers asked for are computed and 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
@@ -66,7 +68,8 @@ class Extractor:
         model: local model directory or hub id; ``None`` = embedded all-MiniLM-L6-v2. A
             :class:`~layerwise.loading.LoadedModel` or a :class:`~layerwise.backends.Backend` is used as is.
         device: ``"cpu"``, ``"cuda"``...; ``None`` = CUDA when available, else CPU.
-        dtype: ``"float32"`` (default), ``"float16"``/``"bfloat16"`` (CUDA; slow on most CPUs).
+        dtype: ``"float32"`` (default), ``"float16"``/``"bfloat16"``: on CUDA, or on a CPU with native support
+            (bfloat16: AVX-512 BF16 or AMX; about 2.4x float32 there); elsewhere a PrecisionWarning says it is slow.
         batch_tokens: token budget per forward batch (``rows * longest row``); default 1024 on CPU (activations stay
             in cache: 1.45x faster than 8192 on a 2-core CPU, see benchmarks/README.md) and 16384 on CUDA.
         max_length: window length in tokens (special tokens included); default: the model's
@@ -76,11 +79,16 @@ class Extractor:
         sort_by_length: sort rows by length before batching (faster; results are identical either way).
         revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
             opt-in because they run code from the checkpoint).
-        backend: ``torch``, ``onnx`` (ONNX Runtime on CPU, block site, the BERT families; the graph is exported once
-            per layer choice and cached under ``onnx_cache``, default ``~/.cache/layerwise/onnx``), ``keras`` (a
-            keras-hub backbone: a preset directory, or a Hugging Face directory converted on load) or ``tf`` (a TF Hub
-            BERT SavedModel); default: ``keras`` for a keras-hub preset directory, ``tf`` for a SavedModel, else
-            ``torch``. ``keras`` and ``tf`` need ``pip install 'layerwise[tf]'``.
+        backend: ``auto`` (the default for transformers models: ONNX Runtime for the block site wherever its states
+            equal PyTorch's within 1e-5, checked once per depth, else PyTorch; see :mod:`layerwise.backends.auto`),
+            ``torch``, ``onnx`` (ONNX Runtime on CPU, block site, the BERT families), ``keras`` (a keras-hub
+            backbone: a preset directory, or a Hugging Face directory converted on load) or ``tf`` (a TF Hub BERT
+            SavedModel); a keras-hub preset directory defaults to ``keras``, a SavedModel to ``tf``. ``keras`` and
+            ``tf`` need ``pip install 'layerwise[tf]'``. ONNX graphs are exported once per model and deepest layer
+            and cached under ``onnx_cache`` (default ``$LAYERWISE_CACHE/onnx``, else ``~/.cache/layerwise/onnx``).
+        quantize: ``None`` (default) or ``"int8"``: dynamic int8 through ONNX Runtime (``auto``/``onnx`` backends,
+            block site), about 2.4x faster than float32 on an AVX-512 VNNI CPU and an approximation (last-layer
+            cosine to float32 about 0.98-0.99; figures in benchmarks/README.md).
         tokenizer: ``backend="tf"`` only: a directory holding the SavedModel's Hugging Face tokenizer, when the
             SavedModel directory has none.
         layers: the module path of the layer list (``"model.layers"``) for a model whose layers are not found
@@ -106,22 +114,29 @@ class Extractor:
         trust_remote_code: bool = False,
         backend: str | None = None,
         onnx_cache: str | os.PathLike | None = None,
+        quantize: str | None = None,
         layers: str | None = None,
         padding_side: str = "right",
         tokenizer: str | os.PathLike | None = None,
     ):
         if backend is None:
-            backend = "torch" if isinstance(model, (LoadedModel, Backend)) else detect_backend(model)
-        options: dict[str, Any] = {"cache": onnx_cache} if backend == "onnx" else {}
+            backend = "auto" if isinstance(model, (LoadedModel, Backend)) else detect_backend(model)
+        options: dict[str, Any] = {}
+        if backend in ("auto", "onnx"):
+            options.update(cache=onnx_cache, quantize=quantize)
+        elif quantize not in (None, "none"):
+            raise ValueError(f"quantize={quantize!r} runs through ONNX Runtime: use backend='auto' (the default) or "
+                             f"'onnx', not backend={backend!r}")
         if tokenizer is not None:
             if backend != "tf":
                 raise ValueError(f"tokenizer= goes with backend='tf' (a SavedModel without its tokenizer); the "
                                  f"{backend} backend reads the model directory's own tokenizer")
             options["tokenizer"] = tokenizer
-        if backend == "torch":
+        if backend in ("torch", "auto"):
             options["padding_side"] = padding_side
         elif padding_side != "right":
-            raise ValueError(f"padding_side={padding_side!r} needs backend='torch' (backend={backend!r} pads right)")
+            raise ValueError(f"padding_side={padding_side!r} needs backend='torch' or 'auto' (backend={backend!r} "
+                             f"pads right)")
         if isinstance(model, Backend):
             self.backend: Backend = model
         elif isinstance(model, LoadedModel):
@@ -248,7 +263,8 @@ class Extractor:
         map was found: ``table``, ``discovered`` (verified at load) or ``given``), ``final`` (the module whose output is
         ``hidden_states[L]``, e.g. a decoder's final norm; the ``raw`` site gives the state before it), ``sites``
         (name -> width), ``positions`` (kind and real maximum), ``window`` and ``stride`` (tokens), ``pooler``,
-        ``padding_side``, ``device``, ``dtype``, ``backend``.
+        ``padding_side``, ``device``, ``dtype``, ``precision`` (``dtype``, or ``int8`` when quantised), ``backend``
+        and, for ``auto``, ``runtime`` (which runtime served what so far).
 
         Example::
 
@@ -271,7 +287,9 @@ class Extractor:
             "padding_side": getattr(self.backend, "padding_side", "right"),
             "device": str(lm.device),
             "dtype": str(lm.dtype).replace("torch.", ""),
+            "precision": self.backend.precision,
             "backend": self.backend.name,
+            **({"runtime": self.backend.runtime()} if hasattr(self.backend, "runtime") else {}),
         }
 
     def __repr__(self) -> str:
@@ -325,14 +343,39 @@ class Extractor:
         spec = spec.resolve(self)
         words = spec.level == "word"
         it = iter(records)
-        start = 0
-        while chunk := list(itertools.islice(it, CHUNK_RECORDS)):
+
+        def next_chunk(start: int, tokenizer: TextTokenizer) -> list[Tokenized] | None:
+            chunk = list(itertools.islice(it, CHUNK_RECORDS))
+            if not chunk:
+                return None
             if words:
                 chunk = [item.split() if isinstance(item, str) else item for item in chunk]
             items = check_texts(chunk, words=words, start=start)
-            toks = self.tokenize(items, words=words, truncate=spec.truncate, prompt=spec.prompt, add_eos=spec.add_eos)
-            yield from self.encode_tokenized(toks, spec, batch_tokens=batch_tokens, start=start)
-            start += len(chunk)
+            return tokenizer(items, words=words, truncate=spec.truncate, prompt=spec.prompt, add_eos=spec.add_eos)
+
+        toks = next_chunk(0, self.text_tokenizer())
+        if toks is None:
+            return
+        # The next chunk is read and tokenised in a thread while this one runs through the model (the tokenizer
+        # releases the GIL, and so does the forward pass). The thread uses its own copy of the tokenizer: a fast
+        # tokenizer is not safe to call from two threads at once.
+        with ThreadPoolExecutor(1, thread_name_prefix="layerwise-tokenize") as pool:
+            start = 0
+            ahead: Future | None = None
+            while toks is not None:
+                if len(toks) == CHUNK_RECORDS:
+                    ahead = pool.submit(next_chunk, start + len(toks), self._prefetch_tokenizer())
+                yield from self.encode_tokenized(toks, spec, batch_tokens=batch_tokens, start=start)
+                start += len(toks)
+                toks = ahead.result() if ahead is not None else None
+                ahead = None
+
+    def _prefetch_tokenizer(self) -> TextTokenizer:
+        """:meth:`text_tokenizer` on a private copy of the fast tokenizer (copied once), for :meth:`stream`'s
+        tokenising thread."""
+        if getattr(self, "_tokenizer_copy", None) is None:
+            self._tokenizer_copy = copy.deepcopy(self.tokenizer)
+        return TextTokenizer(self._tokenizer_copy, self._template, self.max_length, self.loaded.name)
 
     def encode_tokenized(
         self, toks: list[Tokenized], spec: EncodeSpec, *, batch_tokens: int | None = None, start: int = 0

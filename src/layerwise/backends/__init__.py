@@ -8,6 +8,9 @@ kind is a new module here plus one line in :data:`BACKENDS`.
 ==========  ===========================================================  ==================================
 name        runtime                                                      sites
 ==========  ===========================================================  ==================================
+``auto``    the default: ONNX Runtime for the block site where it gives  all of torch's (``block`` only
+            PyTorch's states within 1e-5 (checked once per depth),       with ``quantize="int8"``)
+            else PyTorch; ``quantize="int8"``: int8 through ONNX Runtime
 ``torch``   PyTorch with scoped forward hooks and early exit, any        block, raw, attention, intermediate,
             architecture (the layer map of :mod:`layerwise.layermap`)    pre_ln (those the model has)
 ``onnx``    ONNX Runtime (CPU): the encoder exported up to the deepest   block
@@ -21,7 +24,7 @@ name        runtime                                                      sites
 
 ``keras`` and ``tf`` need the optional extra ``layerwise[tf]``; their modules import TensorFlow only when a model is
 loaded with them. :func:`detect_backend` picks ``keras`` for a keras-hub preset directory and ``tf`` for a
-SavedModel directory, ``torch`` otherwise.
+SavedModel directory, ``auto`` otherwise.
 """
 
 from __future__ import annotations
@@ -30,24 +33,25 @@ import os
 from typing import Any
 
 from ..loading import LoadedModel
+from .auto import AutoBackend
 from .base import Backend
 from .keras import KerasBackend, is_keras_preset
 from .ort import OnnxBackend
 from .pytorch import TorchBackend
 from .savedmodel import SavedModelBackend, is_saved_model
 
-BACKENDS: dict[str, type[Backend]] = {"torch": TorchBackend, "onnx": OnnxBackend, "keras": KerasBackend,
-                                      "tf": SavedModelBackend}
+BACKENDS: dict[str, type[Backend]] = {"auto": AutoBackend, "torch": TorchBackend, "onnx": OnnxBackend,
+                                      "keras": KerasBackend, "tf": SavedModelBackend}
 
 
 def detect_backend(model: object) -> str:
-    """``"keras"`` for a keras-hub preset directory, ``"tf"`` for a SavedModel directory, else ``"torch"``."""
+    """``"keras"`` for a keras-hub preset directory, ``"tf"`` for a SavedModel directory, else ``"auto"``."""
     if isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
         if is_saved_model(model):
             return "tf"
         if is_keras_preset(model):
             return "keras"
-    return "torch"
+    return "auto"
 
 
 def backend_class(name: object) -> type[Backend]:
@@ -62,5 +66,5 @@ def create_backend(name: str, loaded: LoadedModel, **options: Any) -> Backend:
     return backend_class(name)(loaded, **options)
 
 
-__all__ = ["BACKENDS", "Backend", "KerasBackend", "OnnxBackend", "SavedModelBackend", "TorchBackend", "backend_class",
-           "create_backend", "detect_backend"]
+__all__ = ["AutoBackend", "BACKENDS", "Backend", "KerasBackend", "OnnxBackend", "SavedModelBackend", "TorchBackend",
+           "backend_class", "create_backend", "detect_backend"]

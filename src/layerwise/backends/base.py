@@ -92,6 +92,12 @@ class Backend(ABC):
         return self.loaded.dtype
 
     @property
+    def precision(self) -> str:
+        """What the features are computed in: the dtype name (``"float32"``), or ``"int8"`` for a quantised graph.
+        Part of a store's identity (a resume never mixes precisions)."""
+        return str(self.dtype).replace("torch.", "")
+
+    @property
     def first_layer(self) -> int:
         """The lowest layer index this backend can give: 0 (the embeddings), or 1 for a model that hides them."""
         return 0

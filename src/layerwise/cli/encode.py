@@ -26,6 +26,7 @@ from .options import (
     ModelOpt,
     PaddingSideOpt,
     PromptOpt,
+    QuantizeOpt,
     SiteOpt,
     TrustCodeOpt,
     WeightsOpt,
@@ -94,6 +95,7 @@ def encode(
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
     backend: Optional[str] = BackendOpt,
+    quantize: Optional[str] = QuantizeOpt,
     layer_modules: Optional[str] = LayerModulesOpt,
     padding_side: str = PaddingSideOpt,
     prompt: str = PromptOpt,
@@ -120,12 +122,12 @@ def encode(
         if fmt == "npy" and pool_mode is None:
             raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
         ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend, layers=layer_modules,
-                       padding_side=padding_side)
+                       padding_side=padding_side, quantize=quantize)
         spec = spec.resolve(ex)
         if not quiet:
             lm = ex.loaded
             err_console.print(f"{lm.name}: {len(texts)} text{'' if len(texts) == 1 else 's'}, device {lm.device}, "
-                              f"dtype {str(lm.dtype).replace('torch.', '')}, backend {ex.backend.name}",
+                              f"dtype {ex.backend.precision}, backend {ex.backend.name}",
                               highlight=False, soft_wrap=True)
         results = _encode(ex, texts, spec, batch_tokens, show=not quiet and sys.stderr.isatty())
         _write(ex, spec, pool_mode or "none", results, fmt, output)

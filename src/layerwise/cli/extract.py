@@ -18,6 +18,7 @@ from .options import (
     ModelOpt,
     PaddingSideOpt,
     PromptOpt,
+    QuantizeOpt,
     SiteOpt,
     TrustCodeOpt,
     WeightsOpt,
@@ -95,6 +96,7 @@ def extract(
     allow_pickle: bool = AllowPickleOpt,
     trust_remote_code: bool = TrustCodeOpt,
     backend: Optional[str] = BackendOpt,
+    quantize: Optional[str] = QuantizeOpt,
     layer_modules: Optional[str] = LayerModulesOpt,
     padding_side: str = PaddingSideOpt,
     prompt: str = PromptOpt,
@@ -132,11 +134,11 @@ def extract(
                                   f"{output}", highlight=False, soft_wrap=True)
             return
         ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend,
-                       layers=layer_modules, padding_side=padding_side)
+                       layers=layer_modules, padding_side=padding_side, quantize=quantize)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
     if not quiet:
         lm = ex.loaded
-        err_console.print(f"{lm.name}: device {lm.device}, dtype {str(lm.dtype).replace('torch.', '')}, "
+        err_console.print(f"{lm.name}: device {lm.device}, dtype {ex.backend.precision}, "
                           f"backend {ex.backend.name}", highlight=False, soft_wrap=True)
         err_console.print(summary.line(), highlight=False, soft_wrap=True)
     if summary.skipped and not quiet:

@@ -40,9 +40,16 @@ AllowPickleOpt = typer.Option(
 BackendOpt = typer.Option(
     None,
     "--backend",
-    help="torch, onnx (ONNX Runtime, CPU, block site; exported once and cached), keras (keras-hub backbone) or tf "
-    "(TF Hub BERT SavedModel); default: keras for a keras-hub preset, tf for a SavedModel, else torch. keras and tf "
-    "need pip install 'layerwise[tf]'.",
+    help="auto (default: ONNX Runtime for the block site where it equals PyTorch within 1e-5, else torch), torch, "
+    "onnx (ONNX Runtime, CPU, block site; exported once and cached), keras (keras-hub backbone) or tf (TF Hub BERT "
+    "SavedModel); a keras-hub preset defaults to keras, a SavedModel to tf. keras and tf need pip install "
+    "'layerwise[tf]'.",
+)
+QuantizeOpt = typer.Option(
+    None,
+    "--quantize",
+    help="none (default) or int8: dynamic int8 through ONNX Runtime (block site; faster, approximate: see "
+    "benchmarks/README.md for its fidelity).",
 )
 TrustCodeOpt = typer.Option(
     False,

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from .options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, err_console, extractor, user_errors
+from .options import BackendOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, err_console, extractor, user_errors
 
 
 def serve(
@@ -20,6 +20,7 @@ def serve(
     device: Optional[str] = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     backend: Optional[str] = BackendOpt,
+    quantize: Optional[str] = QuantizeOpt,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve POST /v1/encode, GET /v1/model, /health, /metrics and OpenAPI docs at /docs."""
@@ -31,6 +32,6 @@ def serve(
             raise ValueError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
                         max_batch_tokens=max_batch_tokens)
-        ex = extractor(model, device, dtype, False, False, backend=backend)
+        ex = extractor(model, device, dtype, False, False, backend=backend, quantize=quantize)
     err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
     run(ex, host=host, port=port, limits=limits, log_level=log_level)

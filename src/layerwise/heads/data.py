@@ -141,6 +141,7 @@ def cached_store(
     key = content_key({
         "input": file_sha256(path),
         "weights": ex.fingerprint(),
+        "precision": ex.backend.precision,  # int8 / bfloat16 features are other features of the same weights
         "spec": spec.to_dict(),
         "max_length": ex.max_length,
         "text_field": text_field,

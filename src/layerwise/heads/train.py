@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..backends.auto import AutoBackend
 from ..checks import positive_ints, positive_numbers
 from ..extractor import Extractor
 from ..loading import DEFAULT_MODEL_NAME
@@ -226,11 +227,14 @@ def train(
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     ex = extractor or Extractor(config.model, device=opts.device, max_length=config.max_length)
-    if config.mode == "finetune" and ex.backend.name != "torch":
+    if config.mode == "finetune" and (ex.backend.name not in ("torch", "auto") or ex.backend.precision == "int8"):
         raise ValueError(
             f"mode='finetune' trains the encoder's weights, which needs backend='torch'; this encoder runs on "
-            f"backend={ex.backend.name!r}: use mode='frozen' (its features are cached) or the torch backend"
+            f"backend={ex.backend.name!r} ({ex.backend.precision}): use mode='frozen' (its features are cached) or the "
+            f"torch or auto backend in float32"
         )
+    if config.mode == "finetune" and isinstance(ex.backend, AutoBackend):
+        ex.backend.torch_only("the encoder's weights are fine-tuned in place")  # an exported graph would be stale
     if config.model is None and ex.loaded.name != DEFAULT_MODEL_NAME:
         config.model = ex.loaded.name  # the saved model must name the encoder it was trained with
     if config.model is not None and Path(config.model).expanduser().is_dir():

@@ -1,0 +1,126 @@
+"""backend="auto" (the default): ONNX Runtime where it is exact, PyTorch elsewhere; quantize="int8"."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import layerwise as lw
+import layerwise.backends.ort as ob
+from layerwise.backends import AutoBackend, TorchBackend
+
+pytest.importorskip("onnxruntime")
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés " * 40]
+
+
+def test_default_is_auto_and_exact_for_every_family(tiny_extractors, family):
+    ex = lw.Extractor(tiny_extractors[family].loaded, max_length=24)  # a long text: windows
+    reference = lw.Extractor(ex.loaded, backend="torch", max_length=24)
+    assert ex.backend.name == "auto" and isinstance(ex.backend, AutoBackend)
+    for got, want in zip(ex.encode(TEXTS, layers="all", pool=None), reference.encode(TEXTS, layers="all", pool=None)):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert ex.backend.uses_onnx([0, 2], "block"), ex.backend.runtime()  # ONNX Runtime really served it
+    assert "onnxruntime" in ex.describe()["runtime"] and ex.describe()["precision"] == "float32"
+
+
+def test_default_model_matches_hidden_states(default_extractor):
+    ex = lw.Extractor(default_extractor.loaded)
+    enc = ex.tokenizer(TEXTS[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hs = ex.model(**enc, output_hidden_states=True).hidden_states
+    got = ex.hidden_states(TEXTS[:2], layers="all")
+    assert ex.backend.uses_onnx(list(range(7)), "block")
+    mask = enc["attention_mask"].bool()
+    want = torch.stack(hs)
+    assert float((got.tensor[:, mask] - want[:, mask]).abs().max()) <= 1e-5
+
+
+def test_other_sites_run_on_torch(tiny_extractors):
+    ex = lw.Extractor(tiny_extractors["bert"].loaded)
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    for site in ("attention", "intermediate", "pre_ln"):
+        got, want = ex.encode(TEXTS, layers=1, site=site), reference.encode(TEXTS, layers=1, site=site)
+        np.testing.assert_array_equal(got, want)
+    assert not ex.backend.uses_onnx([1], "attention")
+
+
+def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch):
+    ex = lw.Extractor(tiny_extractors["roberta"].loaded)
+    real = ob.OnnxBackend.forward
+    monkeypatch.setattr(ob.OnnxBackend, "forward", lambda self, *a: real(self, *a) + 1e-3)
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference.encode(TEXTS, layers=-1))
+    assert not ex.backend.uses_onnx([2], "block")
+    assert "torch at depths [2] (ONNX Runtime not within 1e-05 of PyTorch there)" in ex.backend.runtime()
+
+
+def test_torch_when_onnx_cannot_serve(arch_extractors, tiny_extractors):
+    llama = lw.Extractor(arch_extractors["llama"].loaded)  # layers discovered at load: not exported
+    assert llama.backend.onnx is None and "family table" in llama.backend.runtime()
+    left = lw.Extractor(tiny_extractors["bert"].loaded, padding_side="left")
+    assert left.backend.onnx is None and "pads on the right, not 'left'" in left.backend.runtime()
+    assert isinstance(left.backend, TorchBackend) and left.backend.padding_side == "left"
+
+
+def test_one_graph_per_depth_shared_across_layer_choices_and_processes(tiny_extractors, tmp_path, monkeypatch, capfd):
+    calls = []
+    real = ob.export
+    monkeypatch.setattr(ob, "export", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    loaded = tiny_extractors["electra"].loaded
+    first = lw.Extractor(loaded, onnx_cache=tmp_path)
+    first.encode(TEXTS, layers=2)
+    first.encode(TEXTS, layers=[0, 1, 2], combine="concat")  # same deepest layer: same graph
+    assert calls == [2]
+    assert "to ONNX in" in capfd.readouterr().err  # the first-use export time is said
+    assert set(first.backend.onnx.export_seconds) == {2}
+    lw.Extractor(loaded, onnx_cache=tmp_path).encode(TEXTS, layers=[2, 0])  # a new process reads the cache
+    lw.Extractor(loaded, onnx_cache=tmp_path).encode(TEXTS, layers=1)
+    assert calls == [2, 1]
+    assert len(list(tmp_path.glob("*.onnx"))) == 2
+
+
+def test_cache_directory_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_CACHE", str(tmp_path))
+    assert ob.cache_dir() == tmp_path / "onnx"
+    assert ob.cache_dir(tmp_path / "mine") == tmp_path / "mine"
+
+
+def test_int8(default_extractor):
+    fp32 = lw.Extractor(default_extractor.loaded, backend="torch")
+    q = lw.Extractor(default_extractor.loaded, quantize="int8")
+    assert q.describe()["precision"] == "int8" and q.sites == ("block",)
+    a, b = q.encode(TEXTS, layers=-1), fp32.encode(TEXTS, layers=-1)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cos.min() > 0.95 and np.abs(a - b).max() > 1e-4  # close, and really quantised
+    import onnx
+
+    graph = onnx.load(str(q.backend.onnx.path_for(6, "int8"))).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MatMulInteger") == 36  # the 6 x (q, k, v, out, up, down) weight products
+    assert ops.count("MatMul") == 12  # attention scores and context stay float32
+
+
+def test_quantize_errors(tiny_extractors, arch_extractors):
+    loaded = tiny_extractors["bert"].loaded
+    with pytest.raises(ValueError, match=r"unknown quantize 'int4'. Valid values are: none, int8"):
+        lw.Extractor(loaded, quantize="int4")
+    with pytest.raises(ValueError, match=r"quantize='int8' runs through ONNX Runtime: use backend='auto' \(the "
+                       r"default\) or 'onnx', not backend='torch'"):
+        lw.Extractor(loaded, backend="torch", quantize="int8")
+    with pytest.raises(ValueError, match=r"quantize='int8' runs through ONNX Runtime, which exports the BERT-family"):
+        lw.Extractor(arch_extractors["llama"].loaded, quantize="int8")
+    q = lw.Extractor(loaded, quantize="int8")
+    with pytest.raises(ValueError, match=r"site 'attention' is not available .* it offers block"):
+        q.encode(["x"], layers=1, site="attention")
+
+
+def test_store_refuses_to_mix_precisions(tiny_extractors, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(f"sentence number {i}" for i in range(6)) + "\n")
+    loaded = tiny_extractors["bert"].loaded
+    spec = lw.EncodeSpec(layers=-1, pool="mean")
+    lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded, quantize="int8"))
+    with pytest.raises(Exception, match="precision"):
+        lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded))
