@@ -12,6 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices (the tests' own processes)
 # exported ONNX graphs (backend "auto"/"onnx") go to a fresh cache per test session, shared with the subprocesses
 os.environ.setdefault("LAYERWISE_CACHE", tempfile.mkdtemp(prefix="layerwise-test-cache-"))
+# "auto" takes ONNX Runtime wherever it is exact, without timing it against PyTorch, so the tests check that path
+# on every machine (test_auto.py checks the timed choice with LAYERWISE_AUTO_RUNTIME=fastest)
+os.environ.setdefault("LAYERWISE_AUTO_RUNTIME", "onnx")
 
 import layerwise as lw  # noqa: E402
 from archs import ARCHS  # noqa: E402

@@ -56,6 +56,39 @@ def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch):
     assert "torch at depths [2] (ONNX Runtime not within 1e-05 of PyTorch there)" in ex.backend.runtime()
 
 
+def test_fastest_exact_runtime_is_timed_once_per_depth(tiny_extractors, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    ex = lw.Extractor(tiny_extractors["bert"].loaded)
+    torch_s, onnx_s = ex.backend.race(2)  # the real race: both ran
+    assert 0 < torch_s < 5 and 0 < onnx_s < 5
+    calls = []
+
+    def fake(self, depth):
+        calls.append(depth)
+        return (0.001, 0.002) if depth == 1 else (0.002, 0.001)  # PyTorch faster at depth 1, ONNX Runtime at 2
+
+    monkeypatch.setattr(AutoBackend, "race", fake)
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    for layers in (1, 2, 1, [0, 2]):
+        np.testing.assert_allclose(ex.encode(TEXTS, layers=layers), reference.encode(TEXTS, layers=layers), atol=1e-5)
+    assert calls == [1, 2]  # once per depth
+    assert not ex.backend.uses_onnx([1], "block") and ex.backend.uses_onnx([2], "block")
+    said = ex.backend.runtime()
+    assert "for the block site at depths [2] (exact; faster here: 1.0 ms vs PyTorch's 2.0 ms on a 16x64 batch)" in said
+    assert "torch at depths [1] (exact; slower here: 2.0 ms vs PyTorch's 1.0 ms" in said
+
+
+def test_runtime_choice_from_environment(tiny_extractors, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "torch")
+    ex = lw.Extractor(tiny_extractors["bert"].loaded)
+    ex.encode(TEXTS, layers=-1)
+    assert not ex.backend.uses_onnx([2], "block") and "(LAYERWISE_AUTO_RUNTIME=torch)" in ex.backend.runtime()
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "gpu")
+    with pytest.raises(ValueError, match="LAYERWISE_AUTO_RUNTIME='gpu' is not a choice. Valid values are: fastest, "
+                                         "onnx, torch"):
+        lw.Extractor(tiny_extractors["bert"].loaded).encode(TEXTS, layers=-1)
+
+
 def test_torch_when_onnx_cannot_serve(arch_extractors, tiny_extractors):
     llama = lw.Extractor(arch_extractors["llama"].loaded)  # layers discovered at load: not exported
     assert llama.backend.onnx is None and "family table" in llama.backend.runtime()

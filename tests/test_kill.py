@@ -95,11 +95,13 @@ def _same(a, b, level):
     assert sa.errors == sb.errors
     assert sa.manifest["counts"]["records"] == sb.manifest["counts"]["records"]
     assert sa.manifest["counts"]["skipped"] == sb.manifest["counts"]["skipped"]
+    # the resumed run batches the remaining records differently (other padded lengths); the default backend
+    # promises PyTorch's states within 1e-5, so two batchings agree within that, not bit for bit
     if level == "sentence":
-        np.testing.assert_allclose(fa, fb, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(fa, fb, atol=1e-5, rtol=0)
     else:
         np.testing.assert_array_equal(fa[1], fb[1])
-        np.testing.assert_allclose(fa[0], fb[0], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(fa[0], fb[0], atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")

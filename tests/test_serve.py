@@ -137,7 +137,57 @@ def test_sentence_level_equals_extractor(server, ex, opts, encoding):
     ref = ex.encode(SENTENCES, **opts)
     assert body["shape"] == list(ref.shape) and body["level"] == "sentence"
     assert body["layers"] == list(lw.resolve_layers(opts["layers"], ex.num_layers))
+    assert body["spec"] == lw.EncodeSpec(**opts).resolve(ex).to_dict()  # the server's per-spec cache answers right
     _close(_arr(body["vectors"]), ref)
+
+
+def _raw(url, body: dict) -> tuple[int, str, bytes]:
+    conn = http.client.HTTPConnection(urlparse(url).hostname, urlparse(url).port, timeout=120)
+    conn.request("POST", "/v1/encode", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    out = resp.status, resp.getheader("content-type"), resp.read()
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("level", ["sentence", "token", "word"])
+@pytest.mark.parametrize("encoding", ["json", "base64"])
+def test_response_is_compact_utf8_json_as_before(server, ex, level, encoding):
+    # the bytes FastAPI's default response gave: json.dumps compact, UTF-8 (not ASCII-escaped), floats as repr
+    texts = ["naïve cafés", "EU rejects German call"]
+    status, ctype, raw = _raw(server, {"texts": texts, "level": level, "layers": "-2:", "encoding": encoding})
+    assert status == 200 and ctype == "application/json"
+    body = json.loads(raw)
+    assert raw == json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    assert list(body)[:4] == ["model", "layers", "level", "spec"]
+    vectors = body["vectors"] if level != "sentence" else [body["vectors"]]
+    refs = ex.encode(texts, layers="-2:", pool=None) if level == "token" else (
+        ex.encode_words([t.split() for t in texts], layers="-2:") if level == "word" else [ex.encode(texts, "-2:")])
+    for vec, ref in zip(vectors, refs):
+        _close(_arr(vec).reshape(ref.shape), ref)
+    if encoding == "json":  # each float is the float32 result, exactly (float32 -> float64 -> repr round trip)
+        got = np.asarray(vectors[0], dtype=np.float64)
+        assert np.array_equal(got, got.astype(np.float32).astype(np.float64))
+
+
+def test_options_alternating_between_requests_keep_their_own_spec(server, ex):
+    # the per-spec part of the answers is cached: alternate two option sets and check each answer's spec
+    a, b = {"layers": -1, "pool": "mean"}, {"layers": [0, 2], "combine": "mean", "pool": "max"}
+    for opts in (a, b, a, b):
+        status, body = _request(server, "POST", "/v1/encode", {"texts": ["a text"], **opts})
+        assert status == 200, body
+        assert body["spec"] == lw.EncodeSpec(**opts).resolve(ex).to_dict()
+        assert body["layers"] == list(lw.resolve_layers(opts["layers"], ex.num_layers))
+
+
+def test_keep_freed_memory_on_glibc():
+    import platform
+
+    from layerwise.serve import keep_freed_memory
+
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is expected
+    assert keep_freed_memory() is expected  # idempotent
 
 
 @pytest.mark.parametrize("encoding", ["json", "base64"])

@@ -1,11 +1,14 @@
 """``backend="auto"`` (the default): the fastest runtime that gives the exact states on this machine.
 
-For the block site of a family-table encoder in float32 on the CPU, ONNX Runtime (:mod:`layerwise.backends.ort`)
-is 1.2-1.7x faster than PyTorch on the development CPUs (``benchmarks/README.md``). It is used only where it is
-exact: the first time a depth is used in a process, the exported graph and PyTorch run the same probe batch and the
-states must agree within 1e-5 (relative to the states' scale, the project's tolerance for "the same states");
-otherwise, and for every other site, device, dtype, padding side or architecture, the PyTorch backend runs.
-:meth:`AutoBackend.runtime` says which ran.
+For the block site of a family-table encoder in float32 on the CPU there are two candidates, ONNX Runtime
+(:mod:`layerwise.backends.ort`) and PyTorch, and which one is faster depends on the CPU: ONNX Runtime was 1.2-1.7x
+faster on the AMD EPYC development machines, PyTorch ~1.2x faster on an Intel Xeon with AMX (``benchmarks/README.md``).
+So the first time a depth is used in a process, both run: the exported graph and PyTorch run the same probe batch
+and the states must agree within 1e-5 (relative to the states' scale, the project's tolerance for "the same
+states"); then both are timed on a ``RACE_SHAPE`` batch (alternating, best of ``RACE_ROUNDS``) and the faster one
+serves that depth from then on. ``$LAYERWISE_AUTO_RUNTIME`` changes the choice among exact runtimes: ``fastest``
+(the default), ``onnx`` or ``torch`` (no timing). Every other site, device, dtype, padding side or architecture runs
+on PyTorch. :meth:`AutoBackend.runtime` says which ran, and why.
 
 ``quantize="int8"`` makes ONNX Runtime the only runtime (block site only); a model it cannot run is refused with
 the reason. Reduced precision is never chosen by this backend: ``dtype="bfloat16"`` is an explicit option that runs
@@ -15,6 +18,7 @@ on PyTorch.
 from __future__ import annotations
 
 import os
+import time
 from typing import Sequence
 
 import torch
@@ -26,6 +30,19 @@ from .ort import OnnxBackend, check_quantize, ort_available
 from .pytorch import TorchBackend
 
 EXACT = 1e-5  # max abs difference to PyTorch, relative to max(1, largest state): "the same states"
+RACE_SHAPE = (16, 64)  # (texts, tokens) of the batch both runtimes are timed on
+RACE_ROUNDS = 3
+CHOICES = ("fastest", "onnx", "torch")
+
+
+def runtime_choice() -> str:
+    """``$LAYERWISE_AUTO_RUNTIME`` (default ``fastest``): how ``auto`` picks among the runtimes that are exact."""
+    choice = os.environ.get("LAYERWISE_AUTO_RUNTIME", "fastest").strip().lower() or "fastest"
+    if choice not in CHOICES:
+        raise ValueError(f"LAYERWISE_AUTO_RUNTIME={choice!r} is not a choice. Valid values are: "
+                         f"{', '.join(CHOICES)} (fastest: time both once per depth; onnx/torch: always that one "
+                         f"where it is exact)")
+    return choice
 
 
 class AutoBackend(TorchBackend):
@@ -51,6 +68,8 @@ class AutoBackend(TorchBackend):
         elif self.quantize:
             raise ValueError(f"quantize={self.quantize!r} runs through ONNX Runtime, which {self.why_torch}")
         self._exact: dict[int, bool] = {}  # depth -> ONNX Runtime agreed with PyTorch on the probe batch
+        self._onnx_at: dict[int, bool] = {}  # depth -> ONNX Runtime serves it (exact, and chosen)
+        self._why: dict[int, str] = {}  # depth -> why that runtime serves it
 
     def torch_only(self, reason: str) -> None:
         """Run PyTorch from now on (e.g. the weights are about to change: an exported graph would be stale).
@@ -63,6 +82,8 @@ class AutoBackend(TorchBackend):
                              f"({reason})")
         self.onnx, self.why_torch = None, f"is off: {reason}"
         self._exact.clear()
+        self._onnx_at.clear()
+        self._why.clear()
 
     @staticmethod
     def onnx_unsupported(loaded: LoadedModel, padding_side: str = "right") -> str | None:
@@ -97,23 +118,70 @@ class AutoBackend(TorchBackend):
             self._exact[depth] = float((got[:, keep] - want[:, keep]).abs().max()) <= EXACT * scale
         return self._exact[depth]
 
+    def race(self, depth: int) -> tuple[float, float]:
+        """Seconds (best of ``RACE_ROUNDS``, alternating) for ``(PyTorch, ONNX Runtime)`` on a ``RACE_SHAPE`` batch
+        of layers ``0..depth``, after one warm-up call each."""
+        assert self.onnx is not None
+        n, t = RACE_SHAPE
+        vocab = int(getattr(self.loaded.model.config, "vocab_size", 1000))
+        ids = torch.randint(min(1000, vocab - 1), vocab, (n, t), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(ids)
+        layers = list(range(depth + 1))
+        runs = {"torch": lambda: TorchBackend.forward(self, ids, mask, layers, "block"),
+                "onnx": lambda: self.onnx.forward(ids, mask, layers, "block")}
+        best = {name: float("inf") for name in runs}
+        for run in runs.values():
+            run()  # warm-up: first-call allocations
+        for _ in range(RACE_ROUNDS):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - t0)
+        return best["torch"], best["onnx"]
+
+    def serves_onnx(self, depth: int) -> bool:
+        """Whether ONNX Runtime serves layers ``0..depth``: exact, and chosen by ``$LAYERWISE_AUTO_RUNTIME``
+        (decided once per depth)."""
+        if self.onnx is None:
+            return False
+        if self.quantize:
+            return True
+        if depth not in self._onnx_at:
+            choice = runtime_choice()
+            if choice == "torch":
+                use, why = False, "LAYERWISE_AUTO_RUNTIME=torch"
+            elif not self.exact(depth):
+                use, why = False, f"ONNX Runtime not within {EXACT} of PyTorch there"
+            elif choice == "onnx":
+                use, why = True, "exact; LAYERWISE_AUTO_RUNTIME=onnx"
+            else:
+                slow, fast = self.race(depth)
+                use = fast < slow
+                shape = "x".join(map(str, RACE_SHAPE))
+                why = f"exact; {'faster' if use else 'slower'} here: {fast * 1e3:.1f} ms vs PyTorch's " \
+                      f"{slow * 1e3:.1f} ms on a {shape} batch"
+            self._onnx_at[depth], self._why[depth] = use, why
+        return self._onnx_at[depth]
+
     def uses_onnx(self, layers: Sequence[int], site: str) -> bool:
         """Whether a forward pass for ``layers`` at ``site`` runs on ONNX Runtime."""
         if self.onnx is None or site != "block":
             return False
-        return bool(self.quantize) or self.exact(self.onnx.depth_for(layers))
+        return self.serves_onnx(self.onnx.depth_for(layers))
 
     def runtime(self) -> str:
-        """Which runtime serves what, so far: e.g. ``"onnxruntime (block, depths 6); torch otherwise"``."""
+        """Which runtime serves what so far, and why: e.g. ``"onnxruntime 1.23.2 for the block site at depths [6]
+        (exact; faster here: ...); torch for other sites"``."""
         if self.onnx is None:
             return f"torch (ONNX Runtime {self.why_torch})"
-        fast = sorted(d for d, ok in self._exact.items() if ok)
-        slow = sorted(d for d, ok in self._exact.items() if not ok)
-        parts = [f"onnxruntime {self.onnx.ort.__version__} for the block site"
-                 + (f" (exact at depths {fast})" if fast else "")]
-        if slow:
-            parts.append(f"torch at depths {slow} (ONNX Runtime not within {EXACT} of PyTorch there)")
-        return "; ".join(parts) + ("" if self.quantize else "; torch for other sites")
+        head = f"onnxruntime {self.onnx.ort.__version__}"
+        if self.quantize:
+            return f"{head} ({self.quantize}) for the block site"
+        chosen = sorted(self._onnx_at.items())
+        parts = [f"{head} for the block site at depths [{d}] ({self._why[d]})" for d, on in chosen if on]
+        parts += [f"torch at depths [{d}] ({self._why[d]})" for d, on in chosen if not on]
+        return "; ".join(parts or [f"{head} or torch for the block site (decided at first use of each depth)"]) \
+            + "; torch for other sites"
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str

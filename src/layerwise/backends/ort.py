@@ -185,6 +185,7 @@ class OnnxBackend(Backend):
 
     name = "onnx"
     sites = ("block",)
+    spin = False  # let idle intra-op threads spin-wait (ONNX Runtime's default); off: see :meth:`session`
 
     def __init__(self, loaded: LoadedModel, cache: str | os.PathLike | None = None, threads: int | None = None,
                  quantize: str | None = None):
@@ -258,6 +259,10 @@ class OnnxBackend(Backend):
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1
             opts.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if not self.spin:
+                # idle intra-op threads sleep instead of spinning: a spinning pool steals the cores that the
+                # tokenizer thread and, in the service, the event loop need between two runs
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self._sessions[depth] = self.ort.InferenceSession(str(self.build(depth)), opts,
                                                               providers=["CPUExecutionProvider"])
         return self._sessions[depth]

@@ -106,10 +106,8 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
-        too_big = JSONResponse({"detail": f"request body over the limit of {self.limit} bytes (max_body_bytes)"},
-                               status_code=413)
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await too_big(scope, receive, send)
+            return await self._too_big(scope, receive, send)
         if length is not None:
             return await self.app(scope, receive, send)
         # no Content-Length (chunked): read the body here, refusing it as soon as it passes the limit
@@ -121,7 +119,7 @@ class _BodyLimit:
                 break
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                return await too_big(scope, receive, send)
+                return await self._too_big(scope, receive, send)
             if not message.get("more_body", False):
                 break
         replay = iter(messages)
@@ -131,6 +129,10 @@ class _BodyLimit:
 
         await self.app(scope, replayed, send)
 
+    async def _too_big(self, scope, receive, send) -> None:
+        detail = f"request body over the limit of {self.limit} bytes (max_body_bytes)"
+        await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+
 
 def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
     """A FastAPI app serving ``extractor`` (call :func:`layerwise.serve.serve` to run it with uvicorn)."""
@@ -138,6 +140,7 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
     ex = extractor
     metrics = Metrics()
     batcher = Batcher(_runner(ex, metrics), max_batch_tokens=limits.max_batch_tokens, on_batch=metrics.batch)
+    headers = _Headers()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -189,21 +192,42 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
             metrics.request("500", time.perf_counter() - t0)
             return JSONResponse({"detail": "internal error while encoding; see the server log"}, status_code=500)
         try:
-            body = _response(ex, spec, req.encoding, items, rows)
+            body = _response(ex, spec, req.encoding, items, rows, headers)
         except HTTPException as exc:
             metrics.request(str(exc.status_code), time.perf_counter() - t0)
             raise
         metrics.request("200", time.perf_counter() - t0)
-        return body
+        # a Response is sent as it is: FastAPI's jsonable_encoder would walk every float of the vectors first (the
+        # bytes are the same: JSONResponse renders with json.dumps, as FastAPI's default response does)
+        return JSONResponse(body)
 
     return app
 
 
-def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows: list) -> dict:
+class _Headers:
+    """The per-spec part of every response (``layers`` and ``spec.to_dict()``), built once per spec.
+
+    Requests repeat a handful of option sets, so the dict is cached (at most ``size`` specs, oldest dropped).
+    The cached values are only read (serialised), never changed.
+    """
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._cache: dict[EncodeSpec, tuple[list[int], dict]] = {}
+
+    def __call__(self, spec: EncodeSpec) -> tuple[list[int], dict]:
+        hit = self._cache.get(spec)
+        if hit is None:
+            if len(self._cache) >= self.size:
+                self._cache.pop(next(iter(self._cache)))
+            hit = self._cache[spec] = (list(spec.layer_indices), spec.to_dict())
+        return hit
+
+
+def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows: list, headers: _Headers) -> dict:
     """The JSON body for one request's rows ``[(vector, Tokenized)]``; ``spec`` is the resolved request spec."""
-    body: dict = {
-        "model": ex.loaded.name, "layers": list(spec.layer_indices), "level": spec.level, "spec": spec.to_dict()
-    }
+    layers, spec_dict = headers(spec)
+    body: dict = {"model": ex.loaded.name, "layers": layers, "level": spec.level, "spec": spec_dict}
     vecs = [v for v, _ in rows]
     if spec.level == "sentence":
         arr = np.stack(vecs)

@@ -4,6 +4,11 @@ Requests wait in a queue; one worker thread owns the model. It takes the oldest 
 request with the same options key (layers, site, combine, pool, level, ...) while the merged batch stays within
 ``max_batch_tokens`` (estimated from characters) and ``max_batch_texts``, runs one ``Extractor`` call and hands
 each request its slice of the result. The event loop only awaits futures, so it never blocks on the model.
+
+There is no batching window: a lone request starts as soon as the worker is free (it sleeps on a condition, never
+on a timer), and requests that arrive while the model runs are merged into the next call. A bounded wait for
+requests still being read or answered by the event loop was tried and measured (8 and 64 closed-loop clients,
+MiniLM on 2 cores): no throughput gain, so there is none. Results go back with one event-loop wake-up per batch.
 """
 
 from __future__ import annotations
@@ -94,20 +99,26 @@ class Batcher(Generic[K]):
             seconds = time.perf_counter() - t0
             if self._on_batch is not None:
                 self._on_batch(len(batch), len(items), sum(j.cost for j in batch), seconds)
+            # one wake-up of each event loop per batch (not one per request): it resolves all of that loop's futures
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, Exception | None]]] = {}
             start = 0
             for job in batch:
                 n = len(job.items)
-                if error is None:
-                    job.loop.call_soon_threadsafe(_resolve, job.future, results[start : start + n], None)
-                else:
-                    job.loop.call_soon_threadsafe(_resolve, job.future, None, error)
+                outcome = (None, error) if error is not None else (results[start : start + n], None)
+                by_loop.setdefault(job.loop, []).append((job.future, *outcome))
                 start += n
+            for loop, outcomes in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_resolve, outcomes)
+                except RuntimeError:  # that loop is closed: nobody is waiting any more
+                    pass
 
 
-def _resolve(future: asyncio.Future, value, error) -> None:
-    if future.done():  # the client went away
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
+def _resolve(outcomes: list[tuple[asyncio.Future, Any, Exception | None]]) -> None:
+    for future, value, error in outcomes:
+        if future.done():  # the client went away
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
