@@ -42,11 +42,12 @@ from .stack import LayerStack
 from .store import FeatureStore, open_store
 from .version import __version__
 
-_SUBPACKAGES = {"heads": ".heads", "probe": ".probe", "ray": ".engines.ray"}
+_SUBPACKAGES = {"explore": ".explore", "heads": ".heads", "probe": ".probe", "ray": ".engines.ray"}
 
 
 def __getattr__(name: str) -> Any:
-    """``lw.heads`` and ``lw.probe`` (training stacks) are imported on first use, keeping ``import layerwise`` light."""
+    """``lw.heads``, ``lw.probe`` (training stacks) and ``lw.explore`` (web stack) are imported on first use, keeping
+    ``import layerwise`` light."""
     if name in _SUBPACKAGES:
         return importlib.import_module(_SUBPACKAGES[name], __name__)
     raise AttributeError(f"module 'layerwise' has no attribute {name!r}")
@@ -81,6 +82,7 @@ __all__ = [
     "capture",
     "combine",
     "default_model_path",
+    "explore",
     "extract",
     "heads",
     "load_model",

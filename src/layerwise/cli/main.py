@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from ..version import __version__
-from . import demo, encode, evaluate, export, extract, inspect, merge, predict, probe, serve, train
+from . import demo, encode, evaluate, explore, export, extract, inspect, merge, predict, probe, serve, train
 from .options import DEBUG_ENV, set_debug
 
 
@@ -48,6 +48,7 @@ app.command("evaluate")(evaluate.evaluate)
 app.command("predict")(predict.predict)
 app.command("probe")(probe.probe)
 app.command("serve")(serve.serve)
+app.command("explore")(explore.explore)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional, Union
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..combine import FIXED_COMBINES
+from ..explore.app import Explorer, explorer_router
 from ..extractor import Extractor
 from ..families import SUPPORTED_MODEL_TYPES
 from ..pipeline import check_texts
@@ -134,12 +136,17 @@ class _BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
-def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
-    """A FastAPI app serving ``extractor`` (call :func:`layerwise.serve.serve` to run it with uvicorn)."""
+def create_app(extractor: Extractor, limits: Limits | None = None, explorer: Explorer | None = None) -> FastAPI:
+    """A FastAPI app serving ``extractor`` (call :func:`layerwise.serve.serve` to run it with uvicorn), with the
+    layer explorer's page at ``/`` (``explorer``: default, the sentence view of ``extractor``; see
+    :mod:`layerwise.explore`)."""
     limits = limits or Limits()
     ex = extractor
     metrics = Metrics()
-    batcher = Batcher(_runner(ex, metrics), max_batch_tokens=limits.max_batch_tokens, on_batch=metrics.batch)
+    explorer = explorer if explorer is not None else Explorer(extractor=ex)
+    # the model runs one call at a time: the batcher's worker and the explorer's sentence view share this lock
+    batcher = Batcher(_runner(ex, metrics, explorer.model_lock), max_batch_tokens=limits.max_batch_tokens,
+                      on_batch=metrics.batch)
     headers = _Headers()
 
     @contextlib.asynccontextmanager
@@ -151,6 +158,8 @@ def create_app(extractor: Extractor, limits: Limits | None = None) -> FastAPI:
                   description="Hidden layers of a transformer as features, with dynamic batching.")
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
     app.state.batcher, app.state.metrics, app.state.extractor = batcher, metrics, ex
+
+    app.include_router(explorer_router(explorer))
 
     @app.get("/health")
     def health() -> dict:
@@ -273,12 +282,13 @@ def _validate(ex: Extractor, req: EncodeRequest, limits: Limits) -> tuple[list, 
     return list(items), spec
 
 
-def _runner(ex: Extractor, metrics: Metrics) -> Callable[[EncodeSpec, list], list]:
+def _runner(ex: Extractor, metrics: Metrics, lock: threading.Lock) -> Callable[[EncodeSpec, list], list]:
     """The worker's model call for one merged batch: ``(spec, items) -> [(vector ndarray, Tokenized)]``."""
 
     def run(spec: EncodeSpec, items: list) -> list:
         t0 = time.perf_counter()
-        out = [(res.features.numpy(), res.tokens) for res in ex.stream(items, spec)]
+        with lock:
+            out = [(res.features.numpy(), res.tokens) for res in ex.stream(items, spec)]
         metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
         return out
 

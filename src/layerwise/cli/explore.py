@@ -1,0 +1,56 @@
+"""``layerwise explore``: the layer explorer, a local web page (corpus, sentence and probe views)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .options import BackendOpt, DeviceOpt, err_console, extractor, user_errors
+
+SampleOpt = typer.Option(2000, "--sample", help="Show at most this many records (a seeded random sample).")
+LabelsOpt = typer.Option(None, "--labels", help="Column holding the labels to colour by (kept with --keep in a store).")
+ProbeDirOpt = typer.Option(None, "--probe", help="A layerwise probe output directory to open (repeatable).")
+
+
+def explore(
+    store: Optional[str] = typer.Argument(None, help="A sentence-level store (made with --combine stack "
+                                                     "--layers all to see every layer)."),
+    texts: Optional[str] = typer.Option(None, "--texts", help="Or a text file (txt, TSV/CSV, JSONL, parquet) to "
+                                                             "encode now, every layer mean-pooled."),
+    labels: Optional[str] = LabelsOpt,
+    text_field: Optional[str] = typer.Option(None, "--text-field", help="Column holding the text (default text, "
+                                                                       "else sentence)."),
+    probe: Optional[list[str]] = ProbeDirOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for the sentence view and --texts "
+                                                                    "(default: the store's model, else the "
+                                                                    "embedded all-MiniLM-L6-v2)."),
+    sample: int = SampleOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (default loopback only)."),
+    port: int = typer.Option(8765, "--port", help="TCP port, 1..65535."),
+    device: Optional[str] = DeviceOpt,
+    backend: Optional[str] = BackendOpt,
+) -> None:
+    """Open the layer explorer at http://127.0.0.1:8765 (works offline: nothing is fetched from the network)."""
+    import uvicorn
+
+    from ..explore import Explorer, corpus_from_store, create_explorer_app
+    from ..explore.corpus import corpus_from_file
+    from ..explore.probe_dir import read_probe_dir
+
+    with user_errors():
+        if not 1 <= port <= 65535:
+            raise ValueError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8765)")
+        if store and texts:
+            raise ValueError("give a STORE or --texts FILE, not both")
+        for folder in probe or []:
+            read_probe_dir(folder)  # a wrong directory is said now, not in the browser
+        corpus = corpus_from_store(store, labels=labels, sample=sample) if store else None
+        name = model or (corpus.model if corpus is not None else None)
+        ex = extractor(name, device, None, False, False, backend=backend)
+        if texts:
+            corpus = corpus_from_file(ex, texts, labels=labels, text_field=text_field, sample=sample)
+    app = create_explorer_app(Explorer(corpus=corpus, extractor=ex, probe_dirs=list(probe or [])))
+    what = corpus.note if corpus is not None else "no corpus"
+    err_console.print(f"layerwise explorer on http://{host}:{port} ({what}; model {ex.loaded.name})", highlight=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
