@@ -6,7 +6,7 @@ Run: ``./dev bench precision [--variants float32,bfloat16,int8] [--sst2-train 20
 Each variant is one :class:`layerwise.Extractor` of the embedded default model (all-MiniLM-L6-v2, 6 layers, hidden
 384); only the features differ between variants, everything downstream is the same code with the same seed:
 
-  float32        ``lw.Extractor()``: backend ``auto`` (ONNX Runtime where it is exact, else PyTorch), float32
+  float32        ``lw.Extractor()``: backend ``auto`` (the faster exact runtime), float32
   float32-torch  ``lw.Extractor(backend="torch")``: plain PyTorch float32 (not run by default)
   bfloat16       ``lw.Extractor(dtype="bfloat16")``: PyTorch bf16; skipped, with the reason printed, on a CPU without
                  AVX-512 BF16 / AMX (``layerwise.hardware.native_on_cpu``), where it runs emulated and very slowly

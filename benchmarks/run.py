@@ -4,7 +4,7 @@ Run: ``./dev bench run [--model default|bert-base-shape|minilm-shape] [--texts 2
 
 Contestants (mean-pooled last layer; every output is compared with the float32 PyTorch reference before timing):
 
-* ``layerwise auto``   ``Extractor()``: the default backend (ONNX Runtime where exact, else PyTorch)
+* ``layerwise auto``   ``Extractor()``: the default backend (the faster exact runtime, timed)
 * ``layerwise torch``  ``Extractor(backend="torch")``: PyTorch float32 (the reference, = transformers)
 * ``layerwise bf16``   ``Extractor(dtype="bfloat16")``, only on a CPU with AVX-512 BF16 or AMX
 * ``layerwise int8``   ``Extractor(quantize="int8")``: dynamic int8 through ONNX Runtime

@@ -10,9 +10,16 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-import layerwise as lw
-from layerwise.explore import (Explorer, corpus_from_store, corpus_from_texts, create_explorer_app, layer_scores,
-                               project, read_probe_dir, sentence_view)
+from layerwise.explore import (
+    Explorer,
+    corpus_from_store,
+    corpus_from_texts,
+    create_explorer_app,
+    layer_scores,
+    project,
+    read_probe_dir,
+    sentence_view,
+)
 from layerwise.explore.corpus import corpus_from_file, layer_views, sample_rows
 from layerwise.explore.scores import knn_accuracy
 

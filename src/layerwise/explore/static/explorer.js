@@ -111,7 +111,7 @@ function lineChart(svg, names, series, opts) {
   // series: [{name, values, colour, dashed}], values may hold null; opts: {ymin, ymax, ylabel, errors}
   clear(svg);
   const w = +svg.getAttribute("width"), h = +svg.getAttribute("height");
-  const L = 42, R = 10, T = 10, B = 34;
+  const L = 42, R = 10, T = 10, B = 34 + 16 * Math.ceil(series.length / 3);  // room for the legend below
   const all = series.flatMap((s) => s.values).filter((v) => v !== null && v !== undefined);
   let lo = opts.ymin !== undefined ? opts.ymin : Math.min(...all), hi = opts.ymax !== undefined ? opts.ymax : Math.max(...all);
   if (!(hi > lo)) { lo -= 0.5; hi += 0.5; }
@@ -125,7 +125,7 @@ function lineChart(svg, names, series, opts) {
   names.forEach((n, i) => {
     el("text", { x: sx(i), y: h - B + 14, "text-anchor": "middle" }, svg).textContent = n;
   });
-  if (opts.xlabel) el("text", { x: (L + w - R) / 2, y: h - 4, "text-anchor": "middle" }, svg).textContent = opts.xlabel;
+  if (opts.xlabel) el("text", { x: (L + w - R) / 2, y: h - B + 28, "text-anchor": "middle" }, svg).textContent = opts.xlabel;
   series.forEach((s) => {
     const pts = s.values.map((v, i) => (v === null || v === undefined ? null : [sx(i), sy(v)])).filter((p) => p);
     if (s.flat) {
@@ -145,11 +145,11 @@ function lineChart(svg, names, series, opts) {
       });
     }
   });
-  let y = T + 12;
-  series.forEach((s) => {
-    el("rect", { x: w - R - 150, y: y - 9, width: 10, height: 10, fill: s.colour }, svg);
-    el("text", { x: w - R - 136, y: y }, svg).textContent = s.name;
-    y += 15;
+  const slot = (w - L - R) / 3;
+  series.forEach((s, i) => {
+    const x = L + (i % 3) * slot, y = h - B + 48 + 16 * Math.floor(i / 3);
+    el("rect", { x: x, y: y - 9, width: 10, height: 10, fill: s.colour }, svg);
+    el("text", { x: x + 14, y: y }, svg).textContent = s.name;
   });
   return { sx, T, B, h };
 }
