@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse
 from pydantic import BaseModel, ConfigDict
@@ -77,7 +78,8 @@ class Explorer:
                 x = corpus.vectors[:, k]
                 xy, info = project(x, method)
                 scores = layer_scores(x, corpus.labels) if corpus.labels is not None else {}
-                self._views[key] = {"k": k, "name": corpus.layer_names[k], "points": xy.round(4).tolist(), **info,
+                points = xy.astype(np.float64).round(4).tolist()  # (float64: 4 decimals print as 4 decimals)
+                self._views[key] = {"k": k, "name": corpus.layer_names[k], "points": points, **info,
                                     "scores": {name: _finite(v) for name, v in scores.items()}}
             return self._views[key]
 
