@@ -8,19 +8,14 @@ Locally the test is skipped (with the reason) when no chromium is installed; in 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 import layerwise as lw
 
-from tiny import extract, free_port, toy
+from tiny import cli_server, extract, toy
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -44,30 +39,9 @@ def _has_playwright() -> bool:
     return True
 
 
-@contextlib.contextmanager
-def exploring(log_path, *args: str, timeout: float = 180):
+def exploring(log_path, *args: str):
     """``layerwise explore ARGS`` on a free local port; yields the base URL once the API answers."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "layerwise.cli.main", "explore", *args, "--port", str(port)]
-    base = f"http://127.0.0.1:{port}"
-    with open(log_path, "w+") as log, subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    ) as proc:
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    urllib.request.urlopen(f"{base}/explorer/api/info", timeout=5).read()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        pytest.fail(f"explorer did not start:\n{log.read()}")
-                    time.sleep(0.2)
-            yield base
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    return cli_server(["explore", *args], log_path, "/explorer/api/info")
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +115,7 @@ def test_corpus_view_and_layer_slider(page, tmp_path):
     pg.wait_for_selector("body[data-layer-shown='0']")
     assert pg.inner_text("#layer-name") == "embeddings"
     assert _points(pg) != last_points and _scores(pg) != last_scores  # the picture and the numbers follow
-    pg.hover("#scatter circle >> nth=0")
+    pg.hover("#scatter circle >> nth=0", force=True)  # (another point may lie on top of it: hover it anyway)
     tip = pg.inner_text("#tooltip")
     assert tip.startswith("[pos] ") or tip.startswith("[neg] ")
     assert (tmp_path / "corpus.png").stat().st_size > 10_000

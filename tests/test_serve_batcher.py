@@ -62,15 +62,22 @@ def test_lone_requests_run_at_once_without_a_timer(monkeypatch):
     assert statistics.median(latencies) < 0.010, latencies
 
 
+async def busy_with(b: Batcher, run: Recorder, key: str, items: list[str]) -> asyncio.Future:
+    """Submit a first request and return once the worker is running it (held until ``run.release`` is set), so
+    the requests submitted next wait in the queue together."""
+    run.release.clear()
+    first = asyncio.ensure_future(b.submit(key, items, 1))
+    while not run.started.is_set():
+        await asyncio.sleep(0.001)
+    return first
+
+
 def test_waiting_compatible_requests_share_one_call_and_get_their_own_rows():
     run = Recorder()
     b = Batcher(run, max_batch_tokens=1000, max_batch_texts=100)
 
     async def scenario():
-        run.release.clear()
-        first = asyncio.ensure_future(b.submit("A", ["a0"], 1))
-        while not run.started.is_set():  # the worker is busy with the first request ...
-            await asyncio.sleep(0.001)
+        first = await busy_with(b, run, "A", ["a0"])  # the worker is busy with the first request ...
         later = [  # ... while these queue: A and B interleaved
             asyncio.ensure_future(b.submit(key, [f"{key}{i}-{j}" for j in range(n)], n))
             for i, (key, n) in enumerate([("A", 2), ("B", 1), ("A", 3), ("A", 1), ("B", 2)])
@@ -103,10 +110,7 @@ def test_batch_budget_splits_merged_calls():
     b = Batcher(run, max_batch_tokens=10, max_batch_texts=3)
 
     async def scenario():
-        run.release.clear()
-        first = asyncio.ensure_future(b.submit("A", ["x"], 1))
-        while not run.started.is_set():
-            await asyncio.sleep(0.001)
+        first = await busy_with(b, run, "A", ["x"])
         later = [asyncio.ensure_future(b.submit("A", [f"t{i}"], 4)) for i in range(5)]
         await asyncio.sleep(0.05)
         run.release.set()
@@ -127,10 +131,7 @@ def test_model_error_reaches_every_request_of_its_batch_and_the_worker_goes_on()
     b = Batcher(run)
 
     async def scenario():
-        run.release.clear()
-        first = asyncio.ensure_future(b.submit("A", ["ok"], 1))
-        while not run.started.is_set():
-            await asyncio.sleep(0.001)
+        first = await busy_with(b, run, "A", ["ok"])
         bad = [asyncio.ensure_future(b.submit("A", items, 1)) for items in (["fine"], ["BOOM"])]
         await asyncio.sleep(0.05)
         run.release.set()
@@ -151,10 +152,7 @@ def test_a_caller_that_went_away_does_not_stop_the_others():
     b = Batcher(run)
 
     async def scenario():
-        run.release.clear()
-        first = asyncio.ensure_future(b.submit("A", ["first"], 1))
-        while not run.started.is_set():
-            await asyncio.sleep(0.001)
+        first = await busy_with(b, run, "A", ["first"])
         gone = asyncio.ensure_future(b.submit("A", ["gone"], 1))
         stays = asyncio.ensure_future(b.submit("A", ["stays"], 1))
         await asyncio.sleep(0.02)

@@ -267,8 +267,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(model, log_path: Path, *extra: str, timeout: float = 180):
-    """``layerwise serve --model MODEL`` in a subprocess on a free local port; yields its base URL once healthy.
+def cli_server(args: list[str], log_path: Path, ready: str, timeout: float = 180):
+    """``layerwise ARGS --port P`` in a subprocess on a free local port; yields its base URL once ``GET ready``
+    answers.
 
     The server is stopped on exit; if it does not come up the test fails with its log.
     """
@@ -281,8 +282,7 @@ def serving(model, log_path: Path, *extra: str, timeout: float = 180):
     import pytest
 
     port = free_port()
-    cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(model), "--port", str(port),
-           "--log-level", "warning", *extra]
+    cmd = [sys.executable, "-m", "layerwise.cli.main", *args, "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
     with open(log_path, "w+") as log, subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -291,7 +291,7 @@ def serving(model, log_path: Path, *extra: str, timeout: float = 180):
             deadline = time.monotonic() + timeout
             while True:
                 try:
-                    urllib.request.urlopen(f"{base}/health", timeout=5).read()
+                    urllib.request.urlopen(f"{base}{ready}", timeout=5).read()
                     break
                 except OSError:
                     if proc.poll() is not None or time.monotonic() > deadline:
@@ -301,4 +301,9 @@ def serving(model, log_path: Path, *extra: str, timeout: float = 180):
             yield base
         finally:
             proc.terminate()
-            proc.wait(timeout=20)
+            proc.wait(timeout=30)
+
+
+def serving(model, log_path: Path, *extra: str, timeout: float = 180):
+    """``layerwise serve --model MODEL`` in a subprocess (see :func:`cli_server`); yields its base URL once healthy."""
+    return cli_server(["serve", "--model", str(model), "--log-level", "warning", *extra], log_path, "/health", timeout)

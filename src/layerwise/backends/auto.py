@@ -121,14 +121,16 @@ class AutoBackend(TorchBackend):
     def race(self, depth: int) -> tuple[float, float]:
         """Seconds (best of ``RACE_ROUNDS``, alternating) for ``(PyTorch, ONNX Runtime)`` on a ``RACE_SHAPE`` batch
         of layers ``0..depth``, after one warm-up call each."""
-        assert self.onnx is not None
+        onnx = self.onnx
+        if onnx is None:
+            raise RuntimeError(f"race({depth}) needs ONNX Runtime, which {self.why_torch}")
         n, t = RACE_SHAPE
         vocab = int(getattr(self.loaded.model.config, "vocab_size", 1000))
         ids = torch.randint(min(1000, vocab - 1), vocab, (n, t), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
         layers = list(range(depth + 1))
         runs = {"torch": lambda: TorchBackend.forward(self, ids, mask, layers, "block"),
-                "onnx": lambda: self.onnx.forward(ids, mask, layers, "block")}
+                "onnx": lambda: onnx.forward(ids, mask, layers, "block")}
         best = {name: float("inf") for name in runs}
         for run in runs.values():
             run()  # warm-up: first-call allocations

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from .corpus import Corpus
@@ -38,7 +38,7 @@ from .sentence import sentence_view
 if TYPE_CHECKING:
     from ..extractor import Extractor
 
-STATIC = ("explorer.js", "explorer.css")
+STATIC = {"explorer.js": "text/javascript", "explorer.css": "text/css"}  # the page's files and their types
 
 
 @dataclass
@@ -127,11 +127,10 @@ def explorer_router(explorer: Explorer) -> APIRouter:
         return HTMLResponse(_static("index.html").read_text(encoding="utf-8"))
 
     @router.get("/explorer/static/{name}", include_in_schema=False)
-    def static(name: str) -> FileResponse:
+    def static(name: str) -> Response:
         if name not in STATIC:
             raise HTTPException(404, f"no static file {name!r}")
-        with resources.as_file(_static(name)) as path:
-            return FileResponse(path)
+        return Response(_static(name).read_bytes(), media_type=STATIC[name])
 
     @router.get("/explorer/api/info")
     def info() -> dict:
