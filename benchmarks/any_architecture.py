@@ -27,7 +27,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModel, AutoTokenizer, GPT2Config, LlamaConfig, PreTrainedTokenizerFast
 
 import layerwise as lw
-from layerwise import discovery
+from layerwise.model import discovery
 
 from .early_exit import make_texts
 

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import layerwise as lw
-from layerwise.engines import ray as lray
-from layerwise.readers import ReadOptions
-from layerwise.sources import open_source
+from layerwise.corpus.readers import ReadOptions
+from layerwise.corpus.sources import open_source
+from layerwise.extraction import ray as lray
 from layerwise.store import merge_stores
 
 WORDS = "the a film was good bad plot actor scene long short funny dull story music end start".split()
@@ -71,8 +71,8 @@ def main(argv=None) -> None:
 
     def on_ray(workers: int, threads: int):
         def run(out: Path) -> None:
-            lray.extract(src, out, spec, device="cpu", num_workers=workers, cpus_per_worker=threads,
-                         part_records=args.part_records)
+            lray.extract(src, out, spec, model=lw.ModelOptions(device="cpu"), num_workers=workers,
+                         cpus_per_worker=threads, part_records=args.part_records)
         return run
 
     runs = {"local": local, "ray-1": on_ray(1, max(1, cores - 1)), "ray-2": on_ray(2, max(1, cores // 2))}
@@ -95,8 +95,8 @@ def main(argv=None) -> None:
     n_parts = sum(1 for _ in lray.read_parts({}, source, ReadOptions(), args.part_records,
                                              set(range(10**6)), strict=False))
     read_s = time.perf_counter() - t0
-    lray.extract(src, root / "m", spec, device="cpu", num_workers=1, cpus_per_worker=max(1, cores - 1),
-                 part_records=args.part_records)
+    lray.extract(src, root / "m", spec, model=lw.ModelOptions(device="cpu"), num_workers=1,
+                 cpus_per_worker=max(1, cores - 1), part_records=args.part_records)
     shutil.rmtree(root / "m")
     t0 = time.perf_counter()
     merge_stores([lray.part_path(root / "m", p) for p in range(n_parts)], root / "m2")

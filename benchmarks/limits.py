@@ -9,7 +9,7 @@ offers the precision:
 
 * float32: torch (oneDNN/MKL) and ONNX Runtime's MLAS (a one-node ``MatMul`` graph)
 * bfloat16: torch (oneDNN; only where the CPU has AVX-512 BF16 or AMX: elsewhere it is emulated, see
-  :mod:`layerwise.hardware`)
+  :mod:`layerwise.model.hardware`)
 * int8: ONNX Runtime's ``MatMulInteger`` (uint8 x int8 -> int32, VNNI where the CPU has it), the kernel its dynamic
   quantisation runs; activations are already quantised here, so the limit leaves out the quantise step that a real
   int8 model pays
@@ -111,7 +111,7 @@ def measure(hidden: int, ffn: int, tokens: tuple[int, ...] = (1024, 4096), bf16:
 
 
 def main(argv=None) -> None:
-    from layerwise.hardware import native_on_cpu
+    from layerwise.model.hardware import native_on_cpu
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=384)

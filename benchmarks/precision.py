@@ -9,7 +9,7 @@ Each variant is one :class:`layerwise.Extractor` of the embedded default model (
   float32        ``lw.Extractor()``: backend ``auto`` (the faster exact runtime), float32
   float32-torch  ``lw.Extractor(backend="torch")``: plain PyTorch float32 (not run by default)
   bfloat16       ``lw.Extractor(dtype="bfloat16")``: PyTorch bf16; skipped, with the reason printed, on a CPU without
-                 AVX-512 BF16 / AMX (``layerwise.hardware.native_on_cpu``), where it runs emulated and very slowly
+                 AVX-512 BF16 / AMX (``layerwise.model.hardware.native_on_cpu``), where it runs emulated and very slowly
   int8           ``lw.Extractor(quantize="int8")``: dynamic int8 quantisation through ONNX Runtime (block site)
 
 Per variant:
@@ -60,8 +60,8 @@ import torch
 import layerwise as lw
 from benchmarks.extract_memory import shared_data
 from benchmarks.sst2_heads import CONFIGS
-from layerwise.hardware import PrecisionWarning, cpu_flags, native_on_cpu
 from layerwise.heads import HeadConfig
+from layerwise.model.hardware import PrecisionWarning, cpu_flags, native_on_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.5  # percentage points (issue #16)
@@ -123,7 +123,7 @@ def run_variant(name: str, args, data: dict[str, Path], tmp: Path) -> dict:
                                      progress=False)
         t = time.perf_counter()
         res = lw.heads.train(cfg, data["sst2_train"], data["sst2_dev"], text_field="sentence",
-                             options=opts, extractor=ex, output=work / f"head-{key}",
+                             options=opts, model=ex, output=work / f"head-{key}",
                              log=lambda s, k=key: say(f"[{name} {k}] {s}"))
         wall = time.perf_counter() - t
         heads[key] = {"title": title, "dev_accuracy": res.dev["accuracy"], "dev_macro_f1": res.dev["macro_f1"],
@@ -146,7 +146,7 @@ def run_variant(name: str, args, data: dict[str, Path], tmp: Path) -> dict:
     row["feature_seconds"] = round(sum(h["feature_seconds"] for h in heads.values()) + pr.extract_seconds, 1)
     row["seconds"] = round(time.perf_counter() - t0, 1)
     desc = ex.describe()
-    row["describe"] = {k: desc.get(k) for k in ("backend", "dtype", "precision", "runtime", "device")}
+    row["describe"] = {k: desc.get(k) for k in ("backend", "compute_dtype", "precision", "runtime", "device")}
     return row
 
 

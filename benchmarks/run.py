@@ -45,7 +45,7 @@ import torch
 
 import layerwise as lw
 from benchmarks import limits
-from layerwise.hardware import cpu_flags, native_on_cpu
+from layerwise.model.hardware import cpu_flags, native_on_cpu
 
 SHAPES = {
     "bert-base-shape": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),

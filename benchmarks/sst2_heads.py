@@ -80,7 +80,7 @@ def main(argv=None) -> None:
             enc = ex if cfg.mode == "frozen" else lw.Extractor(device="cpu")  # fine-tuning changes its encoder
             t0 = time.perf_counter()
             opts = lw.heads.TrainOptions(epochs=epochs, seed=0, patience=3, cache_dir=args.cache_dir)
-            res = lw.heads.train(cfg, tr, data / "dev.tsv", text_field="sentence", options=opts, extractor=enc,
+            res = lw.heads.train(cfg, tr, data / "dev.tsv", text_field="sentence", options=opts, model=enc,
                                  output=Path(tmp) / key, log=lambda s, k=key: print(f"[{k}] {s}", file=sys.stderr))
             wall = time.perf_counter() - t0
             cache_key = ("tokens" if cfg.pool == "attention" else cfg.pool) if cfg.mode == "frozen" else None

@@ -14,8 +14,9 @@ from torch import nn
 
 import layerwise as lw
 from archs import ALL, END, kind, readme_block, table
-from layerwise.capture import count_layer_calls
-from layerwise.discovery import MappingError, discover
+from layerwise import MappingError
+from layerwise.model.capture import count_layer_calls
+from layerwise.model.discovery import discover
 
 TEXTS = [
     "EU rejects German call to boycott British lamb .",
@@ -188,7 +189,7 @@ def custom(arch_extractors):
 
 def test_from_module_equals_the_modules_own_layer_outputs(custom):
     model, tok = custom
-    ex = lw.Extractor.from_module(model, tok, layers="blocks", max_length=64)
+    ex = lw.Extractor.from_module(model, tok, layer_modules="blocks", max_length=64)
     assert ex.num_layers == 3 and ex.hidden_size == 32 and ex.sites == ("block", "raw")
     assert ex.describe()["layer_map"] == "blocks (given)"
     for text in TEXTS:
@@ -208,7 +209,7 @@ def test_from_module_equals_the_modules_own_layer_outputs(custom):
 
 def test_from_module_takes_a_list_a_call_and_windows(custom):
     model, tok = custom
-    ex = lw.Extractor.from_module(model, tok, layers=list(model.blocks), max_length=16,
+    ex = lw.Extractor.from_module(model, tok, layer_modules=list(model.blocks), max_length=16,
                                   call=lambda m, ids, mask: m(ids, mask))
     long_text = "the quick brown fox jumps over the lazy dog " * 4
     (tokens,) = ex.encode([long_text], layers=-1, pool=None)
@@ -219,15 +220,15 @@ def test_from_module_takes_a_list_a_call_and_windows(custom):
 def test_from_module_refuses_what_is_not_a_chain(custom):
     model, tok = custom
     with pytest.raises(lw.ModelLoadError, match=r"not once each in order"):
-        lw.Extractor.from_module(model, tok, layers=list(model.blocks)[::-1])
+        lw.Extractor.from_module(model, tok, layer_modules=list(model.blocks)[::-1])
     with pytest.raises(lw.ModelLoadError, match=r"item 1 does not read what item 0 wrote"):
-        lw.Extractor.from_module(model, tok, layers=[model.blocks[0], model.blocks[2]])
+        lw.Extractor.from_module(model, tok, layer_modules=[model.blocks[0], model.blocks[2]])
     with pytest.raises(lw.ModelLoadError, match=r"module path 'encoder\.layers' not found in TinyEncoder"):
-        lw.Extractor.from_module(model, tok, layers="encoder.layers")
+        lw.Extractor.from_module(model, tok, layer_modules="encoder.layers")
     with pytest.raises(lw.ModelLoadError, match=r"call=lambda model, ids, mask"):
-        lw.Extractor.from_module(model, tok, layers="blocks", call=lambda m, ids, mask: m(ids))
+        lw.Extractor.from_module(model, tok, layer_modules="blocks", call=lambda m, ids, mask: m(ids))
     with pytest.raises(TypeError, match=r"fast tokenizer"):
-        lw.Extractor.from_module(model, object(), layers="blocks")
+        lw.Extractor.from_module(model, object(), layer_modules="blocks")
 
 
 # ---- mappings that would be wrong are refused at load ----------------------------------------------------------
@@ -251,16 +252,16 @@ def test_a_list_that_does_not_produce_hidden_states_is_refused(arch_extractors):
     msg = str(info.value)
     assert "could not map the layers of ScaledStates to its 3 hidden_states" in msg
     assert "inner.layers (2 x LlamaDecoderLayer): the first item's input is not hidden_states[0]" in msg
-    assert "Extractor(model, layers='path.to.layers')" in msg
+    assert "Extractor(model, layer_modules='path.to.layers')" in msg
 
 
 def test_a_wrong_layers_path_is_refused_at_load(arch_dirs):
     # T5's first block holds a list of two sub-layers: the same length as the block list, but not the layers
     with pytest.raises(lw.ModelLoadError, match=r"Tried: encoder\.block\.0\.layer \(2 x T5LayerSelfAttention\)"):
-        lw.Extractor(str(arch_dirs["t5"]), layers="encoder.block.0.layer")
-    with pytest.raises(lw.ModelLoadError, match=r"layers='encoder\.nothing': module path"):
-        lw.Extractor(str(arch_dirs["t5"]), layers="encoder.nothing")
-    ok = lw.Extractor(str(arch_dirs["t5"]), layers="encoder.block")
+        lw.Extractor(str(arch_dirs["t5"]), layer_modules="encoder.block.0.layer")
+    with pytest.raises(lw.ModelLoadError, match=r"layer_modules='encoder\.nothing': module path"):
+        lw.Extractor(str(arch_dirs["t5"]), layer_modules="encoder.nothing")
+    ok = lw.Extractor(str(arch_dirs["t5"]), layer_modules="encoder.block")
     assert ok.describe()["layer_map"] == "encoder.block (given)"
 
 

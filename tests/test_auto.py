@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import layerwise as lw
-import layerwise.backends.ort as ob
-from layerwise.backends import AutoBackend, TorchBackend
+import layerwise.model.backends.ort as ob
+from layerwise.model.backends import AutoBackend, TorchBackend
 
 pytest.importorskip("onnxruntime")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layerwise.capture import capture, count_layer_calls
+from layerwise.model.capture import capture, count_layer_calls
 
 from tiny import module_hook_count
 

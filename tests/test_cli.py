@@ -193,7 +193,7 @@ def test_documented_shard_size_is_the_real_one():
     """The shard size is said in the CLI help and the README; both must match the engine's constant."""
     from pathlib import Path
 
-    from layerwise.engine import SHARD_BYTES
+    from layerwise.extraction.engine import SHARD_BYTES
 
     mb = f"~{SHARD_BYTES >> 20} MB"
     res = CliRunner().invoke(app, ["extract", "--help"], env={"COLUMNS": "200"})

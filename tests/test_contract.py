@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from layerwise.combine import FIXED_COMBINES, LEARNED_COMBINES, ScalarMix, combine, combined_shape, learned_combiner
-from layerwise.pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
+from layerwise.encoding.combine import ScalarMix, combine, learned_combiner
+from layerwise.encoding.pooling import AttentionPool, pool, pool_words
+from layerwise.encoding.vocab import FIXED_COMBINES, LEARNED_COMBINES, POOL_MODES, WORD_POOL_MODES, combined_shape
 
 K, B, T, W = 3, 4, 9, 8
 LENGTHS = [9, 5, 1, 3]

@@ -43,9 +43,9 @@ def test_a_frozen_head_on_a_decoder_trains_saves_and_predicts(llama, tmp_path):
     toy(tr, 48, 0), toy(dv, 24, 1)
     cfg = HeadConfig(model=str(path), layers="-2:", combine="scalar_mix", pool="last")
     opts = TrainOptions(epochs=8, lr=1e-2, batch_size=16, cache_dir=tmp_path / "cache", progress=False)
-    result = train(cfg, tr, dv, extractor=ex, options=opts, output=tmp_path / "head", log=lambda line: None)
+    result = train(cfg, tr, dv, model=ex, options=opts, output=tmp_path / "head", log=lambda line: None)
     assert result.dev["accuracy"] >= 0.75, result.dev  # the toy set is separable by one keyword (chance: 0.5)
-    clf = load(tmp_path / "head", extractor=ex)
+    clf = load(tmp_path / "head", model=ex)
     texts = [t for t, _ in toy(tmp_path / "again.tsv", 8, 5)]
     want = [y for _, y in toy(tmp_path / "again.tsv", 8, 5)]
     assert sum(a == b for a, b in zip(clf.predict(texts), want)) >= 6

@@ -253,10 +253,11 @@ def test_unknown_device_and_dtype(tiny_dirs):
     with pytest.raises(ValueError, match=r"unknown device 'gpu'; valid examples: 'cpu', 'cuda', 'cuda:0'"):
         lw.Extractor(path, device="gpu")
     for bad in ("float64", "fp16", "half"):
-        with pytest.raises(ValueError, match=rf"unknown dtype '{bad}'; valid dtypes are: float32, float16, bfloat16"):
-            lw.Extractor(path, device="cpu", dtype=bad)
-    with pytest.raises(ValueError, match=r"unsupported dtype torch\.float64; valid dtypes are: float32, float16"):
-        lw.Extractor(path, device="cpu", dtype=torch.float64)
+        with pytest.raises(ValueError, match=rf"unknown compute_dtype '{bad}'. Valid values are: float32, float16, "
+                                             rf"bfloat16"):
+            lw.Extractor(path, device="cpu", compute_dtype=bad)
+    with pytest.raises(ValueError, match=r"unknown compute_dtype 'float64'. Valid values are: float32, float16"):
+        lw.Extractor(path, device="cpu", compute_dtype=torch.float64)
 
 
 def test_float_max_length_and_stride_refused(tiny_extractors):

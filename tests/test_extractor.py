@@ -86,13 +86,15 @@ def test_progress_bar_does_not_change_results(default_extractor, capsys):
 
 def test_cpu_defaults_to_float32(default_extractor):
     assert default_extractor.loaded.dtype == torch.float32
-    assert lw.loading.resolve_dtype(None, torch.device("cpu")) == torch.float32
+    from layerwise.model.loading import resolve_dtype
+
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_cuda_matches_cpu(default_extractor, dtype):  # pragma: no cover - runs only where a GPU is lent
-    gpu = lw.Extractor(device="cuda", dtype=dtype)
+    gpu = lw.Extractor(device="cuda", compute_dtype=dtype)
     texts = ["I love Paris", "EU rejects German call to boycott British lamb ."]
     a = gpu.encode(texts, layers="-4:", combine="mean", pool="mean")
     b = default_extractor.encode(texts, layers="-4:", combine="mean", pool="mean")
@@ -101,7 +103,7 @@ def test_cuda_matches_cpu(default_extractor, dtype):  # pragma: no cover - runs 
 
 
 def test_reduced_precision_on_cpu_is_warned_about_where_the_cpu_lacks_it():
-    from layerwise.hardware import PrecisionWarning, check_cpu_dtype, native_on_cpu
+    from layerwise.model.hardware import PrecisionWarning, check_cpu_dtype, native_on_cpu
 
     cpu = torch.device("cpu")
     assert native_on_cpu(torch.float32, frozenset())

@@ -21,10 +21,10 @@ import layerwise.store
 from layerwise.cli.demo import sample_sentences
 from layerwise.cli.main import app
 from layerwise.cli.options import user_errors
+from layerwise.encoding.stack import LayerStack
 from layerwise.probe.data import ProbeSplit
 from layerwise.probe.models import ProbeSpec
 from layerwise.probe.train import ProbeOptions, fit_probe
-from layerwise.stack import LayerStack
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SRC = Path(__file__).resolve().parents[1] / "src" / "layerwise"

@@ -53,7 +53,7 @@ def fit(env, three=False, extractor=None, cache=None, output=None, files=None, *
     )
     cfg = HeadConfig(model=env["model"], layers=kw.pop("layers", "all"), **kw)
     tr, dv = files or ((env["train3"], env["dev3"]) if three else (env["train"], env["dev"]))
-    return train(cfg, tr, dv, extractor=extractor or env["ex"], options=opts, output=output, **QUIET)
+    return train(cfg, tr, dv, model=extractor or env["ex"], options=opts, output=output, **QUIET)
 
 
 KINDS = [
@@ -109,7 +109,7 @@ def test_save_load_round_trip_and_model_dir(env, kind, tmp_path):
     result = fit(env, epochs=2, output=tmp_path / "m", **kind)
     out = tmp_path / "m"
     cfg = HeadConfig.from_json(out / "config.json")
-    assert cfg == result.classifier.config and cfg.labels == ["neg", "pos"]
+    assert cfg == result.classifier.config and cfg.labels == ("neg", "pos")
     assert json.loads((out / "labels.json").read_text()) == {"neg": 0, "pos": 1}
     assert [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()] == result.log
     metrics = json.loads((out / "metrics.json").read_text())
@@ -117,17 +117,17 @@ def test_save_load_round_trip_and_model_dir(env, kind, tmp_path):
     assert (out / "head.safetensors").is_file()
     texts = read_labelled(env["dev"]).texts + ["paris", "an unseen text about lamb and paris"]
     want = result.classifier.predict_proba(texts)
-    for clf in (load(out, extractor=env["ex"]), load(out, device="cpu")):
+    for clf in (load(out, model=env["ex"]), load(out, device="cpu")):
         np.testing.assert_allclose(clf.predict_proba(texts), want, atol=1e-6)
 
 
 def test_saved_dir_names_the_encoder_it_was_trained_with(env, tmp_path):
-    cfg = HeadConfig(layers=-1)  # no model: the encoder is only given as extractor=
+    cfg = HeadConfig(layers=-1)  # no model: the encoder is only given as model=
     result = train(
         cfg,
         env["train"],
         env["dev"],
-        extractor=env["ex"],
+        model=env["ex"],
         options=TrainOptions(cache_dir=env["cache"], epochs=1, progress=False),
         output=tmp_path / "m",
         **QUIET,
@@ -167,7 +167,7 @@ def test_prediction_alone_equals_prediction_in_a_padded_batch(env, pool):
 
 
 def test_scalar_mix_and_layer_attention_formulas():
-    from layerwise.combine import LayerAttention as CombineLayerAttention
+    from layerwise.encoding.combine import LayerAttention as CombineLayerAttention
 
     assert LayerAttention is CombineLayerAttention is lw.LayerAttention  # one attention over layers
     x = torch.randn(3, 4, 5)  # [K, batch, W]: the layer axis first
@@ -373,15 +373,22 @@ def test_head_config_json_round_trip(tmp_path):
         activation="gelu",
         dropout=0.25,
         mode="finetune",
-        max_length=32,
+        model=lw.ModelOptions(max_length=32),
     )
     assert HeadConfig.from_json(cfg.to_json()) == cfg
     cfg.to_json(tmp_path / "c.json")
     assert HeadConfig.from_json(tmp_path / "c.json") == cfg
     flat = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "encode"}  # a layerwise 0.1 (flat) config
     assert HeadConfig.from_dict({**flat, "layers": [0, 2], "pool": "max", "combine": "attention"}) == cfg
+    # a config written by layerwise 0.x: the model a path (null: the default), the window beside it, the spec's
+    # output dtype named "dtype"
+    old = {**flat, "model": None, "max_length": 32, "encode": {**json.loads(cfg.to_json())["encode"]}}
+    old["encode"]["dtype"] = old["encode"].pop("output_dtype")
+    assert HeadConfig.from_dict(old) == cfg and HeadConfig.from_dict(old).options.max_length == 32
     with pytest.raises(ValueError, match="unknown HeadConfig field.*'poool'.*valid fields are"):
         HeadConfig.from_dict({"poool": "max"})
+    with pytest.raises(AttributeError):  # frozen, like every config
+        cfg.dropout = 0.5  # type: ignore[misc]
 
 
 def test_head_config_keeps_its_encode_spec_through_json(tmp_path):
@@ -432,7 +439,7 @@ def test_head_config_missing_file_stack_and_weighted(env, tmp_path):
     x = torch.randn(3, 2, head.width)
     assert torch.allclose(head.combine(x), 0.5 * x[:, 0] + 0.5 * x[:, 1], atol=1e-6)
     texts = read_labelled(env["dev"]).texts
-    loaded = load(tmp_path / "m", extractor=env["ex"])
+    loaded = load(tmp_path / "m", model=env["ex"])
     assert loaded.config.weights == (0.5, 0.5) and loaded.config.combine == "weighted"
     np.testing.assert_allclose(loaded.predict_proba(texts), result.classifier.predict_proba(texts), atol=1e-6)
     with pytest.raises(ValueError, match="2 weights for 3 selected layers"):  # one weight per layer, checked on build
@@ -517,7 +524,7 @@ def test_bad_training_files(env, tmp_path, name, content, message, mode):
         train(
             HeadConfig(model=env["model"], mode=mode),
             *files,
-            extractor=env["ex"],
+            model=env["ex"],
             options=TrainOptions(cache_dir=tmp_path / "c", epochs=1, progress=False),
             **QUIET,
         )
@@ -530,7 +537,7 @@ def test_frozen_mode_skips_records_without_a_label(env, tmp_path):
         HeadConfig(model=env["model"]),
         tmp_path / "holes.tsv",
         env["dev"],
-        extractor=env["ex"],
+        model=env["ex"],
         options=TrainOptions(cache_dir=tmp_path / "c", epochs=1, progress=False),
         **QUIET,
     )
@@ -552,7 +559,7 @@ def test_bad_training_options_fail_before_any_compute(env, tmp_path, kw, message
             HeadConfig(model=env["model"]),
             env["train"],
             env["dev"],
-            extractor=env["ex"],
+            model=env["ex"],
             options=TrainOptions(cache_dir=tmp_path / "c", **kw),
             **QUIET,
         )

@@ -92,7 +92,7 @@ def test_train_prints_epochs_and_scores_and_writes_the_model_dir(env, trained):
     assert f"test: n=16  accuracy {test['accuracy']:.4f}  macro-F1 {test['macro_f1']:.4f}" in result.stdout
     assert "confusion (rows = gold, columns = predicted)" in result.stdout
     cfg = HeadConfig.from_json(out / "config.json")
-    assert (cfg.classifier, cfg.pool, cfg.layers, cfg.model, cfg.labels) == (
+    assert (cfg.classifier, cfg.pool, cfg.layers, cfg.options.model, list(cfg.labels)) == (
         "mlp",
         "max",
         "-2:",

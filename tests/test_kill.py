@@ -26,7 +26,7 @@ KILLER = textwrap.dedent(
     import layerwise as lw
     import layerwise.store.writer as ex_mod
     import layerwise.store.layout as shards
-    import layerwise.backends.auto as auto_mod
+    import layerwise.model.backends.auto as auto_mod
 
     point, k, model, corpus, store = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""Layer specs and sites (layerwise.layers), and the LayerStack label helpers, without a model."""
+"""Layer specs and sites (layerwise.encoding.layers), and the LayerStack label helpers, without a model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from layerwise import LayerStack, resolve_layers
-from layerwise.layers import layer_label, validate_site
+from layerwise.encoding.layers import layer_label, validate_site
 
 ALL6, ALL12 = tuple(range(7)), tuple(range(13))
 EXAMPLE6 = 'e.g. layers=-1, layers=[0, 3], layers="-4:", layers="all"'

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import layerwise as lw
-from layerwise.tokenize import plan_batches, window_starts
+from layerwise.encoding.windows import plan_batches, window_starts
 
 LONG = " ".join(
     f"Sentence {i} says that layer {i % 12} of the encoder knows something about token {i * 7 % 101}."
@@ -130,7 +130,7 @@ def test_window_and_batch_planning():
 
 def test_roberta_words_get_a_prefix_space(tiny_extractors):
     """Byte-level BPE sees each pre-tokenised word as word-initial (HF's add_prefix_space=True behaviour)."""
-    from layerwise.tokenize import needs_prefix_space, tokenize
+    from layerwise.encoding.tokenize import needs_prefix_space, tokenize
 
     ex = tiny_extractors["roberta"]
     assert needs_prefix_space(ex.tokenizer) and not needs_prefix_space(tiny_extractors["bert"].tokenizer)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-import layerwise.backends.ort as ob
+import layerwise.model.backends.ort as ob
 
 pytest.importorskip("onnxruntime")
 

@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 import layerwise.probe.data as probe_data
+from layerwise.corpus.readers import Record, read_records, with_document_context
 from layerwise.probe import CRF, ProbeConfig, cka_matrix, detect_scheme, linear_cka, run, tagging_scores
-from layerwise.readers import Record, read_records, with_document_context
 from layerwise.store import open_store
 
 from tiny import extract

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 import layerwise as lw
-from layerwise.engines.ray import part_path
+from layerwise.extraction.ray import part_path
 from layerwise.store import open_store
 from test_sharding import _same, corpus
 
@@ -44,7 +44,7 @@ def data(tmp_path_factory, tiny_dirs, tiny_extractors):
 
 
 def _run(root, src, model, out, **kw):
-    return lw.ray.extract(src, root / out, lw.EncodeSpec(layers="-2:"), model=model, device="cpu",
+    return lw.ray.extract(src, root / out, lw.EncodeSpec(layers="-2:"), model=lw.ModelOptions(model, device="cpu"),
                           reading=lw.ReadOptions(keep=("id",)), num_workers=2, part_records=500, **kw)
 
 
@@ -65,7 +65,7 @@ def test_two_workers_write_the_plain_store(cluster, data):
     again = _run(root, src, model, "two")  # a rerun of a finished run finds every part complete
     assert again.already_complete == 6
     with pytest.raises(lw.ExtractError, match=r"other options: spec\.layers"):  # parts of another spec are refused
-        lw.ray.extract(src, root / "two", lw.EncodeSpec(layers="-1"), model=model, device="cpu",
+        lw.ray.extract(src, root / "two", lw.EncodeSpec(layers="-1"), model=lw.ModelOptions(model, device="cpu"),
                        reading=lw.ReadOptions(keep=("id",)), part_records=500)
 
 
@@ -74,7 +74,7 @@ def test_a_dataset_is_an_input(cluster, data, tmp_path):
     datasets = pytest.importorskip("datasets")
     rows = [json.loads(line) for line in open(src, encoding="utf-8")]
     ds = datasets.Dataset.from_list([{"text": r.get("text"), "id": r.get("id")} for r in rows])
-    lw.ray.extract(ds, tmp_path / "ds", lw.EncodeSpec(layers="-2:"), model=model, device="cpu",
+    lw.ray.extract(ds, tmp_path / "ds", lw.EncodeSpec(layers="-2:"), model=lw.ModelOptions(model, device="cpu"),
                    reading=lw.ReadOptions(keep=("id",)), num_workers=1, part_records=1000)
     got, want = open_store(tmp_path / "ds"), open_store(root / "plain")
     np.testing.assert_allclose(got.to_numpy(), want.to_numpy(), atol=1e-5)
@@ -164,3 +164,36 @@ def test_cli_engine_ray(data, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "layerwise.cli.main", "extract", str(src), "-o", str(tmp_path / "bad"),
                           "--engine", "spark"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Valid engines are: local, ray" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["--compute-dtype", "bfloat16"], ["--quantize", "int8"]])
+def test_model_options_reach_the_ray_workers(data, tmp_path, flags):
+    """Every model option given to `extract --engine ray` is in the store's manifest and changes the features exactly
+    as the same option does in a local run (one part, the same token budget: the same batches)."""
+    _, _, model = data
+    src = tmp_path / "c.txt"
+    src.write_text("".join(f"sentence number {i} says {'more ' * (i % 7)}words\n" for i in range(40)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    common = ["--model", model, "--device", "cpu", "--layers=-2:", "--batch-tokens", "256", "--quiet", *flags]
+    runs = {
+        "ray": ["--engine", "ray", "--num-workers", "1", "--part-records", "1000"],
+        "local": [],
+        "plain": None,  # the same run without the option: the option must change the features
+    }
+    for name, extra in runs.items():
+        args = common if extra is not None else common[: -len(flags)]
+        cmd = [sys.executable, "-m", "layerwise.cli.main", "extract", str(src), "-o", str(tmp_path / name), *args,
+               *(extra or [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ray_st, local, plain = (open_store(tmp_path / n) for n in runs)
+    field, value = flags[0].removeprefix("--").replace("-", "_"), flags[1]
+    assert ray_st.manifest["model_options"][field] == value == local.manifest["model_options"][field]
+    assert plain.manifest["model_options"][field] is None
+    precision = "int8" if field == "quantize" else value
+    assert ray_st.model["precision"] == local.model["precision"] == precision != plain.model["precision"]
+    got, want, base = ray_st.to_numpy(), local.to_numpy(), plain.to_numpy()
+    assert got.shape == want.shape == base.shape == (40, 2 * 32)
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    assert np.abs(got - base).max() > 1e-4  # the option took effect

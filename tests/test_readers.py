@@ -141,10 +141,10 @@ def test_format_roundtrip_equals_encode(bert, tmp_path, fmt, level):
 @pytest.mark.parametrize("level", ["sentence", "token"])
 def test_float16_store_within_fp16_rounding(bert, tmp_path, level):
     path, kw, _ = write_input("csv", tmp_path)
-    extract(path, tmp_path / "s16", model=bert, layers="all", level=level, dtype="float16", **kw)
+    extract(path, tmp_path / "s16", model=bert, layers="all", level=level, output_dtype="float16", **kw)
     st = open_store(tmp_path / "s16")
     ref = reference(bert, level, TEXTS, "all")
-    assert st.dtype == np.float16 and st.manifest["spec"]["dtype"] == "float16"
+    assert st.dtype == np.float16 and st.manifest["spec"]["output_dtype"] == "float16"
     for i, want in enumerate(ref):
         assert st[i].dtype == np.float16
         want16 = want.astype(np.float16).astype(np.float32)
@@ -335,7 +335,7 @@ def test_cli_extract_stdin_and_csv(bert, tiny_dirs, tmp_path):
         "id,label",
         "--shard-records",
         "2",
-        "--dtype",
+        "--output-dtype",
         "float16",
         "--quiet",
     ]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import layerwise as lw
-from layerwise.spec import EncodeSpec
+from layerwise.encoding.spec import EncodeSpec
 
 
 def test_defaults_per_level():
@@ -27,7 +27,7 @@ def test_defaults_per_level():
         ({"pool": "median"}, "Valid pool modes are: cls, pooler, mean, max, mean_max, last, attention"),
         ({"level": "word", "subword": "middle"}, "Valid subword modes are: first, last, mean, max, first_last"),
         ({"site": "ffn"}, "unknown site 'ffn'. Valid sites are: block, raw, attention, intermediate, pre_ln"),
-        ({"dtype": "bfloat16"}, "Valid dtypes are: float32, float16"),
+        ({"output_dtype": "bfloat16"}, "Valid output dtypes are: float32, float16"),
         ({"level": "token", "pool": "max"}, "pool='max' applies to level 'sentence' only"),
         ({"level": "word", "pool": "cls"}, "pool='cls' applies to level 'sentence' only"),
         ({"subword": "last"}, "subword='last' applies to level 'word' only, not level 'sentence'"),
@@ -86,7 +86,7 @@ def test_learned_pool_name_is_refused_where_nothing_is_trained(tiny_extractors):
     "spec",
     [
         EncodeSpec(),
-        EncodeSpec(layers="-4:", combine="concat", pool="max", dtype="float16"),
+        EncodeSpec(layers="-4:", combine="concat", pool="max", output_dtype="float16"),
         EncodeSpec(layers=[0, 2, 4], combine="weighted", weights=[0.2, 0.3, 0.5], skip_special_tokens=True),
         EncodeSpec(layers=(1, 2), level="word", subword="first_last", truncate=True),
         EncodeSpec(layers="all", level="token", site="pre_ln"),
@@ -131,7 +131,7 @@ def test_stream_is_in_input_order_and_equals_encode(tiny_extractors, sentences):
 
 def test_stream_levels_and_dtype(tiny_extractors):
     ex = tiny_extractors["roberta"]
-    toks = list(ex.stream(["a b c", "hello"], EncodeSpec(layers=1, level="token", dtype="float16")))
+    toks = list(ex.stream(["a b c", "hello"], EncodeSpec(layers=1, level="token", output_dtype="float16")))
     assert [r.features.shape[0] for r in toks] == [len(r.tokens.ids) for r in toks]
     assert toks[0].features.dtype == torch.float16
     words = list(ex.stream(["EU rejects German call", ["Peter", "Blackburn"]], EncodeSpec(level="word")))

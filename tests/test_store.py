@@ -70,7 +70,7 @@ BASE = dict(layers=[1, 2], pool="mean", keep=["id", "label"], shard_records=2)
     [
         ({"layers": 0}, "spec.layers"),
         ({"pool": "max"}, "spec.pool"),
-        ({"dtype": "float16"}, "spec.dtype"),
+        ({"output_dtype": "float16"}, "spec.output_dtype"),
         ({"combine": "sum"}, "spec.combine"),
         ({"level": "token", "pool": None}, "spec.level"),
         ({"keep": ["id"]}, "input.keep"),
@@ -235,7 +235,7 @@ def test_manifest_provenance(bert, stores, corpus, tiny_extractors, tmp_path):
     assert m["format_version"] == 2 and lw.EncodeSpec.from_dict(m["spec"]) == o  # the manifest holds the spec
     assert model["name"] == bert.loaded.name and model["fingerprint"] == bert.fingerprint()
     assert len(model["fingerprint"]) == 64 and int(model["fingerprint"], 16) >= 0
-    got = (o.layers, o.site, o.combine, o.pool, o.level, o.dtype)
+    got = (o.layers, o.site, o.combine, o.pool, o.level, o.output_dtype)
     assert got == ((1, 2), "block", "concat", None, "token", "float32")
     assert m["tokenizer"]["vocab_size"] == len(bert.tokenizer)
     assert m["tokenizer"]["class"] == type(bert.tokenizer).__name__

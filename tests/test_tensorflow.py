@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import layerwise as lw
-from layerwise.backends.keras import KerasBackend
 from layerwise.heads import HeadConfig, TrainOptions, train
+from layerwise.model.backends.keras import KerasBackend
 from layerwise.probe import ProbeConfig, run
 from layerwise.store import open_store
 from tfhub import keras_preset, tfhub_saved_model
@@ -149,7 +149,7 @@ def test_heads_and_probe_take_a_keras_encoder(keras_ex, tmp_path):
     tr, dv = tmp_path / "train.tsv", tmp_path / "dev.tsv"
     toy(tr, 40, 0), toy(dv, 20, 1)
     opts = TrainOptions(epochs=6, lr=1e-2, batch_size=16, cache_dir=tmp_path / "cache", progress=False)
-    result = train(HeadConfig(model=lw.default_model_path(), layers="-2:", pool="mean"), tr, dv, extractor=keras_ex,
+    result = train(HeadConfig(model=lw.default_model_path(), layers="-2:", pool="mean"), tr, dv, model=keras_ex,
                    options=opts, output=tmp_path / "head", log=lambda line: None)
     assert result.dev["accuracy"] >= 0.75
     res = run(tr, dv, config=ProbeConfig(task="sentence", epochs=2), model=keras_ex, output=tmp_path / "probe",
@@ -173,15 +173,15 @@ def test_without_the_extra_the_error_says_what_to_install(monkeypatch):
         lw.Extractor(backend="keras")
     monkeypatch.setitem(sys.modules, "tensorflow", None)
     with pytest.raises(ValueError, match=r"backend='tf' needs TensorFlow: pip install 'layerwise\[tf\]'"):
-        from layerwise.backends.savedmodel import require_tf
+        from layerwise.model.backends.savedmodel import require_tf
 
         require_tf()
     assert torch.is_tensor(lw.Extractor(device="cpu").hidden_states(["x"], layers=-1).tensor)  # the rest works
 
 
 def test_tf_backends_refuse_what_they_cannot_do(tiny_dirs, saved_model):
-    with pytest.raises(ValueError, match=r"backend='keras' runs float32 on the CPU .* dtype='float16'"):
-        lw.Extractor(backend="keras", dtype="float16")
+    with pytest.raises(ValueError, match=r"backend='keras' runs float32 on the CPU .* compute_dtype='float16'"):
+        lw.Extractor(backend="keras", compute_dtype="float16")
     with pytest.raises(lw.ModelLoadError, match=r"keras-hub cannot load .*deberta-v2.* as a backbone .*no converter.*"
                                                 r"use backend='torch' for this one"):
         lw.Extractor(str(tiny_dirs["deberta-v2"]), backend="keras")

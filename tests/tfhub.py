@@ -47,7 +47,7 @@ def tfhub_saved_model(hf_dir: Path, out: Path, *, embeddings: bool = False) -> P
     import keras_hub
     import tensorflow as tf
 
-    from layerwise.backends.keras import block_layers, use_exact_gelu
+    from layerwise.model.backends.keras import block_layers, use_exact_gelu
 
     backbone = keras_hub.models.BertBackbone.from_preset(str(hf_dir))
     blocks = block_layers(backbone)

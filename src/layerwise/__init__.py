@@ -14,46 +14,114 @@ Example::
     >>> [r.features.shape for r in ex.stream([["EU", "rejects", "German", "call"]], spec)]
     [torch.Size([4, 1536])]
 
-``import layerwise`` loads torch and transformers' tokenizers only; the service (``layerwise.serve``), training
-(``lw.heads``), probing (``lw.probe``) and their web, plotting and learning stacks load when first used.
+``import layerwise`` loads no torch: every public name is imported on first use (``lw.Extractor`` loads torch and
+transformers' tokenizers; ``lw.open_store`` reads a store with numpy alone), and the service (``layerwise.serve``),
+training (``lw.heads``), probing (``lw.probe``) and their web, plotting and learning stacks load when first used.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .capture import capture, record
-from .client import Client
-from .combine import COMBINE_MODES, LayerAttention, ScalarMix, combine
-from .discovery import MappingError
-from .engine import ExtractError, ExtractOptions, ExtractSummary, extract
-from .extractor import Extractor
-from .families import SUPPORTED_MODEL_TYPES
-from .layermap import LayerMap
-from .layers import SITES, resolve_layers
-from .loading import LoadedModel, ModelLoadError, default_model_path, load_model
-from .pipeline import Encoded
-from .pooling import POOL_MODES, WORD_POOL_MODES, AttentionPool, pool, pool_words
-from .positions import Positions
-from .readers import ReadOptions
-from .spec import LEVELS, EncodeSpec
-from .stack import LayerStack
-from .store import FeatureStore, open_store
+from .errors import (
+    ExtractError,
+    LayerwiseError,
+    MappingError,
+    MissingExtraError,
+    ModelLoadError,
+    ServiceError,
+    SpecError,
+    StoreCorruptError,
+    StoreError,
+    StoreFullError,
+)
 from .version import __version__
 
-_SUBPACKAGES = {"explore": ".explore", "heads": ".heads", "probe": ".probe", "ray": ".engines.ray"}
+# public name -> the module that defines it; imported on first use (PEP 562), so ``import layerwise`` stays light
+_LAZY = {
+    "AttentionPool": ".encoding.pooling",
+    "COMBINE_MODES": ".encoding.vocab",
+    "Client": ".client",
+    "EncodeSpec": ".encoding.spec",
+    "Encoded": ".encoding.reduce",
+    "ExtractOptions": ".extraction.options",
+    "ExtractSummary": ".extraction.engine",
+    "Extractor": ".extractor",
+    "FeatureStore": ".store.reader",
+    "LEVELS": ".encoding.vocab",
+    "LayerAttention": ".encoding.combine",
+    "LayerMap": ".model.layermap",
+    "LayerStack": ".encoding.stack",
+    "LoadedModel": ".model.loaded",
+    "ModelOptions": ".model.options",
+    "POOL_MODES": ".encoding.vocab",
+    "Positions": ".model.positions",
+    "ReadOptions": ".corpus.readers",
+    "SITES": ".encoding.vocab",
+    "SUPPORTED_MODEL_TYPES": ".model.families",
+    "ScalarMix": ".encoding.combine",
+    "WORD_POOL_MODES": ".encoding.vocab",
+    "capture": ".model.capture",
+    "combine": ".encoding.combine",
+    "default_model_path": ".model.loading",
+    "extract": ".extraction.engine",
+    "load_model": ".model.loading",
+    "open_store": ".store.reader",
+    "pool": ".encoding.pooling",
+    "pool_words": ".encoding.pooling",
+    "record": ".model.capture",
+    "resolve_layers": ".encoding.layers",
+}
+# subpackages reached as attributes: lw.heads, lw.probe (training stacks), lw.explore (web stack), lw.ray
+_SUBPACKAGES = {"explore": ".explore", "heads": ".heads", "probe": ".probe", "ray": ".extraction.ray"}
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from . import explore, heads, probe
+    from .client import Client
+    from .corpus.readers import ReadOptions
+    from .encoding.combine import LayerAttention, ScalarMix, combine
+    from .encoding.layers import resolve_layers
+    from .encoding.pooling import AttentionPool, pool, pool_words
+    from .encoding.reduce import Encoded
+    from .encoding.spec import EncodeSpec
+    from .encoding.stack import LayerStack
+    from .encoding.vocab import COMBINE_MODES, LEVELS, POOL_MODES, SITES, WORD_POOL_MODES
+    from .extraction import ray
+    from .extraction.engine import ExtractSummary, extract
+    from .extraction.options import ExtractOptions
+    from .extractor import Extractor
+    from .model.capture import capture, record
+    from .model.families import SUPPORTED_MODEL_TYPES
+    from .model.layermap import LayerMap
+    from .model.loaded import LoadedModel
+    from .model.loading import default_model_path, load_model
+    from .model.options import ModelOptions
+    from .model.positions import Positions
+    from .store.reader import FeatureStore, open_store
 
 
 def __getattr__(name: str) -> Any:
-    """``lw.heads``, ``lw.probe`` (training stacks) and ``lw.explore`` (web stack) are imported on first use, keeping
-    ``import layerwise`` light."""
+    """Import a public name (or a subpackage: ``lw.heads``, ``lw.probe``, ``lw.explore``, ``lw.ray``) on first use."""
     if name in _SUBPACKAGES:
-        return importlib.import_module(_SUBPACKAGES[name], __name__)
-    raise AttributeError(f"module 'layerwise' has no attribute {name!r}")
+        value = importlib.import_module(_SUBPACKAGES[name], __name__)
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        raise AttributeError(f"module 'layerwise' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
+    "explore",
+    "heads",
+    "probe",
+    "ray",
     "AttentionPool",
     "COMBINE_MODES",
     "Client",
@@ -68,28 +136,33 @@ __all__ = [
     "LayerAttention",
     "LayerMap",
     "LayerStack",
+    "LayerwiseError",
     "LoadedModel",
     "MappingError",
+    "MissingExtraError",
     "ModelLoadError",
+    "ModelOptions",
     "POOL_MODES",
     "Positions",
     "ReadOptions",
     "SITES",
     "SUPPORTED_MODEL_TYPES",
     "ScalarMix",
+    "ServiceError",
+    "SpecError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreFullError",
     "WORD_POOL_MODES",
     "__version__",
     "capture",
     "combine",
     "default_model_path",
-    "explore",
     "extract",
-    "heads",
     "load_model",
     "open_store",
     "pool",
     "pool_words",
-    "probe",
     "record",
     "resolve_layers",
 ]

@@ -18,13 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-
-class ServiceError(RuntimeError):
-    """The service answered with an error status; ``status`` and the service's ``detail`` are kept."""
-
-    def __init__(self, status: int, detail):
-        super().__init__(f"HTTP {status}: {detail}")
-        self.status, self.detail = status, detail
+from .errors import ServiceError
 
 
 def _unpack(obj) -> np.ndarray:
@@ -53,7 +47,7 @@ class Client:
                 detail = json.loads(exc.read()).get("detail")
             except Exception:  # noqa: BLE001 - the body may not be JSON
                 detail = exc.reason
-            raise ServiceError(exc.code, detail) from None
+            raise ServiceError(exc.code, detail) from exc
 
     def model(self) -> dict:
         """``GET /v1/model``: the model's name, layers, hidden size, sites and the service limits."""

@@ -30,15 +30,19 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import torch
 from torch import nn
 
-from .backends import Backend, backend_class, detect_backend
-from .combine import combine as combine_layers
-from .layers import LayerSpec
-from .loading import LoadedModel
-from .pipeline import Encoded, Group, check_texts, forward_windows, make_reducer
-from .positions import UNLIMITED
-from .spec import EncodeSpec
-from .stack import LayerStack
-from .tokenize import TextTokenizer, Tokenized, special_template
+from .encoding.combine import combine as combine_layers
+from .encoding.layers import LayerSpec
+from .encoding.reduce import Encoded, make_reducer
+from .encoding.spec import EncodeSpec
+from .encoding.stack import LayerStack
+from .encoding.tokenize import TextTokenizer, Tokenized, check_texts, special_template
+from .encoding.windows import Group, forward_windows
+from .errors import ModelLoadError
+from .model.backends import Backend, create_backend, load_backend
+from .model.describe import describe
+from .model.loaded import LoadedModel
+from .model.options import ModelOptions
+from .model.positions import UNLIMITED
 
 ReturnTensors = Literal["np", "pt"]
 RETURN_TENSORS = ("np", "pt")
@@ -65,105 +69,96 @@ class Extractor:
     """Hidden layers of a transformer (any architecture ``AutoModel`` loads, or any module) as features.
 
     Args:
-        model: local model directory or hub id; ``None`` = embedded all-MiniLM-L6-v2. A
-            :class:`~layerwise.loading.LoadedModel` or a :class:`~layerwise.backends.Backend` is used as is.
-        device: ``"cpu"``, ``"cuda"``...; ``None`` = CUDA when available, else CPU.
-        dtype: ``"float32"`` (default), ``"float16"``/``"bfloat16"``: on CUDA, or on a CPU with native support
-            (bfloat16: AVX-512 BF16 or AMX; about 2.4x float32 there); elsewhere a PrecisionWarning says it is slow.
+        model: a :class:`~layerwise.ModelOptions`, or its ``model`` field: a local model directory or hub id
+            (``None``: the embedded all-MiniLM-L6-v2). A :class:`~layerwise.LoadedModel` or a
+            :class:`~layerwise.model.backends.Backend` is used as is.
         batch_tokens: token budget per forward batch (``rows * longest row``); default 1024 on CPU (activations stay
             in cache: 1.45x faster than 8192 on a 2-core CPU, see benchmarks/README.md) and 16384 on CUDA.
-        max_length: window length in tokens (special tokens included); default: the model's
-            ``sentence_bert_config.json`` ``max_seq_length`` when present (256 for the embedded all-MiniLM-L6-v2,
-            the length it was trained at), else the model's maximum; maximum: the model's position limit.
-        stride: overlap in tokens between consecutive windows of a long text; default ``max_length // 4``.
         sort_by_length: sort rows by length before batching (faster; results are identical either way).
-        revision, allow_pickle, trust_remote_code: see :func:`layerwise.loading.load_model` (both flags are
-            opt-in because they run code from the checkpoint).
-        backend: ``auto`` (the default for transformers models: ONNX Runtime for the block site wherever its states
-            equal PyTorch's within 1e-5, checked once per depth, else PyTorch; see :mod:`layerwise.backends.auto`),
-            ``torch``, ``onnx`` (ONNX Runtime on CPU, block site, the BERT families), ``keras`` (a keras-hub
-            backbone: a preset directory, or a Hugging Face directory converted on load) or ``tf`` (a TF Hub BERT
-            SavedModel); a keras-hub preset directory defaults to ``keras``, a SavedModel to ``tf``. ``keras`` and
-            ``tf`` need ``pip install 'layerwise[tf]'``. ONNX graphs are exported once per model and deepest layer
-            and cached under ``onnx_cache`` (default ``$LAYERWISE_CACHE/onnx``, else ``~/.cache/layerwise/onnx``).
-        quantize: ``None`` (default) or ``"int8"``: dynamic int8 through ONNX Runtime (``auto``/``onnx`` backends,
-            block site), about 2.4x faster than float32 on an AVX-512 VNNI CPU and an approximation (last-layer
-            cosine to float32 about 0.98-0.99; figures in benchmarks/README.md).
-        tokenizer: ``backend="tf"`` only: a directory holding the SavedModel's Hugging Face tokenizer, when the
-            SavedModel directory has none.
-        layers: the module path of the layer list (``"model.layers"``) for a model whose layers are not found
-            automatically; verified against ``output_hidden_states`` at load.
-        padding_side: ``"right"`` (default) or ``"left"`` (the decoder embedding-model convention); both give the
-            same states (torch backend; see :mod:`layerwise.backends.pytorch`).
+        options: the other :class:`~layerwise.ModelOptions` fields (every valid value is in its docstring):
+
+            * ``device``: ``"cpu"``, ``"cuda"``...; ``None`` = CUDA when available, else CPU.
+            * ``compute_dtype``: how the model runs: ``"float32"`` (default), ``"float16"``/``"bfloat16"``: on
+              CUDA, or on a CPU with native support (bfloat16: AVX-512 BF16 or AMX; about 2.4x float32 there);
+              elsewhere a PrecisionWarning says it is slow. (Features come back in the spec's ``output_dtype``.)
+            * ``max_length``: window length in tokens (special tokens included); default: the model's
+              ``sentence_bert_config.json`` ``max_seq_length`` when present (256 for the embedded all-MiniLM-L6-v2,
+              the length it was trained at), else the model's maximum; maximum: the model's position limit.
+            * ``stride``: overlap in tokens between consecutive windows of a long text; default ``max_length // 4``.
+            * ``backend``: ``auto`` (the default for transformers models: ONNX Runtime for the block site wherever
+              its states equal PyTorch's within 1e-5, checked once per depth, else PyTorch; see
+              :mod:`layerwise.model.backends.auto`), ``torch``, ``onnx`` (ONNX Runtime on CPU, block site, the BERT
+              families), ``keras`` (a keras-hub backbone: a preset directory, or a Hugging Face directory converted
+              on load) or ``tf`` (a TF Hub BERT SavedModel); a keras-hub preset directory defaults to ``keras``, a
+              SavedModel to ``tf``. ``keras`` and ``tf`` need ``pip install 'layerwise[tf]'``. ONNX graphs are
+              exported once per model and deepest layer and cached under ``onnx_cache`` (default
+              ``$LAYERWISE_CACHE/onnx``, else ``~/.cache/layerwise/onnx``).
+            * ``quantize``: ``None`` (default) or ``"int8"``: dynamic int8 through ONNX Runtime (``auto``/``onnx``
+              backends, block site), faster than float32 on an AVX-512 VNNI CPU and an approximation (fidelity
+              figures in benchmarks/README.md).
+            * ``layer_modules``: the module path of the layer list (``"model.layers"``) for a model whose layers
+              are not found automatically; verified against ``output_hidden_states`` at load.
+            * ``padding_side``: ``"right"`` (default) or ``"left"`` (the decoder embedding-model convention); both
+              give the same states (torch backend; see :mod:`layerwise.model.backends.pytorch`).
+            * ``revision``, ``allow_pickle``, ``trust_remote_code``: see :func:`layerwise.model.loading.load_model`
+              (both flags are opt-in because they run code from the checkpoint).
+            * ``tokenizer``: ``backend="tf"`` only: a directory holding the SavedModel's Hugging Face tokenizer.
 
     Any PyTorch module that is not from transformers: :meth:`from_module`.
+
+    Attributes:
+        options: the :class:`~layerwise.ModelOptions` this Extractor was made from (``backend`` filled in with the
+            backend that runs it), as a store's manifest records them.
     """
 
     def __init__(
         self,
-        model: str | os.PathLike | LoadedModel | Backend | None = None,
+        model: ModelOptions | str | os.PathLike | LoadedModel | Backend | None = None,
         *,
-        device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
         batch_tokens: int | None = None,
-        max_length: int | None = None,
-        stride: int | None = None,
         sort_by_length: bool = True,
-        revision: str | None = None,
-        allow_pickle: bool = False,
-        trust_remote_code: bool = False,
-        backend: str | None = None,
-        onnx_cache: str | os.PathLike | None = None,
-        quantize: str | None = None,
-        layers: str | None = None,
-        padding_side: str = "right",
-        tokenizer: str | os.PathLike | None = None,
+        **options: Any,
     ):
-        if backend is None:
-            backend = "auto" if isinstance(model, (LoadedModel, Backend)) else detect_backend(model)
-        options: dict[str, Any] = {}
-        if backend in ("auto", "onnx"):
-            options.update(cache=onnx_cache, quantize=quantize)
-        elif quantize not in (None, "none"):
-            raise ValueError(f"quantize={quantize!r} runs through ONNX Runtime: use backend='auto' (the default) or "
-                             f"'onnx', not backend={backend!r}")
-        if tokenizer is not None:
-            if backend != "tf":
-                raise ValueError(f"tokenizer= goes with backend='tf' (a SavedModel without its tokenizer); the "
-                                 f"{backend} backend reads the model directory's own tokenizer")
-            options["tokenizer"] = tokenizer
-        if backend in ("torch", "auto"):
-            options["padding_side"] = padding_side
-        elif padding_side != "right":
-            raise ValueError(f"padding_side={padding_side!r} needs backend='torch' or 'auto' (backend={backend!r} "
-                             f"pads right)")
         if isinstance(model, Backend):
             self.backend: Backend = model
+            opts = ModelOptions.of(None, **options)
+            if set(options) - {"max_length", "stride"}:
+                raise ModelLoadError(f"a loaded backend is used as is; only max_length and stride apply to it, not "
+                                     f"{sorted(set(options) - {'max_length', 'stride'})}")
         elif isinstance(model, LoadedModel):
-            self.backend = backend_class(backend)(model, **options)
+            opts = ModelOptions.of(None, **options)
+            self.backend = create_backend(model, opts)
         else:
-            self.backend = backend_class(backend).load(
-                model, device=device, dtype=dtype, revision=revision, allow_pickle=allow_pickle,
-                trust_remote_code=trust_remote_code, layers=layers, **options,
-            )
-        self._configure_windows(max_length, stride)
+            opts = ModelOptions.of(model, **options)
+            self.backend = load_backend(opts)
+        self.options = opts.replace(backend=self.backend.name)
+        self._configure_windows(opts.max_length, opts.stride)
         if batch_tokens is None:
             batch_tokens = CPU_BATCH_TOKENS if self.backend.device.type == "cpu" else GPU_BATCH_TOKENS
         self.batch_tokens = check_budget(batch_tokens)
         self.sort_by_length = bool(sort_by_length)
 
     @classmethod
+    def from_options(
+        cls, options: ModelOptions, *, batch_tokens: int | None = None, sort_by_length: bool = True
+    ) -> "Extractor":
+        """The Extractor of ``options`` (the one way every entry point loads a model): ``Extractor(options, ...)``."""
+        if not isinstance(options, ModelOptions):
+            raise TypeError(f"from_options takes a layerwise.ModelOptions, got {type(options).__name__}")
+        return cls(options, batch_tokens=batch_tokens, sort_by_length=sort_by_length)
+
+    @classmethod
     def from_module(
         cls,
         model: nn.Module,
         tokenizer: Any,
-        layers: str | Sequence[nn.Module],
+        layer_modules: str | Sequence[nn.Module],
         *,
         call: Callable[..., Any] | None = None,
         max_length: int | None = None,
         stride: int | None = None,
         device: str | torch.device | None = None,
-        dtype: str | torch.dtype | None = None,
+        compute_dtype: str | torch.dtype | None = None,
         batch_tokens: int | None = None,
         padding_side: str = "right",
         name: str | None = None,
@@ -174,22 +169,22 @@ class Extractor:
             model: the module; called as ``model(input_ids=ids, attention_mask=mask)`` unless ``call`` says how
                 (``call(model, input_ids [b, T], attention_mask [b, T]) -> anything``).
             tokenizer: a fast tokenizer (``PreTrainedTokenizerFast`` or ``tokenizers.Tokenizer``).
-            layers: the layer list, a module path (``"encoder.layers"``) or the modules in the order they run; each
-                must return ``[batch, tokens, width]`` and feed the next (checked once, here).
+            layer_modules: the layer list, a module path (``"encoder.layers"``) or the modules in the order they run;
+                each must return ``[batch, tokens, width]`` and feed the next (checked once, here).
             max_length: the longest input the model takes (longer texts are windowed); default: read from a
                 position table, else no limit.
-            stride, device, dtype, batch_tokens, padding_side: as for :class:`Extractor`.
+            stride, device, compute_dtype, batch_tokens, padding_side: as for :class:`Extractor`.
             name: the model's name in messages and provenance (default: its class name).
 
         Example::
 
-            >>> ex = lw.Extractor.from_module(my_encoder, tokenizer, layers="layers", max_length=128)
+            >>> ex = lw.Extractor.from_module(my_encoder, tokenizer, layer_modules="layers", max_length=128)
             >>> ex.encode(["I love Paris"], layers="all", combine="mean").shape      # [1, width]
         """
-        from .custom import wrap_module
+        from .model.custom import wrap_module
 
-        loaded = wrap_module(model, tokenizer, layers, call=call, max_length=max_length, device=device, dtype=dtype,
-                             name=name)
+        loaded = wrap_module(model, tokenizer, layer_modules, call=call, max_length=max_length, device=device,
+                             dtype=compute_dtype, name=name)
         return cls(loaded, batch_tokens=batch_tokens, stride=stride, padding_side=padding_side)
 
     def _configure_windows(self, max_length: int | None, stride: int | None) -> None:
@@ -257,40 +252,17 @@ class Extractor:
         return self.backend.fingerprint()
 
     def describe(self) -> dict[str, Any]:
-        """What layerwise knows about this model: a JSON-ready dict.
-
-        Keys: ``model``, ``architecture``, ``layers`` (``"0..L"``), ``layer_map`` (where the layers are and how the
-        map was found: ``table``, ``discovered`` (verified at load) or ``given``), ``final`` (the module whose output is
-        ``hidden_states[L]``, e.g. a decoder's final norm; the ``raw`` site gives the state before it), ``sites``
-        (name -> width), ``positions`` (kind and real maximum), ``window`` and ``stride`` (tokens), ``pooler``,
-        ``padding_side``, ``device``, ``dtype``, ``precision`` (``dtype``, or ``int8`` when quantised), ``backend``
-        and, for ``auto``, ``runtime`` (which runtime served what so far).
+        """What layerwise knows about this model: a JSON-ready dict (every key is listed in
+        :func:`layerwise.model.describe.describe`: where the layers are and how the map was found, the final norm, the
+        sites and their widths, positions, window, stride, pooler, padding side, device, compute dtype, precision,
+        backend and, for ``auto``, the runtime that served each depth).
 
         Example::
 
             >>> lw.Extractor().describe()["positions"]
             'absolute, at most 512 tokens'
         """
-        lm = self.loaded
-        lmap = lm.layer_map
-        return {
-            "model": lm.name,
-            "architecture": lm.architecture,
-            "layers": f"0..{lm.num_layers}",
-            "layer_map": f"{lmap.path} ({lmap.source})",
-            "final": lmap.final_path,
-            "sites": {s: self.site_width(s) for s in self.sites},
-            "positions": lm.positions.describe(),
-            "window": self.max_length if self.max_length < UNLIMITED else None,
-            "stride": self.stride,
-            "pooler": lm.pooler is not None,
-            "padding_side": getattr(self.backend, "padding_side", "right"),
-            "device": str(lm.device),
-            "dtype": str(lm.dtype).replace("torch.", ""),
-            "precision": self.backend.precision,
-            "backend": self.backend.name,
-            **({"runtime": self.backend.runtime()} if hasattr(self.backend, "runtime") else {}),
-        }
+        return describe(self)
 
     def __repr__(self) -> str:
         lm = self.loaded
@@ -310,7 +282,7 @@ class Extractor:
         self, items: Sequence[Any], *, words: bool, truncate: bool = False, prompt: str = "", add_eos: bool = False
     ) -> list[Tokenized]:
         """Tokenise texts (or word lists with ``words=True``) with the model's special tokens (see
-        :class:`~layerwise.tokenize.TextTokenizer`)."""
+        :class:`~layerwise.encoding.tokenize.TextTokenizer`)."""
         return self.text_tokenizer()(items, words=words, truncate=truncate, prompt=prompt, add_eos=add_eos)
 
     def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int) -> Iterator[Group]:
@@ -328,7 +300,8 @@ class Extractor:
     def stream(
         self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None
     ) -> Iterator[Encoded]:
-        """Encode ``records`` as ``spec`` says and yield one :class:`~layerwise.pipeline.Encoded` per record, in order.
+        """Encode ``records`` as ``spec`` says and yield one :class:`~layerwise.encoding.reduce.Encoded` per record,
+        in order.
 
         Args:
             records: texts (levels ``sentence``/``token``), or word lists (level ``word``; a string is split on
@@ -337,7 +310,7 @@ class Extractor:
             batch_tokens: token budget per forward batch (default: the Extractor's).
 
         Yields:
-            ``Encoded(index, features, tokens)``: ``features`` on the CPU in ``spec.dtype``, shaped ``[*D]``,
+            ``Encoded(index, features, tokens)``: ``features`` on the CPU in ``spec.output_dtype``, shaped ``[*D]``,
             ``[n_tokens, *D]`` or ``[n_words, *D]`` with ``D = spec.resolve(self).feature_shape(width)``.
         """
         spec = spec.resolve(self)
@@ -386,7 +359,7 @@ class Extractor:
         spec = spec.resolve(self)
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
-        out_dtype = _OUT_DTYPES[spec.dtype]
+        out_dtype = _OUT_DTYPES[spec.output_dtype]
         done: dict[int, torch.Tensor] = {}
         following = 0
         for group in self._forward(toks, spec.layer_indices, spec.site, budget):

@@ -13,11 +13,12 @@ import io
 import json
 import os
 from datetime import datetime, timezone
-from typing import IO, Any, Mapping
-
-import torch
+from typing import IO, TYPE_CHECKING, Any, Mapping
 
 from .version import __version__
+
+if TYPE_CHECKING:
+    import torch
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -32,7 +33,7 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def input_sha256(path: str | os.PathLike) -> str:
     """sha256 of an input: a file's bytes, or for a directory of parquet files each file's name and sha256 in name
     order (renaming, adding or changing a file changes it)."""
-    from .readers import parquet_files
+    from .corpus.readers import parquet_files
 
     if not os.path.isdir(path):
         return file_sha256(path)

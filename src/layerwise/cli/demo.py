@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from importlib import resources
-from typing import Optional
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from .options import AllowPickleOpt, DeviceOpt, DtypeOpt, ModelOpt, TrustCodeOpt, extractor, user_errors
+from ..model.options import ModelOptions
+from .options import extractor, model_flags, user_errors
 
 
 def sample_sentences() -> list[str]:
@@ -19,18 +19,13 @@ def sample_sentences() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def demo(
-    model: Optional[str] = ModelOpt,
-    device: Optional[str] = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    allow_pickle: bool = AllowPickleOpt,
-    trust_remote_code: bool = TrustCodeOpt,
-) -> None:
+@model_flags
+def demo(*, model_options: ModelOptions) -> None:
     """Encode the bundled sample sentences with every layer and print a per-layer summary."""
     console = Console()
     with user_errors():
         t0 = time.perf_counter()
-        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code)
+        ex = extractor(model_options)
         load_s = time.perf_counter() - t0
         texts = sample_sentences()
         t0 = time.perf_counter()

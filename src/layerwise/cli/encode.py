@@ -10,36 +10,30 @@ from typing import IO, Any, List, Optional
 import numpy as np
 import typer
 
+from ..encoding.reduce import Encoded
+from ..encoding.spec import EncodeSpec
+from ..encoding.tokenize import check_texts
+from ..encoding.vocab import FIXED_POOLS
 from ..extractor import Extractor
-from ..pipeline import Encoded, check_texts
-from ..pooling import POOL_MODES
-from ..spec import EncodeSpec
+from ..model.options import ModelOptions
 from .options import (
     AddEosOpt,
-    AllowPickleOpt,
-    BackendOpt,
     CombineOpt,
-    DeviceOpt,
-    DtypeOpt,
-    LayerModulesOpt,
     LayersOpt,
-    ModelOpt,
-    PaddingSideOpt,
+    OutputDtypeOpt,
     PromptOpt,
-    QuantizeOpt,
     SiteOpt,
-    TrustCodeOpt,
     WeightsOpt,
     check_new_file,
     err_console,
     extractor,
+    model_flags,
     parse_layers,
     parse_weights,
     user_errors,
 )
 
 FORMATS = ("json", "jsonl", "npy")
-POOLS = tuple(p for p in POOL_MODES if p != "attention")  # the fixed pools; 'none' (token level) is added below
 
 
 def parse_pool(text: str) -> str | None:
@@ -49,9 +43,9 @@ def parse_pool(text: str) -> str | None:
         return None
     if mode == "attention":
         raise ValueError("--pool attention is learned and has no fixed weights; train a head with it "
-                         f"(layerwise train --pool attention) or use one of: {', '.join(POOLS)}, none")
-    if mode not in POOLS:
-        raise ValueError(f"unknown --pool {text!r}. Valid pool modes are: {', '.join(POOLS)}, "
+                         f"(layerwise train --pool attention) or use one of: {', '.join(FIXED_POOLS)}, none")
+    if mode not in FIXED_POOLS:
+        raise ValueError(f"unknown --pool {text!r}. Valid pool modes are: {', '.join(FIXED_POOLS)}, "
                          f"or none (one vector per token)")
     return mode
 
@@ -68,6 +62,7 @@ def read_stdin_lines(stream: IO[bytes]) -> list[str]:
     return out
 
 
+@model_flags
 def encode(
     texts: List[str] = typer.Argument(..., help="Texts to encode; a lone '-' reads one text per line from stdin."),
     layers: str = LayersOpt,
@@ -89,17 +84,11 @@ def encode(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no model line on stderr."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
-    model: Optional[str] = ModelOpt,
-    device: Optional[str] = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    allow_pickle: bool = AllowPickleOpt,
-    trust_remote_code: bool = TrustCodeOpt,
-    backend: Optional[str] = BackendOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    layer_modules: Optional[str] = LayerModulesOpt,
-    padding_side: str = PaddingSideOpt,
+    output_dtype: str = OutputDtypeOpt,
     prompt: str = PromptOpt,
     add_eos: bool = AddEosOpt,
+    *,
+    model_options: ModelOptions,
 ) -> None:
     """Encode TEXTs with the chosen layers, combination and pooling; print JSON / JSON lines or write .npy.
 
@@ -118,11 +107,10 @@ def encode(
         spec = EncodeSpec(layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights),
                           level="token" if pool_mode is None else "sentence", pool=pool_mode,
                           skip_special_tokens=skip_special, truncate=truncate, normalize=normalize, prompt=prompt,
-                          add_eos=add_eos)
+                          add_eos=add_eos, output_dtype=output_dtype)
         if fmt == "npy" and pool_mode is None:
             raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
-        ex = extractor(model, device, dtype, allow_pickle, trust_remote_code, backend=backend, layers=layer_modules,
-                       padding_side=padding_side, quantize=quantize)
+        ex = extractor(model_options)
         spec = spec.resolve(ex)
         if not quiet:
             lm = ex.loaded

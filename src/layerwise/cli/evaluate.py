@@ -7,9 +7,11 @@ from typing import Optional
 
 import typer
 
-from .options import DeviceOpt, err_console, user_errors
+from ..model.options import ModelOptions
+from .options import err_console, head_encoder, model_flags, user_errors
 
 
+@model_flags
 def evaluate(
     model_dir: str = typer.Argument(..., help="A model directory written by layerwise train."),
     data: str = typer.Argument(..., help="Labelled file (.tsv, .csv, .jsonl, .parquet) with text and label columns."),
@@ -20,17 +22,15 @@ def evaluate(
     fmt: Optional[str] = typer.Option(None, "--format"),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     batch_size: int = typer.Option(256, "--batch-size"),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", help="Where the encoder is now, if it moved since training (checked by fingerprint)."
-    ),
-    device: Optional[str] = DeviceOpt,
+    *,
+    model_options: ModelOptions,
 ) -> None:
     """Score a trained model on a labelled file."""
     from ..heads import classification_scores, format_scores, load
     from ..heads.data import encode_labels, read_labelled
 
     with user_errors():
-        clf = load(model_dir, device=device, model=model)
+        clf = load(model_dir, model=head_encoder(model_dir, model_options))
         gold = read_labelled(data, text_field=text_field, label_field=label_field, format=fmt)
         encode_labels(gold.labels, clf.labels, f"{data!r}")  # unknown labels: a clear error before any compute
         pred = clf.predict(gold.texts, batch_size=batch_size)

@@ -6,13 +6,15 @@ from typing import Optional
 
 import typer
 
-from .options import BackendOpt, DeviceOpt, err_console, extractor, user_errors
+from ..model.options import ModelOptions
+from .options import err_console, extractor, model_flags, user_errors
 
 SampleOpt = typer.Option(2000, "--sample", help="Show at most this many records (a seeded random sample).")
 LabelsOpt = typer.Option(None, "--labels", help="Column holding the labels to colour by (kept with --keep in a store).")
 ProbeDirOpt = typer.Option(None, "--probe", help="A layerwise probe output directory to open (repeatable).")
 
 
+@model_flags
 def explore(
     store: Optional[str] = typer.Argument(None, help="A sentence-level store (made with --combine stack "
                                                      "--layers all to see every layer)."),
@@ -22,16 +24,16 @@ def explore(
     text_field: Optional[str] = typer.Option(None, "--text-field", help="Column holding the text (default text, "
                                                                        "else sentence)."),
     probe: Optional[list[str]] = ProbeDirOpt,
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model for the sentence view and --texts "
-                                                                    "(default: the store's model, else the "
-                                                                    "embedded all-MiniLM-L6-v2)."),
     sample: int = SampleOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (default loopback only)."),
     port: int = typer.Option(8765, "--port", help="TCP port, 1..65535."),
-    device: Optional[str] = DeviceOpt,
-    backend: Optional[str] = BackendOpt,
+    *,
+    model_options: ModelOptions,
 ) -> None:
-    """Open the layer explorer at http://127.0.0.1:8765 (works offline: nothing is fetched from the network)."""
+    """Open the layer explorer at http://127.0.0.1:8765 (works offline: nothing is fetched from the network).
+
+    The model (for the sentence view and --texts) is --model, else the store's model, else the embedded
+    all-MiniLM-L6-v2."""
     import uvicorn
 
     from ..explore import Explorer, corpus_from_store, create_explorer_app
@@ -46,8 +48,9 @@ def explore(
         for folder in probe or []:
             read_probe_dir(folder)  # a wrong directory is said now, not in the browser
         corpus = corpus_from_store(store, labels=labels, sample=sample) if store else None
-        name = model or (corpus.model if corpus is not None else None)
-        ex = extractor(name, device, None, False, False, backend=backend)
+        if model_options.model is None and corpus is not None:
+            model_options = model_options.replace(model=corpus.model)
+        ex = extractor(model_options)
         if texts:
             corpus = corpus_from_file(ex, texts, labels=labels, text_field=text_field, sample=sample)
     app = create_explorer_app(Explorer(corpus=corpus, extractor=ex, probe_dirs=list(probe or [])))

@@ -7,29 +7,25 @@ from typing import List, Optional
 
 import typer
 
+from ..model.options import ModelOptions
 from .options import (
     AddEosOpt,
-    AllowPickleOpt,
-    BackendOpt,
     CombineOpt,
-    DeviceOpt,
-    LayerModulesOpt,
     LayersOpt,
-    ModelOpt,
-    PaddingSideOpt,
+    OutputDtypeOpt,
     PromptOpt,
-    QuantizeOpt,
     SiteOpt,
-    TrustCodeOpt,
     WeightsOpt,
     err_console,
     extractor,
+    model_flags,
     parse_layers,
     parse_weights,
     user_errors,
 )
 
 
+@model_flags
 def extract(
     input: str = typer.Argument(
         ..., help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, CoNLL-2003, .conllu, or - (stdin)."
@@ -50,7 +46,7 @@ def extract(
     truncate: bool = typer.Option(
         False, "--truncate", help="Cut long texts at the model maximum instead of windowing."
     ),
-    dtype: str = typer.Option("float32", "--dtype", help="Store dtype: float32 or float16."),
+    output_dtype: str = OutputDtypeOpt,
     fmt: Optional[str] = typer.Option(
         None,
         "--format",
@@ -88,31 +84,22 @@ def extract(
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a store made with other options."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary line."),
-    model: Optional[str] = ModelOpt,
-    device: Optional[str] = DeviceOpt,
-    compute_dtype: Optional[str] = typer.Option(
-        None, "--compute-dtype", help="Model dtype: float32 (default), float16/bfloat16 (CUDA)."
-    ),
-    allow_pickle: bool = AllowPickleOpt,
-    trust_remote_code: bool = TrustCodeOpt,
-    backend: Optional[str] = BackendOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    layer_modules: Optional[str] = LayerModulesOpt,
-    padding_side: str = PaddingSideOpt,
     prompt: str = PromptOpt,
     add_eos: bool = AddEosOpt,
+    *,
+    model_options: ModelOptions,
 ) -> None:
     """Extract features for every record of INPUT into the store OUTPUT; rerun the same command to resume."""
-    from ..engine import ExtractOptions
-    from ..engine import extract as run_extract
-    from ..readers import ReadOptions, detect_format
-    from ..spec import EncodeSpec
+    from ..corpus.readers import ReadOptions, detect_format
+    from ..encoding.spec import EncodeSpec
+    from ..extraction.engine import ExtractOptions
+    from ..extraction.engine import extract as run_extract
 
     with user_errors():
         kept = tuple(k.strip() for item in keep for k in item.split(",") if k.strip())
         spec = EncodeSpec(
             layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights), level=level,
-            pool=pool, subword=subword, skip_special_tokens=skip_special, truncate=truncate, dtype=dtype,
+            pool=pool, subword=subword, skip_special_tokens=skip_special, truncate=truncate, output_dtype=output_dtype,
             prompt=prompt, add_eos=add_eos,
         )
         reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
@@ -123,9 +110,9 @@ def extract(
         if engine not in ("local", "ray"):
             raise ValueError(f"unknown --engine {engine!r}. Valid engines are: local, ray")
         if engine == "ray":
-            from ..engines import ray as lray
+            from ..extraction import ray as lray
 
-            done = lray.extract(input, output, spec, model=model, device=device, reading=reading, options=options,
+            done = lray.extract(input, output, spec, model=model_options, reading=reading, options=options,
                                 num_workers=num_workers, cpus_per_worker=cpus_per_worker,
                                 gpus_per_worker=gpus_per_worker, part_records=part_records, address=address)
             if not quiet:
@@ -133,8 +120,7 @@ def extract(
                                   f"{done.records:,} records, {done.skipped:,} skipped in {done.seconds:.1f}s -> "
                                   f"{output}", highlight=False, soft_wrap=True)
             return
-        ex = extractor(model, device, compute_dtype, allow_pickle, trust_remote_code, backend=backend,
-                       layers=layer_modules, padding_side=padding_side, quantize=quantize)
+        ex = extractor(model_options)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
     if not quiet:
         lm = ex.loaded

@@ -34,7 +34,7 @@ def inspect(
         ("layers / site", f"{list(o.layer_indices)} / {o.site}"),
         ("combine", f"{o.combine}" + (f" {list(o.weights)}" if o.weights else "")),
         ("level", o.level + (f", pool {o.pool}" if o.pool else "") + (f", subword {o.subword}" if o.subword else "")),
-        ("features", f"{list(st.feature_shape)} {o.dtype}"),
+        ("features", f"{list(st.feature_shape)} {o.output_dtype}"),
         ("input", f"{src['path']} ({src['format']}) sha256 {_input_hash(src)}"),
         ("kept columns", ", ".join(st.columns) or "-"),
         ("records", f"{len(st)} ({counts.get('skipped', 0)} skipped)"),

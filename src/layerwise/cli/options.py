@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import re
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, get_type_hints
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..errors import LayerwiseError
+
 if TYPE_CHECKING:
     from ..extractor import Extractor
+    from ..model.options import ModelOptions
 
-ModelOpt = typer.Option(
-    None, "--model", "-m", help="Local model directory or hub id (default: embedded all-MiniLM-L6-v2)."
-)
-DeviceOpt = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu).")
-DtypeOpt = typer.Option(None, "--dtype", help="float32 (default), float16 or bfloat16 (meant for CUDA; slow on CPU).")
 LayersOpt = typer.Option(
     "-1", "--layers", "-l", help="Layer spec: -1, 0, '-4:', '1:5', 'all', '0,2,4,6', 'second_to_last'."
 )
@@ -32,40 +32,73 @@ CombineOpt = typer.Option(
 )
 WeightsOpt = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted.")
 SiteOpt = typer.Option("block", "--site", help="block (= hidden_states), attention, intermediate or pre_ln.")
-AllowPickleOpt = typer.Option(
-    False,
-    "--allow-pickle",
-    help="Also load pickle checkpoints. RISK: unpickling can run arbitrary code; trusted files only.",
-)
-BackendOpt = typer.Option(
-    None,
-    "--backend",
-    help="auto (default: ONNX Runtime for the block site where it equals PyTorch within 1e-5, else torch), torch, "
-    "onnx (ONNX Runtime, CPU, block site; exported once and cached), keras (keras-hub backbone) or tf (TF Hub BERT "
-    "SavedModel); a keras-hub preset defaults to keras, a SavedModel to tf. keras and tf need pip install "
-    "'layerwise[tf]'.",
-)
-QuantizeOpt = typer.Option(
-    None,
-    "--quantize",
-    help="none (default) or int8: dynamic int8 through ONNX Runtime (block site; faster, approximate: see "
-    "benchmarks/README.md for its fidelity).",
-)
-TrustCodeOpt = typer.Option(
-    False,
-    "--trust-remote-code",
-    help="Run modelling code shipped with a hub repo. RISK: it runs with your permissions.",
-)
 
-LayerModulesOpt = typer.Option(
-    None,
-    "--layer-modules",
-    help="Module path of the model's layer list (e.g. model.layers) when it is not found by itself; verified at load.",
+# The model flags, declared once: every command that loads a model gets all of them (``@model_flags``) and receives
+# one ModelOptions. (name, type, default, flags, help), in ModelOptions' field order.
+MODEL_FLAGS: tuple[tuple[str, Any, Any, tuple[str, ...], str], ...] = (
+    ("model", Optional[str], None, ("--model", "-m"),
+     "Local model directory or hub id (default: embedded all-MiniLM-L6-v2)."),
+    ("device", Optional[str], None, ("--device",), "cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)."),
+    ("compute_dtype", Optional[str], None, ("--compute-dtype",),
+     "How the model runs: float32 (default), float16 or bfloat16 (CUDA, or a CPU with native bf16; warned about "
+     "elsewhere)."),
+    ("backend", Optional[str], None, ("--backend",),
+     "auto (default: ONNX Runtime for the block site where it equals PyTorch within 1e-5, else torch), torch, "
+     "onnx (ONNX Runtime, CPU, block site; exported once and cached), keras (keras-hub backbone) or tf (TF Hub BERT "
+     "SavedModel); a keras-hub preset defaults to keras, a SavedModel to tf. keras and tf need pip install "
+     "'layerwise[tf]'."),
+    ("quantize", Optional[str], None, ("--quantize",),
+     "none (default) or int8: dynamic int8 through ONNX Runtime (block site; faster, approximate: see "
+     "benchmarks/README.md for its fidelity)."),
+    ("padding_side", str, "right", ("--padding-side",),
+     "right (default) or left (decoder embedding models); both give the same states."),
+    ("layer_modules", Optional[str], None, ("--layer-modules",),
+     "Module path of the model's layer list (e.g. model.layers) when it is not found by itself; verified at load."),
+    ("max_length", Optional[int], None, ("--max-length",),
+     "Window length in tokens, special tokens included (default: the model's; longer texts are windowed)."),
+    ("stride", Optional[int], None, ("--stride",), "Overlap of consecutive windows in tokens (default: a quarter)."),
+    ("allow_pickle", bool, False, ("--allow-pickle",),
+     "Also load pickle checkpoints. RISK: unpickling can run arbitrary code; trusted files only."),
+    ("trust_remote_code", bool, False, ("--trust-remote-code",),
+     "Run modelling code shipped with a hub repo. RISK: it runs with your permissions."),
+    ("revision", Optional[str], None, ("--revision",), "Hub revision (branch, tag or commit) of a hub id."),
+    ("tokenizer", Optional[str], None, ("--tokenizer",),
+     "--backend tf: a directory with the SavedModel's Hugging Face tokenizer."),
+    ("onnx_cache", Optional[str], None, ("--onnx-cache",),
+     "Where exported ONNX graphs are cached (default: $LAYERWISE_CACHE/onnx)."),
 )
-PaddingSideOpt = typer.Option(
-    "right", "--padding-side", help="right (default) or left (decoder embedding models); both give the same states."
-)
+MODEL_FLAG_NAMES = tuple(name for name, *_ in MODEL_FLAGS)
 
+
+def model_flags(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a typer command every model flag of :data:`MODEL_FLAGS`; it receives them as one
+    ``model_options: ModelOptions`` argument (built, and checked, before the command runs)."""
+    hints = get_type_hints(command)
+    own = inspect.signature(command).parameters.values()
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own if p.name != "model_options"]
+    flags = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                               default=typer.Option(default, *names, help=text))
+             for name, kind, default, names, text in MODEL_FLAGS]
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in MODEL_FLAG_NAMES}
+        from ..model.options import ModelOptions
+
+        with user_errors():
+            options = ModelOptions.of(given.pop("model"), **given)
+        return command(*args, model_options=options, **kwargs)
+
+    run.__signature__ = inspect.Signature([*params, *flags], return_annotation=None)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in [*params, *flags]}
+    del run.__wrapped__  # typer reads the signature above, not the command's own
+    return run
+
+
+OutputDtypeOpt = typer.Option(
+    "float32", "--output-dtype", help="Dtype of the features returned or stored: float32 or float16 (the model runs in "
+    "--compute-dtype)."
+)
 PromptOpt = typer.Option(
     "", "--prompt", help="Text put before every text (an instruction such as 'query: '); sentence/token level."
 )
@@ -122,8 +155,9 @@ def debug_enabled() -> bool:
 def user_errors() -> Iterator[None]:
     """Turn exceptions into one red ``error:`` line on stderr.
 
-    User errors, ``ValueError`` (bad input or options; the library's ``ModelLoadError`` and ``ExtractError`` are
-    ValueErrors) and ``OSError`` (missing file, permissions, disk full), exit 2. Anything else is a bug in layerwise:
+    User errors exit 2: the library's :class:`~layerwise.LayerwiseError` family (every error layerwise raises on
+    purpose), other ``ValueError`` (bad input or options) and ``OSError`` (missing file, permissions, disk full).
+    Anything else is a bug in layerwise:
     the line says so and the exit status is 1. With ``layerwise --debug`` or ``LAYERWISE_DEBUG=1`` the traceback of
     either kind is printed first.
     """
@@ -134,7 +168,7 @@ def user_errors() -> Iterator[None]:
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         _silence_stdout()
         raise typer.Exit(0) from None
-    except (ValueError, OSError) as exc:
+    except (LayerwiseError, ValueError, OSError) as exc:
         _show(exc, f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     except Exception as exc:
@@ -164,20 +198,33 @@ def _show(exc: BaseException, line: str) -> None:
     err_console.print(line, highlight=False, soft_wrap=True)
 
 
-def extractor(
-    model: Optional[str],
-    device: Optional[str],
-    dtype: Optional[str],
-    allow_pickle: bool,
-    trust_remote_code: bool,
-    **kwargs: Any,
-) -> Extractor:
-    """The :class:`~layerwise.Extractor` a subcommand asked for (the module is imported lazily)."""
+def given_options(options: ModelOptions) -> dict[str, Any]:
+    """The fields of ``options`` that differ from their defaults (the model flags a user gave)."""
+    from ..model.options import ModelOptions
+
+    default = ModelOptions().to_dict()
+    return {k: v for k, v in options.to_dict().items() if v != default[k]}
+
+
+def head_encoder(model_dir: str, options: ModelOptions) -> ModelOptions | str | None:
+    """What ``heads.load(model_dir, model=...)`` gets from a command's model flags: nothing (the head's saved
+    options), the encoder's new place (``--model`` alone), or the saved options with the given flags applied."""
+    given = given_options(options)
+    if not given:
+        return None
+    config = os.path.join(model_dir, "config.json")
+    if set(given) == {"model"} or not os.path.isfile(config):  # heads.load says what is wrong with the directory
+        return str(given["model"]) if "model" in given else None
+    from ..heads import HeadConfig
+
+    return HeadConfig.from_json(config).options.replace(**given)
+
+
+def extractor(options: ModelOptions, batch_tokens: Optional[int] = None) -> Extractor:
+    """The :class:`~layerwise.Extractor` of a subcommand's model flags (the module is imported lazily)."""
     from ..extractor import Extractor
 
-    return Extractor(
-        model, device=device, dtype=dtype, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **kwargs
-    )
+    return Extractor.from_options(options, batch_tokens=batch_tokens)
 
 
 def check_new_file(path: str, overwrite: bool, option: str = "-o") -> None:

@@ -8,9 +8,11 @@ from typing import Optional
 
 import typer
 
-from .options import DeviceOpt, check_new_file, user_errors
+from ..model.options import ModelOptions
+from .options import check_new_file, head_encoder, model_flags, user_errors
 
 
+@model_flags
 def predict(
     model_dir: str = typer.Argument(..., help="A model directory written by layerwise train."),
     data: str = typer.Argument(..., help="Texts: .txt (one per line), .jsonl, .csv, .tsv, .parquet, or - for stdin."),
@@ -22,21 +24,22 @@ def predict(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", help="Where the encoder is now, if it moved since training (checked by fingerprint)."
-    ),
-    device: Optional[str] = DeviceOpt,
+    *,
+    model_options: ModelOptions,
 ) -> None:
-    """Predict every record of FILE; bad records get {"line": N, "error": "..."} lines, order kept."""
+    """Predict every record of FILE; bad records get {"line": N, "error": "..."} lines, order kept.
+
+    The encoder is the one saved with the head; --model says where it is now if it moved (checked by its weights
+    fingerprint), other model flags (--device ...) apply on top of the saved options."""
     from tqdm.auto import tqdm
 
+    from ..corpus.readers import BadRecord, read_records
     from ..heads import load
-    from ..readers import BadRecord, read_records
 
     with user_errors():
         if output:
             check_new_file(output, overwrite)
-        clf = load(model_dir, device=device, model=model)
+        clf = load(model_dir, model=head_encoder(model_dir, model_options))
         records = read_records(data, fmt, text_field=text_field)
         out = open(output, "w", encoding="utf-8") if output else sys.stdout
         bar = tqdm(disable=quiet or not sys.stderr.isatty(), unit="rec", desc="predict", file=sys.stderr)

@@ -6,9 +6,11 @@ from typing import Optional
 
 import typer
 
-from .options import DeviceOpt, ModelOpt, err_console, user_errors
+from ..model.options import ModelOptions
+from .options import err_console, model_flags, user_errors
 
 
+@model_flags
 def probe(
     train: str = typer.Option(
         ..., "--train", help="Tagging: CoNLL-2003 (.conll) or CoNLL-U (.conllu); sentence: .tsv/.csv/.jsonl."
@@ -42,8 +44,8 @@ def probe(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Re-extract cached features in OUTPUT/features made with other options."
     ),
-    model: Optional[str] = ModelOpt,
-    device: Optional[str] = DeviceOpt,
+    *,
+    model_options: ModelOptions,
 ) -> None:
     """Which layer knows what: one probe per layer and per strategy, from features extracted once."""
     from ..probe import ProbeConfig, run
@@ -52,7 +54,7 @@ def probe(
         config = ProbeConfig(task=task, column=column, probe=probe_kind, crf=crf, hidden=hidden, epochs=epochs, lr=lr,
                              restarts=restarts, scheme=scheme, subword=subword, pool=pool,
                              document_context=document_context, layers_only=layers_only)
-        res = run(train, dev, test, config, model=model, device=device, output=output, text_field=text_field,
+        res = run(train, dev, test, config, model=model_options, output=output, text_field=text_field,
                   format=fmt, overwrite=overwrite,
                   log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
     best = res.best

@@ -7,13 +7,13 @@ from typing import Optional
 
 import typer
 
+from ..model.options import ModelOptions
 from .options import (
-    DeviceOpt,
     LayersOpt,
-    ModelOpt,
     SiteOpt,
     WeightsOpt,
     err_console,
+    model_flags,
     parse_layers,
     parse_weights,
     user_errors,
@@ -32,6 +32,7 @@ def parse_sizes(text: str, option: str) -> list[int]:
     return out
 
 
+@model_flags
 def train(
     train_file: str = typer.Option(
         ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with text and label."
@@ -81,12 +82,12 @@ def train(
     cache_dir: Optional[str] = typer.Option(
         None, "--cache-dir", help="Frozen feature cache (default ~/.cache/layerwise/features)."
     ),
-    model: Optional[str] = ModelOpt,
-    device: Optional[str] = DeviceOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an earlier layerwise model in OUTPUT (never anything else)."
     ),
+    *,
+    model_options: ModelOptions,
 ) -> None:
     """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
     from ..heads import HeadConfig, TrainOptions
@@ -95,11 +96,11 @@ def train(
 
     with user_errors():
         sizes = parse_sizes(hidden, "--hidden") if head == "mlp" else []
-        config = HeadConfig(model=model, layers=parse_layers(layers), site=site, pool=pool, combine=combine,
+        config = HeadConfig(model=model_options, layers=parse_layers(layers), site=site, pool=pool, combine=combine,
                             weights=parse_weights(weights), classifier=head, hidden=sizes or [256],
                             activation=activation, dropout=dropout, mode=mode)
         options = TrainOptions(epochs=epochs, lr=lr, encoder_lr=encoder_lr, batch_size=batch_size, seed=seed,
-                               patience=patience, metric=metric, device=device, cache_dir=cache_dir,
+                               patience=patience, metric=metric, cache_dir=cache_dir,
                                progress=False if quiet else None)
         result = run_train(
             config, train_file, dev_file, test_file, options=options, text_field=text_field, label_field=label_field,

@@ -146,9 +146,9 @@ def _read_rows(store, rows: np.ndarray) -> np.ndarray:
 def _store_texts(store, rows: np.ndarray) -> list[str]:
     """The sampled records' texts: a kept text column, else re-read from the store's input file when it is still
     there and unchanged, else ``"record i"``."""
-    from ..readers import ReadOptions
-    from ..records import Record
-    from ..sources import open_source
+    from ..corpus.readers import ReadOptions
+    from ..corpus.records import Record
+    from ..corpus.sources import open_source
 
     inp = store.manifest.get("input", {})
     for name in (inp.get("text_field"), "text", "sentence"):
@@ -198,9 +198,9 @@ def corpus_from_file(ex: Extractor, path: str | os.PathLike, labels: str | None 
     Raises:
         ValueError: an unreadable file or a missing column (the reader's message), or no records.
     """
-    from ..readers import ReadOptions
-    from ..records import Record
-    from ..sources import open_source
+    from ..corpus.readers import ReadOptions
+    from ..corpus.records import Record
+    from ..corpus.sources import open_source
 
     reading = ReadOptions(text_field=text_field, keep=(labels,) if labels else ())
     texts: list[str] = []

@@ -27,7 +27,7 @@ def read_probe_dir(path: str | os.PathLike) -> dict:
     try:
         data = json.loads(results.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {results}: {exc}") from None
+        raise ValueError(f"cannot read {results}: {exc}") from exc
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise ValueError(f"{results} lacks {', '.join(missing)}: not written by layerwise probe")

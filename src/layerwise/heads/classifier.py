@@ -37,12 +37,13 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from ..capture import capture
+from ..encoding.padding import pad_rows
+from ..encoding.pooling import pool as pool_tokens
+from ..encoding.tokenize import check_texts
 from ..extractor import Extractor
-from ..loading import quiet_transformers
-from ..padding import pad_rows
-from ..pipeline import check_texts
-from ..pooling import pool as pool_tokens
+from ..model.capture import capture
+from ..model.loading import quiet_transformers
+from ..model.options import ModelOptions
 from ..provenance import tensors_fingerprint
 from ..version import __version__
 from .config import HeadConfig
@@ -65,7 +66,7 @@ class SequenceClassifier:
 
     @property
     def labels(self) -> list[str]:
-        return self.config.labels
+        return list(self.config.labels)
 
     # ---- features ------------------------------------------------------------------------------------------
     def features(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -225,22 +226,21 @@ def check_encoder(extractor: Extractor, metadata: dict[str, str], trained_on: st
 def load(
     directory: str | os.PathLike,
     *,
+    model: ModelOptions | Extractor | str | os.PathLike | None = None,
     device: str | None = None,
-    extractor: Extractor | None = None,
-    model: str | os.PathLike | None = None,
 ) -> SequenceClassifier:
     """Load a model directory written by :meth:`SequenceClassifier.save` (or ``layerwise train``).
 
     Args:
         directory: the model directory.
-        device: where to run (default: CUDA when available, else CPU).
-        extractor: reuse an already loaded encoder (frozen mode; must be the config's model).
-        model: where the encoder is now (frozen mode), when it moved since training (CLI ``--model``); default: the
-            saved ``config.model``.
+        model: the encoder (frozen mode; default: the :class:`~layerwise.ModelOptions` saved in the config): where
+            it is now, when it moved since training (a path or hub id; CLI ``--model``), other options for it
+            (a ``ModelOptions``), or one already loaded (an :class:`Extractor`; it must be the config's model).
+        device: where to run (default: CUDA when available, else CPU); a shortcut for the options' ``device``.
 
     Raises:
-        ValueError: not a model directory; ``model`` with a fine-tuned head (it carries its encoder) or together with
-            ``extractor``; an encoder whose weights fingerprint differs from the one saved with the head (both named).
+        ValueError: not a model directory; ``model`` with a fine-tuned head (it carries its encoder); an encoder
+            whose weights fingerprint differs from the one saved with the head (both named).
     """
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -251,19 +251,24 @@ def load(
             f"{os.fspath(directory)!r} is not a layerwise model directory (needs config.json and head.safetensors)"
         )
     config = HeadConfig.from_json(root / "config.json")
-    if model is not None and extractor is not None:
-        raise ValueError("give model= (where the encoder is) or extractor= (an encoder already loaded), not both")
-    if model is not None and config.mode == "finetune":
+    if model is not None and config.mode == "finetune" and not isinstance(model, Extractor):
         raise ValueError(
             f"{os.fspath(directory)!r} holds a fine-tuned head that carries its own encoder (in encoder/); "
             f"--model / model= does not apply to it: leave it out"
         )
-    if extractor is None:
-        encoder = str(root / "encoder") if config.mode == "finetune" else (model or config.model)
-        extractor = Extractor(encoder, device=device, max_length=config.max_length)
+    if isinstance(model, Extractor):
+        extractor = model
+    else:
+        if isinstance(model, ModelOptions):
+            options = model
+        else:
+            options = config.options if model is None else config.options.replace(model=os.fspath(model))
+        if config.mode == "finetune":
+            options = options.replace(model=str(root / "encoder"))
+        extractor = Extractor.from_options(options if device is None else options.replace(device=device))
     with safe_open(str(root / "head.safetensors"), framework="pt") as fh:
         metadata = fh.metadata() or {}
-    check_encoder(extractor, metadata, config.model)
+    check_encoder(extractor, metadata, config.options.model)
     clf = SequenceClassifier(config, extractor)
     clf.head.load_state_dict(load_file(str(root / "head.safetensors")))
     clf.head.to(extractor.loaded.device).eval()

@@ -13,11 +13,13 @@ field             valid values
 ``pool``          ``cls | mean | max | mean_max | last`` (per layer, padding excluded) or ``attention`` (a learned
                   query over the tokens of the combined layers)
 ``combine``       ``concat | sum | mean | weighted`` (fixed ``weights``) ``| scalar_mix`` (learned softmax weights)
-                  ``| attention`` (a learned query over the layers): the one vocabulary of :mod:`layerwise.combine`
+                  ``| attention`` (a learned query over the layers): the one vocabulary of
+                  :mod:`layerwise.encoding.combine`
                   (``stack`` keeps the layer axis, which a classifier cannot read: use ``classifier="per_layer"``)
 ``classifier``    ``linear | mlp`` (``hidden`` sizes, ``activation``, ``dropout``) ``| per_layer`` (one classifier per
                   layer, logits mixed by learned softmax weights; ``combine`` is not used)
 ``mode``          ``frozen`` (encoder fixed; trains on cached features) ``| finetune`` (encoder updated too)
+``model``         the encoder: a :class:`~layerwise.ModelOptions` (a path or hub id is read as its ``model``)
 ================  ===========================================================================================
 
 Because mean, cls and last are linear in the token states, pooling each layer first gives the same vector as
@@ -26,167 +28,143 @@ combining first; for ``max`` with a summing combine the order matters, and layer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..layers import LayerSpec
-from ..spec import EncodeSpec, dump_json, read_json_arg
+from ..encoding.layers import LayerSpec
+from ..encoding.spec import EncodeSpec, dump_json, read_json_arg
+from ..encoding.vocab import COMBINE_MODES, POOL_MODES, check_choice
+from ..errors import SpecError
+from ..model.options import ModelOptions
 
-POOLS = ("cls", "mean", "max", "mean_max", "last", "attention")
-COMBINES = ("concat", "sum", "mean", "weighted", "scalar_mix", "attention")
+POOLS = tuple(p for p in POOL_MODES if p != "pooler")  # per layer, then combined: the model's pooler does not apply
+COMBINES = tuple(m for m in COMBINE_MODES if m != "stack")  # a classifier reads one vector
 CLASSIFIERS = ("linear", "mlp", "per_layer")
 ACTIVATIONS = ("relu", "gelu", "tanh")
 MODES = ("frozen", "finetune")
 _SHORTCUTS = ("layers", "site", "pool", "combine", "weights")
-
-
-def _check(name: str, value: object, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}. Valid {name} values are: {', '.join(valid)}")
+# fields of configs written by layerwise 0.x: the window was a field of its own, the model a path
+_LEGACY = ("max_length",)
 
 
 def _check_combine(combine: object) -> None:
     if combine == "stack":
-        raise ValueError("combine='stack' keeps the layer axis, which a classifier cannot read; use concat, sum, "
-                         "mean, weighted, scalar_mix or attention, or classifier='per_layer' for one per layer")
-    _check("combine", combine, COMBINES)
+        raise SpecError("combine='stack' keeps the layer axis, which a classifier cannot read; use concat, sum, "
+                        "mean, weighted, scalar_mix or attention, or classifier='per_layer' for one per layer")
+    check_choice("combine", combine, COMBINES)
 
 
-@dataclass(init=False)
+@dataclass(frozen=True)
 class HeadConfig:
     """A sequence classifier on hidden layers (see the module docstring for the valid values).
 
     Attributes:
-        labels: the class names, in the order of the logits.
-        model: the encoder (directory or hub id; ``None`` = embedded all-MiniLM-L6-v2).
-        encode: what the head reads: an :class:`~layerwise.EncodeSpec` (layers resolved against the encoder when the
-            head is built). ``layers``, ``site``, ``pool``, ``combine`` and ``weights`` are read-only views of it.
+        labels: the class names, in the order of the logits (a tuple; empty until read from training data).
+        model: the encoder's :class:`~layerwise.ModelOptions` (a path, a hub id or ``None`` for the embedded
+            all-MiniLM-L6-v2 is read as its ``model``); its ``max_length`` is the encoder window.
+        encode: what the head reads: an :class:`~layerwise.EncodeSpec` at level ``sentence`` (layers resolved
+            against the encoder when the head is built).
         classifier, mode: see the module docstring.
-        hidden: hidden layer sizes of the ``mlp`` classifier (e.g. ``[256]``).
+        hidden: hidden layer sizes of the ``mlp`` classifier (e.g. ``(256,)``).
         activation: ``relu | gelu | tanh``.
         dropout: dropout before every linear layer of the classifier (0.1-0.3 is usual).
-        max_length: encoder window (``None`` = the model's maximum); long texts are windowed.
-
-    Build it with an ``encode=EncodeSpec(...)`` or with the shortcuts ``layers=``, ``site=``, ``pool=``,
-    ``combine=``, ``weights=`` (not both).
+        layers, site, pool, combine, weights: shortcuts for ``encode``: give them instead of ``encode=`` (not a
+            different value of both); afterwards they hold ``encode``'s values.
     """
 
-    labels: list[str]
-    model: str | None
-    encode: EncodeSpec
-    classifier: str
-    hidden: list[int]
-    activation: str
-    dropout: float
-    mode: str
-    max_length: int | None
+    labels: Sequence[str] = ()
+    model: ModelOptions | str | None = None
+    encode: EncodeSpec = None  # type: ignore[assignment]  # built from the shortcuts when not given
+    classifier: str = "linear"
+    hidden: Sequence[int] = (256,)
+    activation: str = "relu"
+    dropout: float = 0.1
+    mode: str = "frozen"
+    # shortcuts: None = not given; after __post_init__ they hold the spec's values (never None but weights)
+    layers: LayerSpec = field(default=None, compare=False)  # type: ignore[assignment]
+    site: str = field(default=None, compare=False)  # type: ignore[assignment]
+    pool: str = field(default=None, compare=False)  # type: ignore[assignment]
+    combine: str = field(default=None, compare=False)  # type: ignore[assignment]
+    weights: Sequence[float] | None = field(default=None, compare=False)
 
-    def __init__(
-        self,
-        labels: Sequence[str] = (),
-        model: str | None = None,
-        encode: EncodeSpec | None = None,
-        *,
-        layers: LayerSpec | None = None,
-        site: str | None = None,
-        pool: str | None = None,
-        combine: str | None = None,
-        weights: Sequence[float] | None = None,
-        classifier: str = "linear",
-        hidden: Sequence[int] = (256,),
-        activation: str = "relu",
-        dropout: float = 0.1,
-        mode: str = "frozen",
-        max_length: int | None = None,
-    ):
-        # keyword arguments of EncodeSpec, each from the same-named parameter above (their types differ)
-        given: dict[str, Any] = {
-            k: v for k, v in zip(_SHORTCUTS, (layers, site, pool, combine, weights)) if v is not None
-        }
-        if encode is not None and given:
-            raise ValueError(f"give encode=EncodeSpec(...) or the shortcuts {sorted(given)}, not both")
-        if encode is not None and not isinstance(encode, EncodeSpec):
-            raise ValueError(f"encode must be a layerwise.EncodeSpec, got {type(encode).__name__}")
-        if pool is not None:
-            _check("pool", pool, POOLS)  # the head's own vocabulary first: its message lists what heads accept
-        if combine is not None:
-            _check_combine(combine)
-        self.labels = list(labels) if isinstance(labels, (list, tuple)) else labels  # type: ignore[assignment]
-        self.model = model
-        self.encode = encode if encode is not None else EncodeSpec(**given)
-        self.classifier, self.hidden, self.activation = classifier, hidden, activation  # type: ignore[assignment]
-        self.dropout, self.mode, self.max_length = dropout, mode, max_length
-        self.validate()
-
-    # ---- views of the spec -----------------------------------------------------------------------------------
-    @property
-    def layers(self) -> LayerSpec:
-        """The layer spec the head reads."""
-        return self.encode.layers
-
-    @property
-    def site(self) -> str:
-        """The site inside each layer."""
-        return self.encode.site
-
-    @property
-    def pool(self) -> str:
-        """How each layer is pooled over tokens."""
-        return str(self.encode.pool)
-
-    @property
-    def combine(self) -> str:
-        """How the pooled layers are combined."""
-        return str(self.encode.combine)
-
-    @property
-    def weights(self) -> Sequence[float] | None:
-        """Fixed layer weights (``combine="weighted"``; a tuple of floats)."""
-        return self.encode.weights
-
-    def validate(self) -> None:
-        """``ValueError`` naming the bad field, its value and the valid ones."""
+    def __post_init__(self) -> None:
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen dataclass
+        if self.pool is not None:
+            check_choice("pool", self.pool, POOLS)  # the head's own vocabulary first: it lists what heads accept
+        if self.combine is not None:
+            _check_combine(self.combine)
+        given = {k: getattr(self, k) for k in _SHORTCUTS if getattr(self, k) is not None}
+        if self.encode is None:
+            set_("encode", EncodeSpec(**given))
+        elif not isinstance(self.encode, EncodeSpec):
+            raise SpecError(f"encode must be a layerwise.EncodeSpec, got {type(self.encode).__name__}")
+        elif given and EncodeSpec(**{**self.encode.to_dict(), **given}) != self.encode:
+            raise SpecError(f"give encode=EncodeSpec(...) or the shortcuts {sorted(given)}, not both")
+        spec = self.spec
+        for name in _SHORTCUTS:  # the shortcuts are views of the spec from here on
+            set_(name, getattr(spec, name))
+        set_("model", ModelOptions.of(self.model) if not isinstance(self.model, ModelOptions) else self.model)
         if not isinstance(self.labels, (list, tuple)) or len(self.labels) == 1:
-            raise ValueError(
+            raise SpecError(
                 f"a classifier needs at least 2 labels (or none yet, to be read from data), got {self.labels!r}"
             )
         if len(set(map(str, self.labels))) != len(self.labels):
-            raise ValueError(f"labels must be distinct, got {self.labels!r}")
-        self.labels = [str(label) for label in self.labels]
-        if self.encode.level != "sentence":
-            raise ValueError(f"a sequence classifier reads one vector per text: encode.level must be 'sentence', "
-                             f"got {self.encode.level!r}")
-        _check("pool", self.pool, POOLS)
-        _check_combine(self.combine)
-        _check("classifier", self.classifier, CLASSIFIERS)
-        _check("activation", self.activation, ACTIVATIONS)
-        _check("mode", self.mode, MODES)
-        if self.classifier == "per_layer" and self.pool == "attention":
-            raise ValueError(
+            raise SpecError(f"labels must be distinct, got {self.labels!r}")
+        set_("labels", tuple(str(label) for label in self.labels))
+        if spec.level != "sentence":
+            raise SpecError(f"a sequence classifier reads one vector per text: encode.level must be 'sentence', "
+                            f"got {spec.level!r}")
+        check_choice("pool", spec.pool, POOLS)
+        _check_combine(spec.combine)
+        check_choice("classifier", self.classifier, CLASSIFIERS)
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_choice("mode", self.mode, MODES)
+        if self.classifier == "per_layer" and spec.pool == "attention":
+            raise SpecError(
                 "classifier='per_layer' needs a per-layer pool (cls, mean, max, mean_max, last), not 'attention'"
             )
         dropout = self.dropout
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+            raise SpecError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not isinstance(self.hidden, (list, tuple)) or any(
             isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in self.hidden
         ):
-            raise ValueError(f"hidden must be a list of positive ints (MLP layer sizes), got {self.hidden!r}")
-        self.hidden = list(self.hidden)
+            raise SpecError(f"hidden must be a list of positive ints (MLP layer sizes), got {self.hidden!r}")
+        set_("hidden", tuple(self.hidden))
         if self.classifier == "mlp" and not self.hidden:
-            raise ValueError("classifier='mlp' needs at least one hidden size, e.g. hidden=[256]; or use 'linear'")
+            raise SpecError("classifier='mlp' needs at least one hidden size, e.g. hidden=[256]; or use 'linear'")
+
+    @property
+    def spec(self) -> EncodeSpec:
+        """``encode`` (``__post_init__`` always sets it)."""
+        return self.encode
+
+    @property
+    def options(self) -> ModelOptions:
+        """``model``, typed (``__post_init__`` always makes it a :class:`~layerwise.ModelOptions`)."""
+        if not isinstance(self.model, ModelOptions):  # pragma: no cover - set in __post_init__
+            raise SpecError("HeadConfig.model is not ModelOptions")
+        return self.model
 
     @property
     def num_labels(self) -> int:
         """How many classes."""
         return len(self.labels)
 
+    def replace(self, **changes: Any) -> "HeadConfig":
+        """A copy with ``changes`` applied (validated again; a shortcut change rebuilds ``encode``)."""
+        if any(k in _SHORTCUTS for k in changes) and "encode" not in changes:
+            base = {k: getattr(self, k) for k in _SHORTCUTS}
+            changes = {**changes, "encode": None, **{k: changes.get(k, base[k]) for k in _SHORTCUTS}}
+        return dataclasses.replace(self, **changes)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; the spec is nested under ``encode``."""
-        return {"labels": list(self.labels), "model": self.model, "encode": self.encode.to_dict(),
+        """JSON-ready; the spec is nested under ``encode``, the encoder's options under ``model``."""
+        return {"labels": list(self.labels), "model": self.options.to_dict(), "encode": self.spec.to_dict(),
                 "classifier": self.classifier, "hidden": list(self.hidden), "activation": self.activation,
-                "dropout": self.dropout, "mode": self.mode, "max_length": self.max_length}
+                "dropout": self.dropout, "mode": self.mode}
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The config as JSON text; also written to ``path`` when given."""
@@ -194,20 +172,27 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HeadConfig":
-        """Build from :meth:`to_dict` output (or the flat fields ``layers``/``pool``/... of layerwise 0.1 configs)."""
+        """Build from :meth:`to_dict` output, or from a config of an earlier layerwise: the flat fields
+        ``layers``/``pool``/... (0.1), ``model`` as a path and ``max_length`` beside it (0.x)."""
         if not isinstance(data, dict):
-            raise ValueError(f"a HeadConfig is a JSON object, got {type(data).__name__}")
-        known = {"labels", "model", "encode", "classifier", "hidden", "activation", "dropout", "mode", "max_length",
-                 *_SHORTCUTS}
+            raise SpecError(f"a HeadConfig is a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)} | set(_LEGACY)
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown HeadConfig field(s) {unknown}; valid fields are: {', '.join(sorted(known))}")
+            raise SpecError(f"unknown HeadConfig field(s) {unknown}; valid fields are: {', '.join(sorted(known))}")
         data = dict(data)
         if isinstance(data.get("encode"), dict):
             data["encode"] = EncodeSpec.from_dict(data["encode"])
+        model = data.get("model")
+        window = data.pop("max_length", None)
+        options = ModelOptions.from_dict(model) if isinstance(model, dict) else ModelOptions.of(model)
+        data["model"] = options.replace(max_length=window) if window is not None else options
         return cls(**data)
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "HeadConfig":
         """Read a config from JSON text or a ``config.json`` file (``ValueError`` for a missing file or bad JSON)."""
         return cls.from_dict(read_json_arg(text_or_path, "HeadConfig"))
+
+
+__all__ = ["ACTIVATIONS", "CLASSIFIERS", "COMBINES", "HeadConfig", "MODES", "POOLS"]

@@ -25,12 +25,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..engine import ExtractOptions, extract
+from ..corpus.readers import BadRecord, ReadOptions, read_records
+from ..encoding.padding import pad_rows
+from ..encoding.spec import EncodeSpec
+from ..extraction.engine import ExtractOptions, extract
 from ..extractor import Extractor
-from ..padding import pad_rows
 from ..provenance import content_key, file_sha256
-from ..readers import BadRecord, ReadOptions, read_records
-from ..spec import EncodeSpec
 from ..store import FeatureStore, open_store
 
 

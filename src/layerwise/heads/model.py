@@ -6,7 +6,7 @@
 * ``pool="attention"``: ``x [batch, tokens, K, W]`` and ``mask [batch, tokens]``; the layers are combined per token,
   then a learned query pools the tokens (padding gets zero weight).
 
-Combine (over the ``K`` layers, see :mod:`layerwise.combine`): ``concat`` (``D = K W``), ``sum``, ``mean``,
+Combine (over the ``K`` layers, see :mod:`layerwise.encoding.combine`): ``concat`` (``D = K W``), ``sum``, ``mean``,
 ``weighted`` (fixed), ``scalar_mix`` (``gamma * sum_k softmax(w)_k x_k``), ``attention`` (``a = softmax_k(x_k . q /
 sqrt(W))``, ``sum_k a_k x_k``).
 Classifier: ``linear`` (dropout -> Linear), ``mlp`` (``[dropout -> Linear -> act] * len(hidden)`` -> dropout -> Linear),
@@ -28,8 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..combine import LayerAttention, ScalarMix, combine, combined_shape, learned_combiner
-from ..pooling import AttentionPool
+from ..encoding.combine import LayerAttention, ScalarMix, combine, learned_combiner
+from ..encoding.pooling import AttentionPool
+from ..encoding.vocab import combined_shape
 from .config import HeadConfig
 
 _ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
@@ -52,7 +53,6 @@ class LayerHead(nn.Module):
 
     def __init__(self, config: HeadConfig, num_layers: int, width: int):
         super().__init__()
-        config.validate()
         if config.num_labels < 2:
             raise ValueError("the head needs config.labels (at least 2 classes); train() fills them from the data")
         self.config = config
@@ -74,7 +74,8 @@ class LayerHead(nn.Module):
         return self.config.pool == "attention"
 
     def combine(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., K, W] -> [..., D]`` with the config's combine mode (see :func:`layerwise.combine.combine`)."""
+        """``[..., K, W] -> [..., D]`` with the config's combine mode (see
+        :func:`layerwise.encoding.combine.combine`)."""
         mode = self.mix if self.mix is not None else self.config.combine
         return combine(x.movedim(-2, 0), mode, weights=self.config.weights)
 

@@ -22,11 +22,13 @@ from typing import Any, Callable
 
 import torch
 
-from ..backends.auto import AutoBackend
 from ..checks import positive_ints, positive_numbers
 from ..extractor import Extractor
-from ..loading import DEFAULT_MODEL_NAME
-from ..rng import seeded
+from ..model.backends.auto import AutoBackend
+from ..model.loading import DEFAULT_MODEL_NAME
+from ..model.options import ModelOptions
+from ..training.early_stopping import EarlyStopping
+from ..training.rng import seeded
 from .classifier import SequenceClassifier, is_model_dir
 from .config import HeadConfig
 from .data import FrozenFeatures, cached_store, encode_labels, frozen_features, label_map, read_labelled
@@ -44,7 +46,6 @@ class TrainOptions:
         seed: the same seed gives the same model; the caller's global RNG state is left untouched.
         patience: stop after this many epochs without a better dev score.
         metric: ``accuracy`` or ``macro_f1`` (early stopping and model selection).
-        device: where to run (default: CUDA when available, else CPU).
         cache_dir: where frozen features are cached (default ``~/.cache/layerwise/features``).
         progress: progress bars (default: when stderr is a terminal).
     """
@@ -57,7 +58,6 @@ class TrainOptions:
     seed: int = 0
     patience: int = 3
     metric: str = "accuracy"
-    device: str | None = None
     cache_dir: str | os.PathLike | None = None
     progress: bool | None = None
 
@@ -200,7 +200,7 @@ def train(
     label_field: str = "label",
     format: str | None = None,
     output: str | os.PathLike | None = None,
-    extractor: Extractor | None = None,
+    model: Extractor | ModelOptions | None = None,
     log: Callable[[str], None] | None = None,
     overwrite: bool = False,
 ) -> TrainResult:
@@ -209,11 +209,12 @@ def train(
     Args:
         config: the head (its ``labels`` are filled from the training data).
         train_path, dev_path, test_path: TSV/CSV/JSONL (or parquet) files with a text and a label column.
-        options: epochs, learning rates, batch size, seed, patience, metric, device, cache, progress
+        options: epochs, learning rates, batch size, seed, patience, metric, cache, progress
             (:class:`TrainOptions`; default ``TrainOptions()``).
         text_field, label_field, format: column names (default text: ``text`` else ``sentence``) and file format.
         output: model directory to write (weights, config, labels, log, metrics).
-        extractor: an already loaded encoder to use (frozen mode shares it; finetune mode updates it in place).
+        model: the encoder: a :class:`~layerwise.ModelOptions` (default: ``config.model``), or an already loaded
+            :class:`Extractor` (frozen mode shares it; finetune mode updates it in place).
         log: receives one line per epoch (default: print to stderr).
         overwrite: replace an earlier layerwise model at ``output`` (anything else there is refused before work).
 
@@ -221,12 +222,11 @@ def train(
         A :class:`TrainResult`.
     """
     opts = options or TrainOptions()
-    config.validate()
     if output is not None:
         check_output(output, overwrite)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
-    ex = extractor or Extractor(config.model, device=opts.device, max_length=config.max_length)
+    ex = model if isinstance(model, Extractor) else Extractor.from_options(model or config.options)
     if config.mode == "finetune" and (ex.backend.name not in ("torch", "auto") or ex.backend.precision == "int8"):
         raise ValueError(
             f"mode='finetune' trains the encoder's weights, which needs backend='torch'; this encoder runs on "
@@ -235,16 +235,18 @@ def train(
         )
     if config.mode == "finetune" and isinstance(ex.backend, AutoBackend):
         ex.backend.torch_only("the encoder's weights are fine-tuned in place")  # an exported graph would be stale
-    if config.model is None and ex.loaded.name != DEFAULT_MODEL_NAME:
-        config.model = ex.loaded.name  # the saved model must name the encoder it was trained with
-    if config.model is not None and Path(config.model).expanduser().is_dir():
-        config.model = str(Path(config.model).expanduser().resolve())  # usable from any working directory
+    # the saved config names the encoder it was trained with, as options that load from any working directory
+    used = ex.options if isinstance(model, Extractor) else (model or config.options)
+    name = used.model if used.model is not None or ex.loaded.name == DEFAULT_MODEL_NAME else ex.loaded.name
+    if name is not None and Path(name).expanduser().is_dir():
+        name = str(Path(name).expanduser().resolve())
+    config = config.replace(model=used.replace(model=name))
     paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
     kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": opts.cache_dir}
     show = sys.stderr.isatty() if opts.progress is None else opts.progress
     splits, names = _load_splits(config, ex, paths, kw, show, say)
     feature_seconds = time.perf_counter() - t0
-    config.labels = names
+    config = config.replace(labels=names)
     with seeded(opts.seed, ex.loaded.device) as gen:
         clf = SequenceClassifier(config, ex)
         history, best_epoch = _fit(clf, splits, opts, gen, say, show)
@@ -279,7 +281,7 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
     opt = torch.optim.AdamW(params, weight_decay=opts.weight_decay)
     tr = splits["train"]
     history: list[dict[str, Any]] = []
-    best, best_epoch, best_state, stale = -1.0, 0, None, 0
+    stop: EarlyStopping[tuple[dict[str, Any], dict[str, Any] | None]] = EarlyStopping(opts.patience)
     for epoch in range(1, opts.epochs + 1):
         t_epoch = time.perf_counter()
         clf.head.train()
@@ -297,30 +299,25 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
             total += loss.item() * len(index)
             seen += len(index)
         scores = _scores(clf, splits["dev"])
-        improved = scores[opts.metric] > best
+        improved = stop.update(epoch, scores[opts.metric], lambda: (
+            copy.deepcopy(clf.head.state_dict()),
+            copy.deepcopy(ex.model.state_dict()) if config.mode == "finetune" else None))
         entry = {"epoch": epoch, "loss": total / seen, "dev_accuracy": scores["accuracy"],
                  "dev_macro_f1": scores["macro_f1"], "seconds": round(time.perf_counter() - t_epoch, 3),
                  "best": improved}
         history.append(entry)
         say(f"epoch {epoch}/{opts.epochs}  loss {entry['loss']:.4f}  dev accuracy {scores['accuracy']:.4f}  "
             f"macro-F1 {scores['macro_f1']:.4f}  {entry['seconds']:.1f}s{'  *best' if improved else ''}")
-        if improved:
-            best, best_epoch, stale = scores[opts.metric], epoch, 0
-            best_state = (copy.deepcopy(clf.head.state_dict()),
-                          copy.deepcopy(ex.model.state_dict()) if config.mode == "finetune" else None)
-        else:
-            stale += 1
-            if stale >= opts.patience:
-                say(f"early stop: no better dev {opts.metric} for {opts.patience} epochs; keeping epoch {best_epoch}")
-                break
-    if best_state is None:  # pragma: no cover - epochs >= 1 and the first epoch always improves on -1
-        raise RuntimeError("no epoch was trained")
+        if stop.stopped:
+            say(f"early stop: no better dev {opts.metric} for {opts.patience} epochs; keeping epoch {stop.best_epoch}")
+            break
+    best_state = stop.best_or_raise()
     clf.head.load_state_dict(best_state[0])
     if best_state[1] is not None:
         ex.model.load_state_dict(best_state[1])
     encoder_mode(ex, training=False)
     clf.head.eval()
-    return history, best_epoch
+    return history, stop.best_epoch
 
 
 def _layer_report(clf: SequenceClassifier, dev: _Split) -> list[dict]:

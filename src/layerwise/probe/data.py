@@ -20,11 +20,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ..engine import ExtractOptions, extract
+from ..corpus.readers import ReadOptions, detect_format
+from ..encoding.spec import EncodeSpec
+from ..extraction.engine import ExtractOptions, extract
 from ..extractor import Extractor
 from ..heads.data import label_text
-from ..readers import ReadOptions, detect_format
-from ..spec import EncodeSpec
 from ..store import FeatureStore, open_store
 
 Task = Literal["sentence", "tagging"]
@@ -105,10 +105,10 @@ def split_features(
     options = ExtractOptions(progress=progress, overwrite=overwrite)
     if task == "tagging":
         keep = (column, "doc") if fmt == "conll" else (column,)
-        spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, dtype="float16")
+        spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, output_dtype="float16")
         reading = ReadOptions(format=fmt, keep=keep, context="document" if document_context else None)
     else:
-        spec = EncodeSpec(layers="all", combine="stack", level="sentence", pool=pool, dtype="float16")
+        spec = EncodeSpec(layers="all", combine="stack", level="sentence", pool=pool, output_dtype="float16")
         reading = ReadOptions(format=fmt, text_field=text_field, keep=(column,))
     extract(path, store_dir, spec, model=ex, reading=reading, options=options)
     store = open_store(store_dir)

@@ -2,7 +2,7 @@
 
 Linear and MLP probes reuse :class:`layerwise.heads.LayerHead` on per-word (or per-sentence) features
 ``[rows, K, W]``. Tagging can also use :class:`SequenceProbe`: the layers combined per word (with
-:func:`layerwise.combine.combine`; ``scalar_mix`` learned), a 2-layer BiLSTM over
+:func:`layerwise.encoding.combine.combine`; ``scalar_mix`` learned), a 2-layer BiLSTM over
 the sentence (hidden size per direction configurable; the BERT paper's feature-based NER uses 768) and a linear
 layer, optionally followed by a linear-chain :class:`CRF`.
 """
@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..combine import ScalarMix, combine, combined_shape, learned_combiner
+from ..encoding.combine import ScalarMix, combine, learned_combiner
+from ..encoding.vocab import combined_shape
 from ..heads import HeadConfig, LayerHead
 
 PROBES = ("linear", "mlp", "bilstm")

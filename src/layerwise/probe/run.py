@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from ..extractor import Extractor
+from ..model.options import ModelOptions
 from ..version import __version__
 from .config import ProbeConfig
 from .data import ProbeSplit, check_task, split_features
@@ -72,8 +73,7 @@ def run(
     test: str | os.PathLike | None = None,
     config: ProbeConfig | None = None,
     *,
-    model: str | os.PathLike | Extractor | None = None,
-    device: str | None = None,
+    model: ModelOptions | Extractor | str | os.PathLike | None = None,
     output: str | os.PathLike = "probe-results",
     text_field: str | None = None,
     format: str | None = None,
@@ -86,8 +86,8 @@ def run(
     Args:
         train, dev, test: tagging: CoNLL-2003 (``.conll``) or CoNLL-U (``.conllu``); sentence: TSV/CSV/JSONL.
         config: task, column, probe kind, restarts, scheme, sub-word pooling... (:class:`ProbeConfig`).
-        model: encoder directory / hub id / :class:`Extractor` (default: embedded all-MiniLM-L6-v2).
-        device: where a model loaded here runs.
+        model: the encoder: its :class:`~layerwise.ModelOptions` (or just its directory / hub id), or an already
+            loaded :class:`Extractor` (default: the embedded all-MiniLM-L6-v2).
         output: directory for ``features/`` (cached stores) and the result files.
         text_field, format: sentence tasks: the text column; the input format when the suffix does not tell.
         progress: extraction progress bars (default: when stderr is a terminal).
@@ -106,7 +106,7 @@ def run(
             check_task(cfg.task, other, column, format)
     cfg = cfg.replace(column=column)
     t0 = time.perf_counter()
-    ex = model if isinstance(model, Extractor) else Extractor(model, device=device)
+    ex = model if isinstance(model, Extractor) else Extractor.from_options(ModelOptions.of(model))
     out = Path(output)
     splits: dict[str, ProbeSplit] = {}
     for name, path in (("train", train), ("dev", dev), ("test", test)):

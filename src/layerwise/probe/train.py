@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import positive_ints, positive_numbers
+from ..encoding.padding import pad_rows
 from ..heads import LayerHead
-from ..padding import pad_rows
-from ..rng import seeded
+from ..training.early_stopping import EarlyStopping
+from ..training.rng import seeded
 from .data import ProbeSplit
 from .metrics import sentence_scores, tagging_scores
 from .models import ProbeSpec, SequenceProbe, word_head
@@ -167,22 +168,16 @@ def _fit(
         batch = opts.batch_size
     model.to(opts.device)
     optim = torch.optim.Adam(model.parameters(), lr=opts.lr)
-    best, best_state, best_epoch, stale = -1.0, None, 0, 0
+    stop: EarlyStopping[dict[str, torch.Tensor]] = EarlyStopping(opts.patience)
     for epoch in range(1, opts.epochs + 1):
         _epoch(model, optim, train, y, pos, torch.randperm(n_items, generator=gen), batch, opts.device)
-        dev_scores = score(dev, predict(dev))
-        if _main(dev_scores) > best:
-            best, best_epoch, stale = _main(dev_scores), epoch, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            stale += 1
-            if stale >= opts.patience:
-                break
-    if best_state is None:  # pragma: no cover - epochs >= 1 (validated) and the first epoch always improves on -1
-        raise RuntimeError("no probe epoch was trained (a bug: epochs >= 1 is validated)")
-    model.load_state_dict(best_state)
+        stop.update(epoch, _main(score(dev, predict(dev))),
+                    lambda: {k: v.detach().clone() for k, v in model.state_dict().items()})
+        if stop.stopped:
+            break
+    model.load_state_dict(stop.best_or_raise())
     run = ProbeRun(dev=score(dev, predict(dev)), test=score(test, predict(test)) if test is not None else None,
-                   epochs=best_epoch)
+                   epochs=stop.best_epoch)
     w = model.layer_weights()
     if w is not None and spec.combine == "scalar_mix":
         run.weights = [round(float(v), 4) for v in w]

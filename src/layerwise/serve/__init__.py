@@ -8,7 +8,8 @@ import ctypes
 import platform
 import sys
 
-from ..client import Client, ServiceError
+from ..client import Client
+from ..errors import ServiceError
 from ..extractor import Extractor
 from .app import EncodeRequest, Limits, create_app
 

@@ -21,15 +21,14 @@ from typing import Callable, Literal, Optional, Union
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ..combine import FIXED_COMBINES
+from ..encoding.spec import EncodeSpec
+from ..encoding.tokenize import check_texts
+from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level
 from ..explore.app import Explorer, explorer_router
 from ..extractor import Extractor
-from ..families import SUPPORTED_MODEL_TYPES
-from ..pipeline import check_texts
-from ..pooling import POOL_MODES, WORD_POOL_MODES
-from ..spec import LEVELS, EncodeSpec
+from ..model.families import SUPPORTED_MODEL_TYPES
 from ..version import __version__
 from .batcher import Batcher
 from .metrics import Metrics
@@ -69,12 +68,14 @@ class EncodeRequest(BaseModel):
     combine: str = "concat"
     weights: Optional[list[float]] = None
     pool: Optional[str] = Field(None, description="Sentence pool (level 'sentence' only; default mean).")
-    level: Literal["sentence", "token", "word"] = "sentence"
+    level: Level = "sentence"
     subword: Optional[str] = Field(None, description="Sub-token pooling (level 'word' only; default first).")
     skip_special_tokens: bool = False
     truncate: bool = False
     normalize: bool = Field(False, description="L2-normalise sentence vectors (level 'sentence' only).")
-    dtype: Literal["float32", "float16"] = "float32"
+    output_dtype: Literal["float32", "float16"] = Field(
+        "float32", validation_alias=AliasChoices("output_dtype", "dtype"),
+        description="Dtype of the returned features (float32 | float16; 'dtype' is its name before layerwise 0.2).")
     prompt: str = Field("", description="Text put before every text (an instruction), levels sentence/token.")
     add_eos: bool = Field(False, description="Append the tokenizer's end-of-sequence token (pool 'last' reads it).")
     encoding: Literal["json", "base64"] = "json"
@@ -167,15 +168,12 @@ def create_app(extractor: Extractor, limits: Limits | None = None, explorer: Exp
 
     @app.get("/v1/model")
     def model_info() -> dict:
-        lm = ex.loaded
+        d = ex.describe()
         return {
-            "name": lm.name, "family": lm.architecture, "architecture": lm.architecture,
-            "table_families": list(SUPPORTED_MODEL_TYPES), "positions": lm.positions.describe(),
-            "num_layers": lm.num_layers, "layers": f"0..{lm.num_layers} (0 = embeddings; negatives count from the end)",
-            "hidden_size": lm.hidden_size, "intermediate_size": lm.intermediate_size, "sites": list(ex.sites),
-            "combine": list(FIXED_COMBINES), "pools": [p for p in POOL_MODES if p != "attention"],
-            "subword": list(WORD_POOL_MODES), "levels": list(LEVELS), "max_length": ex.max_length,
-            "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            **d, "sites": list(d["sites"]), "table_families": list(SUPPORTED_MODEL_TYPES),
+            "layers": f"{d['layers']} (0 = embeddings; negatives count from the end)",
+            "combine": list(FIXED_COMBINES), "pools": list(FIXED_POOLS), "subword": list(WORD_POOL_MODES),
+            "levels": list(LEVELS), "max_length": ex.max_length,
             "limits": {"max_texts": limits.max_texts, "max_text_chars": limits.max_text_chars,
                        "max_body_bytes": limits.max_body_bytes, "max_batch_tokens": limits.max_batch_tokens},
         }
@@ -241,10 +239,10 @@ def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows:
     if spec.level == "sentence":
         arr = np.stack(vecs)
         body["shape"] = list(arr.shape)
-        body["vectors"] = _pack(arr, spec.dtype, encoding)
+        body["vectors"] = _pack(arr, spec.output_dtype, encoding)
     else:
         body["shapes"] = [list(v.shape) for v in vecs]
-        body["vectors"] = [_pack(v, spec.dtype, encoding) for v in vecs]
+        body["vectors"] = [_pack(v, spec.output_dtype, encoding) for v in vecs]
         if spec.level == "token":
             tok = ex.tokenizer
             body["tokens"] = [tok.convert_ids_to_tokens(t.ids) for _, t in rows]

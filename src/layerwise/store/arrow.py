@@ -22,11 +22,14 @@ at a time, so writing a parquet file or an Arrow file never holds the whole stor
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import numpy as np
 
-from .reader import FeatureStore
+from ..errors import MissingExtraError
+
+if TYPE_CHECKING:  # the reader imports this module (store.to_arrow); this one only reads a store it is given
+    from .reader import FeatureStore
 
 Form = Literal["tensor", "lists"]
 OWN_COLUMNS = ("line", "features", "token_ids", "words")  # the conversion's own columns; kept columns may not use them
@@ -163,12 +166,12 @@ def to_dataset(store: FeatureStore, path: str | None = None, size: int = 4096) -
     ``[records, *D]`` at sentence level.
 
     Raises:
-        ValueError: ``datasets`` is not installed (``pip install 'layerwise[hf]'``).
+        MissingExtraError: ``datasets`` is not installed (``pip install 'layerwise[hf]'``).
     """
     try:
         import datasets
     except ImportError as exc:
-        raise ValueError("store.to_dataset() needs Hugging Face datasets: pip install 'layerwise[hf]'") from exc
+        raise MissingExtraError("store.to_dataset()", "hf", "Hugging Face datasets") from exc
     import pyarrow as pa
 
     sch, batches = record_batches(store, "lists", size)

@@ -24,10 +24,12 @@ and string metadata ``columns`` (JSON: kept column name -> list of R values), at
 (JSON: R word lists) and, for an input read from stdin, ``input_prefix`` (JSON: ``line``, ``records`` and
 ``sha256`` of the records read up to the shard's last one, which a resume must find again at the start of its
 stdin; also listed with the shard in the manifest). No pickle anywhere: safetensors' header is JSON and its data
-raw little-endian arrays.
+raw little-endian arrays. :func:`shard_rows` is the one place that builds a shard's tensors and metadata (the
+extraction engine and the merge both write through it).
 
 The manifest (``format_version`` 2) holds ``spec`` (the resolved :class:`~layerwise.EncodeSpec`), ``model``
-(``name``, ``fingerprint``: sha256 of the weights, ``family``, ``num_layers``, ``hidden_size``), ``tokenizer``
+(``name``, ``fingerprint``: sha256 of the weights, ``family``, ``num_layers``, ``hidden_size``, ``backend``,
+``precision``), ``model_options`` (the :class:`~layerwise.ModelOptions` the model was loaded with), ``tokenizer``
 (class, vocabulary size, window length and stride), ``input`` (``path``, ``format``, ``sha256`` of the file,
 ``text_field``, ``keep``, ``context``; for stdin ``path`` is ``-`` and ``sha256`` and ``bytes`` are those of the
 whole stream, recorded when it was read to the end), ``feature_shape``, ``status`` (``running | partial | complete``),
@@ -41,7 +43,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -52,14 +54,6 @@ MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64}
-
-
-class StoreError(ValueError):
-    """A store that cannot be opened or written (not a store, made with other options, disk full...)."""
-
-
-class StoreFullError(StoreError):
-    """The disk filled up while writing; what was finished is safe and the same command resumes."""
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -127,6 +121,52 @@ def save_tensors(tmp: Path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     from safetensors.numpy import save_file
 
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=metadata)
+
+
+def shard_rows(
+    level: str,
+    lines: Sequence[int],
+    features: np.ndarray | Sequence[np.ndarray],
+    width: int,
+    dtype: Any,
+    *,
+    token_ids: Sequence[Sequence[int]] = (),
+    words: Sequence[Sequence[str]] = (),
+    columns: dict[str, list[Any]] | None = None,
+    tokens: int = 0,
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors and metadata of one shard of ``R`` records (the layout in the module docstring).
+
+    Args:
+        level: ``sentence | token | word``.
+        lines: the input line of each record (``R``).
+        features: sentence level: ``[R, width]`` (used as is when it is already an array of ``dtype``) or R vectors;
+            token/word level: R arrays ``[n_r, *D]`` with ``prod(D) == width``.
+        width: ``D`` flattened, the width of one row.
+        dtype: the store's dtype (numpy).
+        token_ids: token level: each record's token ids. words: word level: each record's words.
+        columns: kept column name -> R values. tokens: tokens encoded for these records.
+    """
+    tensors: dict[str, np.ndarray] = {"lines": np.asarray(lines, dtype=np.int64)}
+    if level == "sentence":
+        if isinstance(features, np.ndarray) and features.dtype == dtype:
+            tensors["features"] = features.reshape(len(lines), width)
+        else:
+            tensors["features"] = np.stack([np.asarray(f, dtype=dtype).reshape(width) for f in features]) if len(
+                features) else np.zeros((0, width), dtype)
+    else:
+        rows = [np.asarray(f, dtype=dtype).reshape(-1, width) for f in features]
+        tensors["features"] = np.concatenate(rows) if rows else np.zeros((0, width), dtype)
+        tensors["offsets"] = np.concatenate([[0], np.cumsum([r.shape[0] for r in rows])]).astype(np.int64)
+        if level == "token":
+            tensors["token_ids"] = (np.concatenate([np.asarray(i, dtype=np.int32) for i in token_ids]) if token_ids
+                                    else np.zeros(0, np.int32))
+    meta = {"tokens": str(tokens)}
+    if columns:
+        meta["columns"] = json.dumps(columns, ensure_ascii=False)
+    if level == "word":
+        meta["words"] = json.dumps([list(w) for w in words], ensure_ascii=False)
+    return tensors, meta
 
 
 def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:

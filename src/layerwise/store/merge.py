@@ -30,8 +30,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import StoreError
 from ..provenance import differences
-from .layout import ERRORS, FORMAT, MANIFEST, STORE_DTYPES, StoreError, atomic_write_bytes, read_json
+from .layout import ERRORS, FORMAT, MANIFEST, STORE_DTYPES, atomic_write_bytes, read_json, shard_rows
 from .reader import FeatureStore
 from .writer import StoreWriter, identity
 
@@ -122,22 +123,13 @@ def _records(store: FeatureStore, path: str) -> Iterator[tuple[int, dict[str, An
 
 def _shard(batch: list[tuple[int, dict[str, Any]]], level: str, dtype: Any, names: list[str]
            ) -> tuple[dict[str, np.ndarray], dict[str, str], int]:
-    lines = np.array([line for line, _ in batch], dtype=np.int64)
-    feats = [np.asarray(r["features"], dtype=dtype) for _, r in batch]
-    tensors: dict[str, np.ndarray] = {"lines": lines}
-    if level == "sentence":
-        tensors["features"] = np.stack([f.reshape(-1) for f in feats])
-    else:
-        tensors["features"] = np.concatenate(feats)
-        tensors["offsets"] = np.concatenate([[0], np.cumsum([f.shape[0] for f in feats])]).astype(np.int64)
-        if level == "token":
-            tensors["token_ids"] = np.concatenate([np.asarray(r["token_ids"], dtype=np.int32) for _, r in batch])
     tokens = sum(r["tokens"] for _, r in batch)
-    meta = {"tokens": str(tokens)}
-    if names:
-        meta["columns"] = json.dumps({n: [r["columns"][n] for _, r in batch] for n in names}, ensure_ascii=False)
-    if level == "word":
-        meta["words"] = json.dumps([r["words"] for _, r in batch], ensure_ascii=False)
+    feats = [np.asarray(r["features"]) for _, r in batch]
+    width = int(np.prod(feats[0].shape[1:] if level != "sentence" else feats[0].shape)) if feats else 0
+    tensors, meta = shard_rows(level, [line for line, _ in batch], feats, width, dtype,
+                               token_ids=[r["token_ids"] for _, r in batch] if level == "token" else (),
+                               words=[r["words"] for _, r in batch] if level == "word" else (),
+                               columns={n: [r["columns"][n] for _, r in batch] for n in names}, tokens=tokens)
     return tensors, meta, tokens
 
 
@@ -171,7 +163,7 @@ def merge_stores(
         writer.open(overwrite=True)
     stores = [FeatureStore(m["path"]) for m in manifests]
     level = stores[0].spec.level
-    dtype = STORE_DTYPES[stores[0].spec.dtype]
+    dtype = STORE_DTYPES[stores[0].spec.output_dtype]
     names = stores[0].columns
     merged = heapq.merge(*(_records(s, m["path"]) for s, m in zip(stores, manifests)), key=lambda item: item[0])
     batch: list[tuple[int, dict[str, Any]]] = []

@@ -22,7 +22,8 @@ from typing import Any, Iterator, overload
 
 import numpy as np
 
-from ..spec import EncodeSpec
+from ..encoding.spec import EncodeSpec
+from ..errors import StoreError
 from .layout import ERRORS, FORMAT, MANIFEST, ShardFile, list_shards, read_json
 
 
@@ -59,14 +60,14 @@ class FeatureStore:
         self.path = Path(path)
         mpath = self.path / MANIFEST
         if not mpath.is_file():
-            raise ValueError(
+            raise StoreError(
                 f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST}); create one with layerwise extract"
             )
         self.manifest: dict[str, Any] = read_json(mpath)
         if self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{mpath} is not a layerwise store manifest")
+            raise StoreError(f"{mpath} is not a layerwise store manifest")
         if self.manifest.get("format_version") != 2:
-            raise ValueError(
+            raise StoreError(
                 f"{mpath} is store format {self.manifest.get('format_version')}; this layerwise reads format 2. "
                 f"Extract it again with this version (the same command, with --overwrite)"
             )
@@ -88,7 +89,7 @@ class FeatureStore:
     @property
     def dtype(self) -> np.dtype:
         """The dtype of the features on disk."""
-        return np.dtype(self.spec.dtype)
+        return np.dtype(self.spec.output_dtype)
 
     @property
     def model(self) -> dict:
@@ -113,7 +114,7 @@ class FeatureStore:
         return (
             f"FeatureStore({str(self.path)!r}, records={len(self)}, level={self.level!r}, "
             f"feature_shape={self.feature_shape}, layers={list(s.layer_indices)}, combine={s.combine!r}, "
-            f"dtype={s.dtype})"
+            f"dtype={s.output_dtype})"
         )
 
     # ---- access -----------------------------------------------------------------------------------------

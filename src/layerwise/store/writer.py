@@ -1,7 +1,8 @@
 """Writing a store directory: the manifest, one shard at a time, the error log; what a resume must match.
 
 :class:`StoreWriter` knows the format only (see :mod:`layerwise.store.layout`); it does not know how features are
-computed. The extraction engine (:mod:`layerwise.engine`) gives it a header (spec, model, tokenizer, input, feature
+computed. The extraction engine (:mod:`layerwise.extraction.engine`) gives it a header (spec, model, tokenizer,
+input, feature
 shape) and the tensors of each shard.
 
 Resume rule: a directory holding a manifest is resumed when its header matches the new one on everything that
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..errors import StoreError, StoreFullError
 from ..provenance import differences, now, stamp
 from .layout import (
     ERRORS,
@@ -27,8 +29,6 @@ from .layout import (
     FORMAT_VERSION,
     MANIFEST,
     ShardFile,
-    StoreError,
-    StoreFullError,
     atomic_write_bytes,
     is_disk_full,
     list_shards,
@@ -222,4 +222,4 @@ class StoreWriter:
                 f"no space left on the device while writing {what} of store {str(self.path)!r}: "
                 f"{self.done_records} records in {len(self.shards)} finished shards are safe. Free some space and "
                 f"rerun the same command: it resumes after the last finished shard"
-            ) from None
+            ) from exc

@@ -1,0 +1,361 @@
+"""Streaming readers for the corpus formats users bring; a bad record never stops the read.
+
+Every reader yields, in file order, either a :class:`Record` or a :class:`BadRecord` (line number and reason),
+so the caller decides whether to skip bad records (and log them) or stop at the first (``strict``).
+Nothing holds the whole file.
+
+=============  ===========================  ===========================================================
+format         file                         a record is
+=============  ===========================  ===========================================================
+``txt``        ``*.txt``, stdin             one non-empty line
+``jsonl``      ``*.jsonl``, ``*.ndjson``    one JSON object per line; text from ``text_field``
+``csv``        ``*.csv``                    one row (header row first); text from ``text_field``
+``tsv``        ``*.tsv``                    one tab-separated row (header first; quotes are literal)
+``parquet``    ``*.parquet``, a directory   one row; text from ``text_field``; a directory's ``*.parquet``
+               of them                      files are read in name order as one input
+``conll``      ``*.conll``, ``*.conll2003``  one sentence of CoNLL-2003 ``word POS chunk NER`` lines;
+                                            ``-DOCSTART-`` lines start documents (``doc`` field)
+``conllu``     ``*.conllu``                 one CoNLL-U sentence; multiword-token (``1-2``) and empty-node
+                                            (``8.1``) lines are skipped, so words align with the tree
+=============  ===========================  ===========================================================
+
+Line numbers are 1-based lines of the file (a CoNLL sentence: its first word line; parquet and tables: the row
+number, counted on across a directory's files). :func:`read_table` reads an Arrow table in memory the same way.
+For the CoNLL formats ``Record.words`` holds the words and ``Record.text`` is ``" ".join(words)``; per-word
+columns are kept as lists: ``pos``, ``chunk``, ``ner`` (CoNLL-2003) and ``lemma``, ``upos``, ``xpos``, ``feats``,
+``head``, ``deprel`` (CoNLL-U), plus ``sent_id`` and the ``# text`` comment as ``sent_text``.
+
+Example::
+
+    >>> from layerwise.corpus.readers import read_records
+    >>> for rec in read_records("train.tsv", text_field="sentence", keep=["label"]):
+    ...     print(rec.line, rec.text[:20], rec.fields)            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator, Sequence
+
+from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, read_conll2003, read_conllu, with_document_context
+from .records import BadRecord, Item, Record, iter_lines
+
+FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet", "conll", "conllu")
+_SUFFIXES = {
+    ".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv",
+    ".parquet": "parquet", ".conll": "conll", ".conll2003": "conll", ".conllu": "conllu",
+}
+TEXT_FIELD_GUESSES = ("text", "sentence")
+
+
+def parquet_files(path: str | os.PathLike) -> list[Path]:
+    """The parquet files of an input: the file itself, or a directory's ``*.parquet`` files in name order."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".parquet" and f.is_file())
+    if not files:
+        raise ValueError(
+            f"input {os.fspath(path)!r} is a directory without .parquet files; give one corpus file (or '-' for "
+            f"stdin) or a directory of .parquet files, e.g. {os.path.join(os.fspath(path), 'corpus.txt')!r}"
+        )
+    return files
+
+
+def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
+    """The format of ``path`` (``format`` if given, ``txt`` for stdin ``-``, ``parquet`` for a directory of parquet
+    files); ``ValueError`` lists the valid ones."""
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and Path(path).is_dir():
+        parquet_files(path)  # a directory is an input only when it holds parquet files
+        if format not in (None, "parquet"):
+            raise ValueError(f"input {os.fspath(path)!r} is a directory of parquet files; it cannot be read as "
+                             f"{format!r} (leave the format out, or give format='parquet')")
+        return "parquet"
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
+        return format
+    if os.fspath(path) == "-":
+        return "txt"
+    suffix = Path(path).suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise ValueError(
+            f"cannot tell the format of {os.fspath(path)!r} from its suffix {suffix!r}; pass the format "
+            f"(--format / format=) as one of: {', '.join(FORMATS)}"
+        )
+    return _SUFFIXES[suffix]
+
+
+def _open_binary(path: str | os.PathLike, stdin: IO[bytes] | None) -> IO[bytes]:
+    if os.fspath(path) == "-":
+        return stdin if stdin is not None else sys.stdin.buffer
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"input file {os.fspath(path)!r} does not exist (or is not a file)")
+    return open(p, "rb")
+
+
+def _check_text(value: object, name: str, line: int) -> BadRecord | str:
+    if value is None:
+        return BadRecord(line, f"missing value for text field {name!r}")
+    if not isinstance(value, str):
+        return BadRecord(line, f"text field {name!r} is not a string ({type(value).__name__}: {value!r:.40})")
+    if not value.strip():
+        return BadRecord(line, "empty text (nothing left after stripping whitespace)")
+    if any("\udc80" <= ch <= "\udcff" for ch in value):
+        return BadRecord(line, "invalid UTF-8")
+    return value
+
+
+def pick_column(columns: Sequence[str], wanted: str | None, keep: Sequence[str], where: str) -> str:
+    """The text column among ``columns`` (``wanted``, else ``text``, else ``sentence``); ``ValueError`` naming the
+    columns when it or a ``keep`` column is missing (``where`` says what was read)."""
+    if wanted is None:
+        wanted = next((c for c in TEXT_FIELD_GUESSES if c in columns), None)
+        if wanted is None:
+            raise ValueError(
+                f"{where} has no 'text' or 'sentence' column; its columns are {list(columns)}: name the text "
+                f"column with --text-column / text_field="
+            )
+    missing = [c for c in [wanted, *keep] if c not in columns]
+    if missing:
+        raise ValueError(f"{where} has no column {missing[0]!r}; its columns are {list(columns)}")
+    return wanted
+
+
+def _read_txt(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
+    if keep:
+        raise ValueError(f"--keep {list(keep)} needs columns; a .txt input has only the text (one per line)")
+    for n, line in iter_lines(fh):
+        if line is None:
+            yield BadRecord(n, "invalid UTF-8")
+        elif not line.strip():
+            yield BadRecord(n, "empty text (nothing left after stripping whitespace)")
+        else:
+            yield Record(n, line)
+
+
+def _read_jsonl(fh: IO[bytes], text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+    for n, line in iter_lines(fh):
+        if line is None:
+            yield BadRecord(n, "invalid UTF-8")
+            continue
+        if not line.strip():
+            continue  # blank lines between JSON objects are not records
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield BadRecord(n, f"invalid JSON: {exc.msg} at column {exc.colno}")
+            continue
+        if not isinstance(obj, dict):
+            yield BadRecord(n, f"a JSON line must hold an object, got {type(obj).__name__}")
+            continue
+        name = text_field or next((c for c in TEXT_FIELD_GUESSES if c in obj), "text")
+        if name not in obj:
+            yield BadRecord(n, f"missing field {name!r} (fields: {sorted(obj)[:8]})")
+            continue
+        text = _check_text(obj[name], name, n)
+        if isinstance(text, BadRecord):
+            yield text
+            continue
+        lost = [k for k in keep if k not in obj]
+        if lost:
+            yield BadRecord(n, f"missing field {lost[0]!r} asked for with --keep")
+            continue
+        yield Record(n, text, fields={k: obj[k] for k in keep})
+
+
+def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+    stream = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    reader = csv.reader(
+        stream, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL, strict=True
+    )
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    name = pick_column(header, text_field, keep, f"the {kind} header")
+    col = {c: i for i, c in enumerate(header)}
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield BadRecord(start, f"malformed {kind} row: {exc}")
+            continue
+        if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
+            continue  # blank line
+        if len(row) != len(header):
+            yield BadRecord(start, f"row has {len(row)} fields, the header has {len(header)}")
+            continue
+        text = _check_text(row[col[name]], name, start)
+        if isinstance(text, BadRecord):
+            yield text
+            continue
+        if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):
+            yield BadRecord(start, "invalid UTF-8")
+            continue
+        yield Record(start, text, fields={k: row[col[k]] for k in keep})
+
+
+def _read_batches(batches: Iterator[Any], name: str, keep: Sequence[str]) -> Iterator[Item]:
+    row = 0
+    for batch in batches:
+        cols = batch.to_pydict()
+        for i in range(batch.num_rows):
+            row += 1
+            text = _check_text(cols[name][i], name, row)
+            if isinstance(text, BadRecord):
+                yield text
+            else:
+                yield Record(row, text, fields={k: cols[k][i] for k in keep})
+
+
+def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
+        raise ValueError("reading .parquet needs pyarrow: pip install pyarrow") from exc
+    paths = parquet_files(path)
+    files = [pq.ParquetFile(f) for f in paths]
+    name = pick_column(files[0].schema_arrow.names, text_field, keep, f"the parquet file {os.fspath(paths[0])!r}")
+    columns = [name, *[k for k in keep if k != name]]
+    for f, pf in zip(paths[1:], files[1:]):  # every file of a directory has the columns
+        pick_column(pf.schema_arrow.names, name, keep, f"the parquet file {os.fspath(f)!r}")
+    yield from _read_batches((b for pf in files for b in pf.iter_batches(columns=columns, batch_size=4096)), name,
+                             keep)
+
+
+def read_table(table: Any, text_field: str | None = None, keep: Sequence[str] = ()) -> Iterator[Item]:
+    """Stream the rows of a ``pyarrow.Table`` as :class:`Record` / :class:`BadRecord`, numbered from 1.
+
+    ``text_field`` names the text column (default ``text``, else ``sentence``); ``keep`` the columns to carry along.
+    """
+    name = pick_column(table.column_names, text_field, keep, "the table")
+    columns = [name, *[k for k in keep if k != name]]
+    yield from _read_batches(iter(table.select(columns).to_batches(max_chunksize=4096)), name, keep)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How to read an input: its format, the text column, the columns to carry along, CoNLL document context.
+
+    Attributes:
+        format: one of :data:`FORMATS`; ``None`` = from the file suffix (stdin: ``txt``).
+        text_field: the column or JSON field holding the text (default ``text``, else ``sentence``).
+        keep: other columns to carry into results (e.g. ``("label",)``; CoNLL: ``pos``, ``chunk``, ``ner``, ``doc``).
+        context: ``"document"`` (CoNLL-2003, word level): each sentence is encoded with its neighbours from the
+            same ``-DOCSTART-`` document and keeps its own words' features (the BERT paper's NER setting).
+    """
+
+    format: str | None = None
+    text_field: str | None = None
+    keep: tuple[str, ...] = ()
+    context: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keep, str) or not all(isinstance(k, str) for k in self.keep):
+            raise ValueError(f"keep must be a list of column names, got {self.keep!r}")
+        object.__setattr__(self, "keep", tuple(self.keep))
+        if self.format is not None and self.format not in FORMATS:
+            raise ValueError(f"unknown input format {self.format!r}. Valid formats are: {', '.join(FORMATS)}")
+        if self.context not in (None, "document"):
+            raise ValueError(f"unknown context {self.context!r}. Valid values are: document (or None)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: what a store's manifest records about how its input was read."""
+        return {"format": self.format, "text_field": self.text_field, "keep": list(self.keep), "context": self.context}
+
+
+def count_records(path: str | os.PathLike, fmt: str) -> int | None:
+    """A quick count of the records of a file (for a progress bar's ETA); ``None`` for stdin."""
+    if os.fspath(path) == "-":
+        return None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(path))
+    n = blocks = 0
+    prev_blank = True
+    with open(path, "rb") as fh:
+        for line in fh:
+            blank = not line.strip()
+            n += not blank
+            blocks += (not blank) and prev_blank
+            prev_blank = blank
+    if fmt in ("conll", "conllu"):
+        return blocks
+    return n - 1 if fmt in ("csv", "tsv") else n
+
+
+def read_records(
+    path: str | os.PathLike,
+    format: str | None = None,
+    *,
+    text_field: str | None = None,
+    keep: Sequence[str] = (),
+    stdin: IO[bytes] | None = None,
+    document_context: bool = False,
+) -> Iterator[Item]:
+    """Stream the records of ``path`` (``"-"`` = stdin) as :class:`Record` / :class:`BadRecord`.
+
+    Args:
+        path: input file, a directory of parquet files, or ``"-"`` for standard input.
+        format: one of :data:`FORMATS`; default from the suffix (stdin: ``txt``).
+        text_field: column holding the text (jsonl/csv/tsv/parquet); default ``text``, else ``sentence``.
+        keep: other columns to carry along (CoNLL: ``pos``/``chunk``/``ner``/``doc``; CoNLL-U: ``upos``...).
+        stdin: a binary stream to read instead of ``sys.stdin`` (tests).
+        document_context: CoNLL-2003 only: attach neighbouring sentences of the same document as ``context``.
+
+    Raises:
+        ValueError: missing file, unknown format, a header without the text or a kept column. Problems of one
+            record are yielded as :class:`BadRecord` instead.
+    """
+    fmt = detect_format(path, format)
+    keep = list(keep)
+    if document_context:
+        if fmt != "conll":
+            raise ValueError(f"document context needs CoNLL-2003 input with -DOCSTART- documents, not {fmt}")
+        inner = read_records(path, fmt, keep=list(dict.fromkeys([*keep, "doc"])), stdin=stdin)
+        for item in with_document_context(inner):
+            if isinstance(item, Record) and "doc" not in keep:
+                item.fields.pop("doc", None)
+            yield item
+        return
+    if fmt == "parquet":
+        if os.fspath(path) == "-":
+            raise ValueError("parquet cannot be read from stdin; pass the file path")
+        if not Path(path).exists():
+            raise ValueError(f"input file {os.fspath(path)!r} does not exist")
+        yield from _read_parquet(path, text_field, keep)
+        return
+    fh = _open_binary(path, stdin)
+    try:
+        if fmt == "txt":
+            yield from _read_txt(fh, keep)
+        elif fmt == "jsonl":
+            yield from _read_jsonl(fh, text_field, keep)
+        elif fmt in ("csv", "tsv"):
+            yield from _read_delimited(fh, "\t" if fmt == "tsv" else ",", text_field, keep)
+        elif fmt == "conll":
+            yield from read_conll2003(fh, keep)
+        else:
+            yield from read_conllu(fh, keep)
+    finally:
+        if fh is not stdin and os.fspath(path) != "-":
+            fh.close()
+
+
+__all__ = [
+    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "count_records",
+    "detect_format", "parquet_files", "pick_column", "read_records", "read_table", "with_document_context",
+]

@@ -1,0 +1,71 @@
+"""One result per record: the step after combining layers (a sentence pool, the token vectors, or word vectors
+pooled from sub-tokens), and the :class:`Encoded` result that :meth:`Extractor.stream <layerwise.Extractor.stream>`
+yields.
+
+:func:`make_reducer` turns a resolved :class:`~layerwise.EncodeSpec` into that step:
+``reduce(x [b, T, *D], mask [b, T], special [b, T], rows) -> one tensor per row`` (``[*D]``, ``[n_tokens, *D]`` or
+``[n_words, *D]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .pooling import pool as pool_tokens
+from .pooling import pool_words
+from .spec import EncodeSpec
+from .tokenize import Tokenized
+
+# (combined token states [b, T, *D], mask [b, T], special [b, T], tokenised rows) -> one result per row
+Reducer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[Tokenized]], Sequence[torch.Tensor]]
+
+
+@dataclass
+class Encoded:
+    """One record's result from :meth:`Extractor.stream <layerwise.Extractor.stream>`.
+
+    Attributes:
+        index: the record's position in the input (results come in input order).
+        features: on the CPU in the spec's dtype: ``[*D]`` (sentence), ``[n_tokens, *D]`` (token, special tokens
+            included) or ``[n_words, *D]`` (word).
+        tokens: the tokenised record (ids, offsets, word ids; longer than the model maximum when windowed).
+    """
+
+    index: int
+    features: torch.Tensor
+    tokens: Tokenized
+
+
+def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Reducer:
+    """The per-record step of a resolved ``spec``: a sentence pool, the token vectors, or word vectors.
+
+    Args:
+        spec: the spec (its level, pool, subword and skip_special_tokens are used).
+        pooler: the model's pooler, for ``pool="pooler"``.
+    """
+    if spec.level == "word":
+        subword = str(spec.subword)
+
+        def words(x, mask, special, rows):
+            return pool_words(x, [t.word_ids for t in rows], [t.n_words for t in rows], subword)
+
+        return words
+    if spec.level == "token":
+
+        def tokens(x, mask, special, rows):
+            return [x[r, : len(t.ids)] for r, t in enumerate(rows)]
+
+        return tokens
+    mode = spec.pool if spec.pool is not None else "mean"  # a sentence-level spec always has one
+    skip, unit = spec.skip_special_tokens, spec.normalize
+
+    def sentences(
+        x: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, rows: Sequence[Tokenized]
+    ) -> Sequence[torch.Tensor]:
+        out = pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
+        return (torch.nn.functional.normalize(out, dim=-1) if unit else out).unbind(0)
+
+    return sentences

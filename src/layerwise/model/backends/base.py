@@ -1,0 +1,163 @@
+"""The :class:`Backend` interface: what the pipeline needs from a model runtime, and nothing more."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+from ...errors import ModelLoadError
+from ...provenance import tensors_fingerprint
+from ..loaded import LoadedModel
+from ..loading import load_model
+from ..options import ModelOptions
+
+# The ModelOptions fields a backend may or may not honour (model, max_length and stride every backend honours).
+# load_model reads these: every backend that loads through transformers honours them
+LOADING_FIELDS = ("device", "compute_dtype", "revision", "allow_pickle", "trust_remote_code", "layer_modules")
+BACKEND_FIELDS = (*LOADING_FIELDS, "padding_side", "quantize", "onnx_cache", "tokenizer")
+# what each field means when it is not its default: the message for a backend that does not take it
+_NEEDS = {
+    "quantize": "{value} runs through ONNX Runtime: use backend='auto' (the default) or 'onnx', not backend={name!r}",
+    "padding_side": "{value} needs backend='torch' or 'auto' (backend={name!r} pads right)",
+    "tokenizer": "tokenizer= goes with backend='tf' (a SavedModel without its tokenizer); the {name} backend reads "
+                 "the model directory's own tokenizer",
+    "onnx_cache": "{value} is where backend='auto'/'onnx' keep their exported graphs; backend={name!r} exports none",
+}
+
+
+def _given(options: ModelOptions, field: str) -> bool:
+    """Whether ``field`` asks for something other than its default (``cpu`` and ``float32`` are defaults too)."""
+    value = getattr(options, field)
+    if field == "device":
+        return value not in (None, "cpu")
+    if field == "compute_dtype":
+        return value not in (None, "float32")
+    if field == "padding_side":
+        return value != "right"
+    return value not in (None, False)
+
+
+def refuse_options(backend: type[Backend], options: ModelOptions) -> None:
+    """Refuse every option given in ``options`` that ``backend`` does not honour (none is dropped silently).
+
+    Raises:
+        ModelLoadError: naming the option, its value and the backend(s) that take it.
+    """
+    for field in BACKEND_FIELDS:
+        if field in backend.accepts or not _given(options, field):
+            continue
+        value = f"{field}={getattr(options, field)!r}"
+        if field in _NEEDS:
+            raise ModelLoadError(_NEEDS[field].format(value=value, name=backend.name))
+        raise ModelLoadError(f"backend={backend.name!r} {backend.runs}; {value} is not supported with it (use "
+                             f"backend='torch')")
+
+
+class Backend(ABC):
+    """A model runtime behind the pipeline.
+
+    Subclasses set :attr:`name` and :attr:`sites` and implement :meth:`forward`. The default implementation keeps
+    the :class:`~layerwise.model.loaded.LoadedModel` (transformers model + fast tokenizer + facts) it was built from;
+    a backend for another framework overrides the facts it cannot take from there.
+
+    Attributes:
+        name: the registry name (``"torch"``, ``"onnx"``).
+        accepts: the :class:`~layerwise.ModelOptions` fields (of :data:`BACKEND_FIELDS`) it honours; any other one
+            given is refused when it loads.
+        sites: the sites this backend can record (see :mod:`layerwise.encoding.layers`).
+        loaded: the loaded model and tokenizer.
+    """
+
+    name: ClassVar[str]
+    sites: ClassVar[tuple[str, ...]]
+    accepts: ClassVar[frozenset[str]] = frozenset()  # the BACKEND_FIELDS of ModelOptions this backend honours
+    runs: ClassVar[str] = "runs PyTorch"  # how it runs, for messages about options it does not take
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        self._fingerprint: str | None = None
+
+    @classmethod
+    def load(cls, options: ModelOptions) -> "Backend":
+        """Load the model ``options`` name (``load_model``) and wrap it; an option this backend does not honour is
+        refused (:func:`refuse_options`)."""
+        refuse_options(cls, options)
+        return cls.from_loaded(load_model(options), options)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, options: ModelOptions) -> "Backend":
+        """Wrap an already loaded model, with the options of ``options`` this backend's constructor takes."""
+        return cls(loaded)
+
+    # ---- facts ---------------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """The model's fast tokenizer (offsets and word ids)."""
+        return self.loaded.tokenizer
+
+    @property
+    def num_layers(self) -> int:
+        """``L``: layer indices are ``0..L`` (0 = embeddings)."""
+        return self.loaded.num_layers
+
+    @property
+    def device(self) -> torch.device:
+        """Where the returned states live."""
+        return self.loaded.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model computes (and returns states) in."""
+        return self.loaded.dtype
+
+    @property
+    def precision(self) -> str:
+        """What the features are computed in: the dtype name (``"float32"``), or ``"int8"`` for a quantised graph.
+        Part of a store's identity (a resume never mixes precisions)."""
+        return str(self.dtype).replace("torch.", "")
+
+    @property
+    def first_layer(self) -> int:
+        """The lowest layer index this backend can give: 0 (the embeddings), or 1 for a model that hides them."""
+        return 0
+
+    @property
+    def model_sites(self) -> tuple[str, ...]:
+        """The sites this backend can record on this model: its :attr:`sites` that the model has."""
+        return tuple(s for s in self.sites if s in self.loaded.site_widths)
+
+    def site_width(self, site: str) -> int:
+        """Feature width of ``site``."""
+        return self.loaded.site_width(site)
+
+    def pooler(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The model's pooler ``[batch, hidden] -> [batch, hidden]`` (BERT-style), or ``None``."""
+        return self.loaded.pooler
+
+    def fingerprint(self) -> str:
+        """A sha256 over the weights' names, shapes and values (computed once per backend)."""
+        if self._fingerprint is None:
+            self._fingerprint = tensors_fingerprint(self.loaded.model.state_dict())
+        return self._fingerprint
+
+    # ---- compute -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> torch.Tensor:
+        """Run the model on one padded batch and return the requested states.
+
+        Args:
+            input_ids: ``[batch, tokens]`` token ids.
+            attention_mask: ``[batch, tokens]``, 1 for real tokens.
+            layers: resolved indices ``0..L``, in output order; nothing after ``max(layers)`` needs to run.
+            site: one of :attr:`sites`.
+
+        Returns:
+            ``[len(layers), batch, tokens, width]`` on :attr:`device`.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.loaded.name!r}, device={self.device}, dtype={self.dtype})"

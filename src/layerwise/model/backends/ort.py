@@ -1,0 +1,287 @@
+"""The ONNX Runtime backend: the encoder exported once per (model, deepest layer), every layer up to it an output.
+
+``Extractor(..., backend="onnx")`` runs the same pipeline (tokenise, windows, token-budget batches, combine,
+pool) with the forward pass executed by ONNX Runtime instead of PyTorch; ``backend="auto"`` (the default, see
+:mod:`layerwise.model.backends.auto`) does so wherever the result is exact. For a deepest requested layer ``d`` the
+model
+is truncated after layer ``d`` (no later layer exists in the graph) and exported with the hidden states
+``hidden_0 .. hidden_d`` as outputs ``[batch, tokens, hidden]``; a call asks ONNX Runtime for the requested ones
+only, so every layer choice with the same deepest layer shares one graph.
+
+Graph optimisations: the session runs with ``ORT_ENABLE_ALL`` (constant folding, LayerNorm, BiasGelu and MatMul
+fusions, kept although the intermediate states are graph outputs). The offline transformer fusions (one
+``Attention`` node per layer, ``SkipLayerNormalization``, ``EmbedLayerNormalization``) were measured on the
+development CPU (2-core AVX-512, MiniLM-L6, SST-2 sentences): no faster (3.76 s against 3.71 s for 872 sentences)
+and 1.5x further from PyTorch (9.5e-6 against 6.1e-6), so they are not applied.
+
+``quantize="int8"``: dynamic int8 through ONNX Runtime (``MatMulInteger`` on VNNI/AVX-512/AVX2): every matrix
+product with a weight is quantised, weights per output channel (symmetric int8), activations per tensor at run
+time (asymmetric uint8). The attention score and context products (both inputs activations), the embeddings,
+LayerNorm, softmax and GELU stay float32, which keeps more fidelity than quantising them (sentence-transformers'
+int8 export quantises the score products and the embeddings too). Fidelity and speed are measured per layer in
+``benchmarks/README.md``; it is an approximation by design (the activations' range depends on the batch).
+
+Exports are cached on disk under ``$LAYERWISE_CACHE/onnx`` (default ``~/.cache/layerwise/onnx``; ``cache=``),
+keyed by the weights' sha256, the family, the depth, the site, the quantisation and the exporter versions, and
+written atomically, so the cost (a few seconds, printed on stderr the first time) is paid once per model and depth
+across processes. Only the ``block`` site is exported (the other sites are hooks inside a layer).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...extras import require
+from ..loaded import LoadedModel
+from ..options import QUANTIZE_MODES, ModelOptions
+from .base import LOADING_FIELDS, Backend
+
+EXPORT_FORMAT = 2  # bump when the exported graph changes (outputs, opset, quantisation recipe)
+
+
+def require_ort() -> Any:
+    """The ``onnxruntime`` module; :class:`~layerwise.MissingExtraError` naming the ``[onnx]`` extra."""
+    return require("onnxruntime", what="the ONNX Runtime backend", extra="onnx", packages="onnxruntime, onnx")
+
+
+def ort_available() -> bool:
+    """Whether ONNX Runtime and the ONNX exporter's package can be imported."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+
+
+def check_quantize(quantize: object) -> str | None:
+    """``None`` (full precision) or a mode of :data:`QUANTIZE_MODES`; ``ValueError`` lists the valid values."""
+    if quantize in (None, "none"):
+        return None
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(f"unknown quantize {quantize!r}. Valid values are: none, {', '.join(QUANTIZE_MODES)}")
+    return str(quantize)
+
+
+class _Truncated(nn.Module):
+    """The encoder cut after its deepest requested layer; returns every hidden state up to it."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # Shape: each (batch, tokens, hidden)
+        return tuple(self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                output_hidden_states=True).hidden_states)
+
+
+def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
+    """A float32 CPU copy of the model that runs only its first ``depth`` layers (``depth >= 1``)."""
+    model = copy.deepcopy(loaded.model).cpu().float().eval()
+    if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times
+        # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
+        model.config.num_hidden_layers = depth  # type: ignore[union-attr]
+        return model
+    container_path = loaded.layer_map.path
+    parent = model
+    *head, last = container_path.split(".")
+    for part in head:
+        parent = getattr(parent, part)
+    setattr(parent, last, getattr(parent, last)[:depth])
+    for attr in ("num_hidden_layers", "n_layers"):
+        if hasattr(model.config, attr):
+            setattr(model.config, attr, depth)
+    return model
+
+
+def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """The directory for exported graphs: ``explicit``, else ``$LAYERWISE_CACHE/onnx``, else
+    ``$XDG_CACHE_HOME/layerwise/onnx`` (``~/.cache/layerwise/onnx``)."""
+    if explicit is not None:
+        return Path(explicit)
+    if os.environ.get("LAYERWISE_CACHE"):
+        return Path(os.environ["LAYERWISE_CACHE"]) / "onnx"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "layerwise" / "onnx"
+
+
+def output_names(depth: int) -> list[str]:
+    """The graph's outputs for ``depth``: ``hidden_0 .. hidden_depth``."""
+    return [f"hidden_{i}" for i in range(depth + 1)]
+
+
+def _atomic(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def export(loaded: LoadedModel, depth: int, path: Path) -> Path:
+    """Export the model truncated after layer ``depth`` with outputs ``hidden_0 .. hidden_depth`` to ``path``
+    (atomically: the file is whole or absent). ``depth`` 0 exports one layer (the graph needs a layer to trace)."""
+    depth = max(depth, 1)
+    module = _Truncated(truncated_copy(loaded, depth)).eval()
+    ids = torch.tensor([[loaded.tokenizer.cls_token_id or 0] + [5] * 6 + [loaded.tokenizer.sep_token_id or 0]] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    names = output_names(depth)
+    tmp = _atomic(path)
+    with torch.no_grad(), warnings.catch_warnings():
+        # tracer warnings about Python-side shape checks; the graph is verified against PyTorch where it is used
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, (ids, mask), str(tmp), input_names=["input_ids", "attention_mask"], output_names=names,
+            dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
+                          **{n: {0: "batch", 1: "tokens"} for n in names}},
+            opset_version=17, dynamo=False,
+        )
+    os.replace(tmp, path)
+    return path
+
+
+def quantize_graph(source: Path, path: Path) -> Path:
+    """Dynamic int8 copy of ``source`` at ``path``: the matrix products with a weight, per output channel."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    tmp = _atomic(path)
+    prepared = tmp.with_name(tmp.name + ".pre")
+    try:
+        # shapes inferred and constants folded, as ORT recommends (its symbolic shape pass cannot follow the window
+        # arithmetic of the position ids, so the ONNX shape inference is used)
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        graph = onnx.load(str(prepared), load_external_data=False).graph
+        weights = {t.name for t in graph.initializer}
+        activations_only = [n.name for n in graph.node if n.op_type == "MatMul" and not (set(n.input) & weights)]
+        quantize_dynamic(str(prepared), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"], nodes_to_exclude=activations_only)
+    finally:
+        prepared.unlink(missing_ok=True)
+    os.replace(tmp, path)
+    return path
+
+
+class OnnxBackend(Backend):
+    """ONNX Runtime on the CPU, block site only; one exported graph per deepest requested layer.
+
+    Args:
+        loaded: the model (exported from its PyTorch weights; one of the family table's BERT-style encoders).
+        cache: directory for exported graphs (default ``~/.cache/layerwise/onnx``, see :func:`cache_dir`).
+        threads: intra-op threads (default: torch's thread count).
+        quantize: ``None`` (float32, the default) or ``"int8"`` (dynamic int8; see the module docstring).
+    """
+
+    name = "onnx"
+    sites = ("block",)
+    accepts = frozenset((*LOADING_FIELDS, "quantize", "onnx_cache"))
+    spin = False  # let idle intra-op threads spin-wait (ONNX Runtime's default); off: see :meth:`session`
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, options: ModelOptions) -> "OnnxBackend":
+        """``OnnxBackend(loaded, cache=options.onnx_cache, quantize=options.quantize)``."""
+        return cls(loaded, cache=options.onnx_cache, quantize=options.quantize)
+
+    def __init__(self, loaded: LoadedModel, cache: str | os.PathLike | None = None, threads: int | None = None,
+                 quantize: str | None = None):
+        super().__init__(loaded)
+        self.quantize = check_quantize(quantize)
+        problem = self.unsupported(loaded)
+        if problem:
+            raise ValueError(f"backend='onnx' {problem}")
+        self.ort = require_ort()
+        self.root = cache_dir(cache)
+        self.threads = threads or torch.get_num_threads()
+        self.export_seconds: dict[int, float] = {}  # depth -> seconds spent exporting in this process
+        self._sessions: dict[int, Any] = {}
+
+    @staticmethod
+    def unsupported(loaded: LoadedModel) -> str | None:
+        """Why ``loaded`` cannot run on this backend (a phrase to follow "backend='onnx'"), or ``None``."""
+        if loaded.device.type != "cpu":
+            return f"runs on the CPU here, not {loaded.device}; use backend='torch' for CUDA"
+        if loaded.dtype != torch.float32:
+            return f"exports float32, not {str(loaded.dtype).replace('torch.', '')}; use backend='torch' for it"
+        if loaded.layer_map.source != "table":
+            return (f"exports the BERT-family encoders of the family table; this {loaded.architecture} model's "
+                    f"layers were {loaded.layer_map.source} at load: use backend='torch'")
+        return None
+
+    @property
+    def precision(self) -> str:
+        """``"float32"``, or ``"int8"`` when quantised."""
+        return self.quantize or "float32"
+
+    def depth_for(self, layers: Sequence[int]) -> int:
+        """The graph depth serving ``layers``: the deepest, at least 1."""
+        return max(max(layers), 1)
+
+    def path_for(self, depth: int, quantize: str | None = None) -> Path:
+        """Where the graph for ``depth`` (quantised as ``quantize``) is cached: keyed by weights, family, depth,
+        site, quantisation, format and versions."""
+        import onnx
+
+        key = {"weights": self.fingerprint(), "family": self.loaded.architecture, "depth": depth, "site": "block",
+               "quantize": quantize, "format": EXPORT_FORMAT, "torch": torch.__version__,
+               "ort": self.ort.__version__, "onnx": onnx.__version__}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        suffix = f"-{quantize}" if quantize else ""
+        return self.root / f"{self.loaded.architecture}-d{depth}{suffix}-{digest}.onnx"
+
+    def build(self, depth: int) -> Path:
+        """The cached graph for ``depth``, exported (and quantised) now if absent; the time is said on stderr."""
+        path = self.path_for(depth, self.quantize)
+        if path.exists():
+            return path
+        t0 = time.perf_counter()
+        full = self.path_for(depth)
+        if not full.exists():
+            export(self.loaded, depth, full)
+        if self.quantize:
+            quantize_graph(full, path)
+        seconds = time.perf_counter() - t0
+        self.export_seconds[depth] = seconds
+        what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
+        print(f"layerwise: exported {self.loaded.name} ({what}) to ONNX in {seconds:.1f} s, cached at {path}",
+              file=sys.stderr)
+        return path
+
+    def session(self, layers: Sequence[int]) -> Any:
+        """The inference session serving ``layers`` (graph exported on first use, then read from the cache)."""
+        depth = self.depth_for(layers)
+        if depth not in self._sessions:
+            opts = self.ort.SessionOptions()
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+            opts.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if not self.spin:
+                # idle intra-op threads sleep instead of spinning: a spinning pool steals the cores that the
+                # tokenizer thread and, in the service, the event loop need between two runs
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._sessions[depth] = self.ort.InferenceSession(str(self.build(depth)), opts,
+                                                              providers=["CPUExecutionProvider"])
+        return self._sessions[depth]
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> torch.Tensor:
+        """``[K, batch, tokens, hidden]`` from ONNX Runtime (see :meth:`Backend.forward`)."""
+        names = list(dict.fromkeys(f"hidden_{i}" for i in layers))
+        feed = {"input_ids": input_ids.numpy().astype(np.int64, copy=False),
+                "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)}
+        got = dict(zip(names, self.session(layers).run(names, feed)))
+        if len(layers) == 1:
+            return torch.from_numpy(got[names[0]][None])
+        return torch.from_numpy(np.stack([got[f"hidden_{i}"] for i in layers]))
+
+__all__ = ["EXPORT_FORMAT", "OnnxBackend", "QUANTIZE_MODES", "cache_dir", "check_quantize", "export",
+           "ort_available", "output_names", "quantize_graph", "require_ort", "truncated_copy"]

@@ -1,0 +1,94 @@
+"""The PyTorch backend: scoped forward hooks record the requested sites and stop after the deepest one.
+
+See :mod:`layerwise.model.capture` for the hooks and :mod:`layerwise.model.layermap` for where each model's layers
+and sites
+are (the family table, or the map discovered and verified at load).
+
+Padding side: the pipeline pads on the right. With ``padding_side="left"`` each batch is moved to the left before
+the forward pass (the convention of decoder embedding models) and the states are moved back, so both sides give
+the same per-token states. Which position ids make left padding exact is checked once on two short texts, in this
+order: ids counted from the mask (passed as ``position_ids``), none (the model derives them, e.g. RoBERTa, T5,
+ALiBi), ids counted from ``padding_idx + 1``; a model for which none matches is refused with padding side
+``"left"``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ...encoding.padding import gather_tokens, move_padding_left, positions_from_mask
+from ...encoding.vocab import PADDING_SIDES, SITES
+from ..capture import capture
+from ..discovery import probe_batch
+from ..loaded import LoadedModel
+from ..options import ModelOptions
+from .base import LOADING_FIELDS, Backend
+
+_AGREE = 1e-4  # left vs right padding, relative to the states' scale (float32 reordering of reductions)
+
+
+class TorchBackend(Backend):
+    """PyTorch, every site the model has, early exit after the deepest requested layer, on the model's device/dtype.
+
+    Args:
+        loaded: the model.
+        padding_side: ``"right"`` (default) or ``"left"`` (see the module docstring).
+    """
+
+    name = "torch"
+    sites = SITES
+    accepts = frozenset((*LOADING_FIELDS, "padding_side"))
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, options: ModelOptions) -> "TorchBackend":
+        """``TorchBackend(loaded, padding_side=options.padding_side)``."""
+        return cls(loaded, padding_side=options.padding_side)
+
+    def __init__(self, loaded: LoadedModel, padding_side: str = "right"):
+        super().__init__(loaded)
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"unknown padding_side {padding_side!r}. Valid values are: {', '.join(PADDING_SIDES)}")
+        self.padding_side = padding_side
+        self._offset: int | None = None  # left padding: position ids from this offset; None: let the model decide
+        if padding_side == "left":
+            self._offset = self._left_padding_positions()
+
+    def _left_padding_positions(self) -> int | None:
+        lm = self.loaded
+        ids, mask = probe_batch(lm.tokenizer)
+        layers = tuple(range(lm.num_layers + 1))
+        right = capture(lm, ids, mask, layers)
+        keep = mask.bool()
+        scale = max(1.0, float(right[:, keep].abs().max()))
+        pad = getattr(getattr(lm.model, "config", None), "pad_token_id", None)
+        offsets: list[int | None] = [0] if lm.accepts_position_ids else []
+        offsets.append(None)
+        if lm.accepts_position_ids and isinstance(pad, int):
+            offsets.append(pad + 1)
+        for offset in offsets:
+            got = self._left(ids, mask, layers, "block", offset)
+            if float((got[:, keep] - right[:, keep]).abs().max()) <= _AGREE * scale:
+                return offset
+        raise ValueError(
+            f"padding_side='left' changes the states of this {lm.architecture} model (its positions are not "
+            f"derived from the attention mask, and it takes no position_ids that would fix them); use "
+            f"padding_side='right'"
+        )
+
+    def _left(
+        self, ids: torch.Tensor, mask: torch.Tensor, layers: Sequence[int], site: str, offset: int | None
+    ) -> torch.Tensor:
+        left_ids, left_mask, back = move_padding_left(ids, mask)
+        positions = None if offset is None else positions_from_mask(left_mask, offset)
+        states = capture(self.loaded, left_ids, left_mask, layers, site, position_ids=positions)
+        return gather_tokens(states, back)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> torch.Tensor:
+        """``[K, batch, tokens, width]`` (see :meth:`Backend.forward`), right-padded whatever the padding side."""
+        if self.padding_side == "left" and not bool(attention_mask.all()):
+            return self._left(input_ids, attention_mask, layers, site, self._offset)
+        return capture(self.loaded, input_ids, attention_mask, layers, site)

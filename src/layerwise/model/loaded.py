@@ -1,0 +1,96 @@
+"""``LoadedModel``: a loaded model, its tokenizer, and the facts layerwise needs about it (layer map, widths,
+positions, window, how to call it). Every backend holds one; loaders (:mod:`layerwise.model.loading`,
+:mod:`layerwise.model.custom`, the TensorFlow backends) fill it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..encoding.vocab import SITES
+from .discovery import ModelCall, transformers_call
+from .layermap import LayerMap
+from .positions import Positions
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model with its tokenizer and the facts layerwise needs about it.
+
+    Attributes:
+        model: the PyTorch model (a transformers base model, the encoder of an encoder-decoder, or any module), in
+            eval mode on ``device``.
+        tokenizer: its fast tokenizer (offsets and word ids are needed).
+        layer_map: where its layers and sites are (:class:`~layerwise.model.layermap.LayerMap`).
+        name: the path or hub id it was loaded from.
+        num_layers: ``L``; ``hidden_states`` has ``L + 1`` entries (0 = embeddings).
+        site_widths: feature width of every site the model has (``block`` and ``raw`` always).
+        positions: the kind of positions and the architecture's real maximum
+            (:class:`~layerwise.model.positions.Positions`).
+        max_length: longest window in tokens, special tokens included (``positions.max_length``).
+        window: the default window: ``max_seq_length`` of the model's ``sentence_bert_config.json`` when the
+            directory has one (sentence-transformers models are trained and used at that length, e.g. 256 for
+            all-MiniLM-L6-v2), else ``max_length``.
+        call: how to run the model: ``call(model, input_ids, attention_mask, **extra)``.
+        pooler: the model's pooler ``[batch, hidden] -> [batch, hidden]`` (BERT-style), or ``None``.
+        accepts_position_ids: the model's forward takes ``position_ids`` (needed for left padding).
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    layer_map: LayerMap
+    name: str
+    num_layers: int
+    site_widths: dict[str, int]
+    positions: Positions
+    device: torch.device
+    dtype: torch.dtype
+    window: int = 0  # 0: max_length
+    call: ModelCall = transformers_call
+    pooler: Callable[[torch.Tensor], torch.Tensor] | None = None
+    accepts_position_ids: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)  # one capture at a time
+
+    def __post_init__(self) -> None:
+        if not 0 < self.window <= self.max_length:
+            self.window = self.max_length
+
+    @property
+    def max_length(self) -> int:
+        """Longest window in tokens, special tokens included."""
+        return self.positions.max_length
+
+    @property
+    def architecture(self) -> str:
+        """``"bert"``, ``"llama"``, ``"t5"``, ``"module"``...: the layer map's name."""
+        return self.layer_map.name
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the ``block`` site."""
+        return self.site_widths["block"]
+
+    @property
+    def intermediate_size(self) -> int:
+        """Width of the ``intermediate`` site (0 when the model has none)."""
+        return self.site_widths.get("intermediate", 0)
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """The sites this model has, in the order of :data:`layerwise.encoding.layers.SITES`."""
+        return tuple(s for s in SITES if s in self.site_widths)
+
+    def site_width(self, site: str) -> int:
+        """Feature width of one site (``ValueError`` naming the model's sites for one it lacks)."""
+        if site not in self.site_widths:
+            raise ValueError(
+                f"this {self.architecture} model has no site {site!r}; its sites are: {', '.join(self.sites)}"
+            )
+        return self.site_widths[site]
+
+
+__all__ = ["LoadedModel"]
