@@ -8,8 +8,9 @@ Each variant is one :class:`layerwise.Extractor` of the embedded default model (
 
   float32        ``lw.Extractor()``: backend ``auto`` (the faster exact runtime), float32
   float32-torch  ``lw.Extractor(backend="torch")``: plain PyTorch float32 (not run by default)
-  bfloat16       ``lw.Extractor(dtype="bfloat16")``: PyTorch bf16; skipped, with the reason printed, on a CPU without
-                 AVX-512 BF16 / AMX (``layerwise.model.hardware.native_on_cpu``), where it runs emulated and very slowly
+  bfloat16       ``lw.Extractor(compute_dtype="bfloat16")``: PyTorch bf16; skipped, with the reason printed, on a CPU
+                 without AVX-512 BF16 / AMX (``layerwise.model.hardware.native_on_cpu``), where it runs emulated and
+                 very slowly
   int8           ``lw.Extractor(quantize="int8")``: dynamic int8 quantisation through ONNX Runtime (block site)
 
 Per variant:
@@ -69,7 +70,7 @@ FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni")
 VARIANTS = {  # name -> (how it is built, Extractor keyword arguments)
     "float32": ("lw.Extractor()", {}),
     "float32-torch": ("lw.Extractor(backend='torch')", {"backend": "torch"}),
-    "bfloat16": ("lw.Extractor(dtype='bfloat16')", {"dtype": "bfloat16"}),
+    "bfloat16": ("lw.Extractor(compute_dtype='bfloat16')", {"compute_dtype": "bfloat16"}),
     "int8": ("lw.Extractor(quantize='int8')", {"quantize": "int8"}),
 }
 RECIPES = ("b", "c")

@@ -6,7 +6,7 @@ Contestants (mean-pooled last layer; every output is compared with the float32 P
 
 * ``layerwise auto``   ``Extractor()``: the default backend (the faster exact runtime, timed)
 * ``layerwise torch``  ``Extractor(backend="torch")``: PyTorch float32 (the reference, = transformers)
-* ``layerwise bf16``   ``Extractor(dtype="bfloat16")``, only on a CPU with AVX-512 BF16 or AMX
+* ``layerwise bf16``   ``Extractor(compute_dtype="bfloat16")``, only on a CPU with AVX-512 BF16 or AMX
 * ``layerwise int8``   ``Extractor(quantize="int8")``: dynamic int8 through ONNX Runtime
 * ``st torch``         sentence-transformers ``encode`` (batch 32, its own length sorting), this environment
 * ``st onnx``, ``st onnx-O3``, ``st int8``: sentence-transformers' ONNX backends (optimum export, O3 graph
@@ -206,7 +206,7 @@ def main(argv=None) -> None:
         variants = {"auto": lw.Extractor(path, device="cpu", onnx_cache=cache),
                     "int8": lw.Extractor(path, device="cpu", onnx_cache=cache, quantize="int8")}
         if "bf16" not in skip:
-            variants["bf16"] = lw.Extractor(path, device="cpu", dtype="bfloat16")
+            variants["bf16"] = lw.Extractor(path, device="cpu", compute_dtype="bfloat16")
         for ex in variants.values():
             ex.encode(texts[:8], layers=-1)  # exports (and the exactness check) happen here, outside the timing
         contestants: dict[str, Contestant] = {
@@ -218,7 +218,7 @@ def main(argv=None) -> None:
                                timed(lambda: variants["int8"].encode(texts, layers=-1, pool="mean")), L),
         }
         if "bf16" in variants:
-            contestants["bf16"] = Contestant("layerwise, dtype='bfloat16'", "bfloat16",
+            contestants["bf16"] = Contestant("layerwise, compute_dtype='bfloat16'", "bfloat16",
                                              timed(lambda: variants["bf16"].encode(texts, layers=-1, pool="mean")), L)
         if args.model == "default" and "st-torch" not in skip:
             from sentence_transformers import SentenceTransformer

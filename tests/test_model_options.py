@@ -49,6 +49,16 @@ def seen(monkeypatch):
     return got
 
 
+@pytest.fixture
+def head(tmp_path):
+    """A saved head's directory (config and an empty weights file: enough to reach the encoder's load)."""
+    out = tmp_path / "head"
+    out.mkdir()
+    HeadConfig(labels=["x", "y"]).to_json(out / "config.json")
+    (out / "head.safetensors").write_bytes(b"")
+    return out
+
+
 def test_every_field_is_a_flag_and_round_trips_json():
     fields = [f.name for f in dataclasses.fields(lw.ModelOptions)]
     flags = {FLAGS[i].removeprefix("--").replace("-", "_") for i in range(len(FLAGS)) if FLAGS[i].startswith("--")}
@@ -78,15 +88,11 @@ def test_names_of_layerwise_0x_still_load():
     assert lw.EncodeSpec.from_dict({"layers": [1], "dtype": "float16"}).output_dtype == "float16"
 
 
-def test_every_python_entry_point_passes_every_option(seen, tmp_path):
+def test_every_python_entry_point_passes_every_option(seen, tmp_path, head):
     src = tmp_path / "c.txt"
     src.write_text("one\ntwo\n")
     tsv = tmp_path / "t.tsv"
     tsv.write_text("text\tlabel\na\tx\nb\ty\n")
-    head = tmp_path / "head"
-    head.mkdir()
-    HeadConfig(labels=["x", "y"]).to_json(head / "config.json")
-    (head / "head.safetensors").write_bytes(b"")
     calls = {
         "Extractor.from_options": lambda: lw.Extractor.from_options(FULL),
         "Extractor(**fields)": lambda: lw.Extractor(**FULL.to_dict()),
@@ -108,13 +114,9 @@ def test_every_python_entry_point_passes_every_option(seen, tmp_path):
 
 @pytest.mark.parametrize("command", ["demo", "encode", "extract", "serve", "explore", "train", "probe", "predict",
                                      "evaluate"])
-def test_every_cli_command_that_loads_a_model_passes_every_flag(seen, tmp_path, command):
+def test_every_cli_command_that_loads_a_model_passes_every_flag(seen, tmp_path, head, command):
     src = tmp_path / "c.tsv"
     src.write_text("text\tlabel\na\tx\nb\ty\n")
-    head = tmp_path / "head"
-    head.mkdir()
-    HeadConfig(labels=["x", "y"]).to_json(head / "config.json")
-    (head / "head.safetensors").write_bytes(b"")
     args = {
         "demo": [], "encode": ["hello"], "extract": [str(src), "-o", str(tmp_path / "s")], "serve": [],
         "explore": [], "train": ["--train", str(src), "--dev", str(src), "-o", str(tmp_path / "m")],

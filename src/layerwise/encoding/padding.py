@@ -7,7 +7,6 @@ per-token features for attention pooling, word features of sentences for sequenc
 Example::
 
     >>> import torch
-
     >>> x, mask = pad_rows([torch.ones(3, 4), torch.ones(1, 4)])
     >>> x.shape, mask.tolist()
     (torch.Size([2, 3, 4]), [[1, 1, 1], [1, 0, 0]])

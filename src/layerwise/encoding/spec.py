@@ -46,7 +46,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, TypeGuard
@@ -54,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, TypeGuard
 if TYPE_CHECKING:
     from torch import nn
 
+from ..config_json import dump_json, fields_from, read_json_arg
 from ..errors import SpecError
 from .layers import LayerSpec, resolve_layers, validate_site
 from .vocab import (
@@ -283,14 +283,8 @@ class EncodeSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EncodeSpec":
         """Build from :meth:`to_dict` output; unknown keys are refused, naming them and the valid ones."""
-        if not isinstance(data, dict):
-            raise SpecError(f"an EncodeSpec is a JSON object, got {type(data).__name__}")
-        data = {LEGACY_FIELDS.get(k, k): v for k, v in data.items()}
         known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise SpecError(f"unknown EncodeSpec field(s) {unknown}; valid fields are: {', '.join(known)}")
-        return cls(**data)
+        return cls(**fields_from(data, known, LEGACY_FIELDS, "EncodeSpec", SpecError))
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The spec as JSON text; also written to ``path`` when given."""
@@ -299,38 +293,12 @@ class EncodeSpec:
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "EncodeSpec":
         """Read a spec from JSON text or a ``.json`` file."""
-        return cls.from_dict(read_json_arg(text_or_path, "EncodeSpec"))
+        return cls.from_dict(read_json_arg(text_or_path, "EncodeSpec", SpecError))
 
     def replace(self, **changes: Any) -> "EncodeSpec":
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 
 
-def dump_json(data: dict[str, Any], path: str | Path | None = None) -> str:
-    """``data`` as indented JSON text; also written to ``path`` (UTF-8, trailing newline) when given."""
-    text = json.dumps(data, indent=2)
-    if path is not None:
-        Path(path).write_text(text + "\n", encoding="utf-8")
-    return text
-
-
-def read_json_arg(text_or_path: str | Path, what: str) -> Any:
-    """JSON from text (starting with ``{``) or from a file; ``ValueError`` naming a missing file or bad JSON."""
-    raw = str(text_or_path)
-    if raw.lstrip().startswith("{"):
-        source, text = "the JSON text", raw
-    else:
-        path = Path(raw)
-        if not path.is_file():
-            raise SpecError(
-                f"{what} file {raw!r} does not exist (give a .json file written by layerwise, or JSON text)"
-            )
-        source, text = repr(raw), path.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{what}: {source} is not valid JSON ({exc})") from exc
-
-
-__all__ = ["EncodeSpec", "LEGACY_FIELDS", "ModelFacts", "dump_json", "read_json_arg"]
+__all__ = ["EncodeSpec", "LEGACY_FIELDS", "ModelFacts"]
 

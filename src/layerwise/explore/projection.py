@@ -12,6 +12,8 @@ import importlib.util
 
 import numpy as np
 
+from ..errors import MissingExtraError
+
 METHODS = ("pca", "umap")
 
 
@@ -27,12 +29,12 @@ def project(x: np.ndarray, method: str = "pca", seed: int = 0) -> tuple[np.ndarr
         ``(xy [n, 2] float32, info)``; for PCA ``info["explained"]`` is the share of variance of each axis.
 
     Raises:
-        ValueError: an unknown method, or ``umap`` when it is not installed.
+        ValueError: an unknown method. MissingExtraError: ``umap`` when umap-learn is not installed.
     """
     if method not in METHODS:
         raise ValueError(f"unknown projection {method!r}. Valid values are: {', '.join(METHODS)}")
     if method not in available_methods():
-        raise ValueError("projection 'umap' needs umap-learn: pip install umap-learn (or use 'pca')")
+        raise MissingExtraError("projection 'umap' (or use 'pca')", "umap", "umap-learn")
     x = np.asarray(x, dtype=np.float64)
     if method == "umap" and len(x) > 3:
         import umap

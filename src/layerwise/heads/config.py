@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..config_json import dump_json, fields_from, read_json_arg
 from ..encoding.layers import LayerSpec
-from ..encoding.spec import EncodeSpec, dump_json, read_json_arg
+from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import COMBINE_MODES, POOL_MODES, check_choice
 from ..errors import SpecError
 from ..model.options import ModelOptions
@@ -174,13 +175,8 @@ class HeadConfig:
     def from_dict(cls, data: dict[str, Any]) -> "HeadConfig":
         """Build from :meth:`to_dict` output, or from a config of an earlier layerwise: the flat fields
         ``layers``/``pool``/... (0.1), ``model`` as a path and ``max_length`` beside it (0.x)."""
-        if not isinstance(data, dict):
-            raise SpecError(f"a HeadConfig is a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} | set(_LEGACY)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecError(f"unknown HeadConfig field(s) {unknown}; valid fields are: {', '.join(sorted(known))}")
-        data = dict(data)
+        known = sorted({f.name for f in dataclasses.fields(cls)} | set(_LEGACY))
+        data = fields_from(data, known, {}, "HeadConfig", SpecError)
         if isinstance(data.get("encode"), dict):
             data["encode"] = EncodeSpec.from_dict(data["encode"])
         model = data.get("model")
@@ -192,7 +188,7 @@ class HeadConfig:
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "HeadConfig":
         """Read a config from JSON text or a ``config.json`` file (``ValueError`` for a missing file or bad JSON)."""
-        return cls.from_dict(read_json_arg(text_or_path, "HeadConfig"))
+        return cls.from_dict(read_json_arg(text_or_path, "HeadConfig", SpecError))
 
 
 __all__ = ["ACTIVATIONS", "CLASSIFIERS", "COMBINES", "HeadConfig", "MODES", "POOLS"]

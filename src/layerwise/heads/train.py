@@ -240,7 +240,8 @@ def train(
     name = used.model if used.model is not None or ex.loaded.name == DEFAULT_MODEL_NAME else ex.loaded.name
     if name is not None and Path(name).expanduser().is_dir():
         name = str(Path(name).expanduser().resolve())
-    config = config.replace(model=used.replace(model=name))
+    # where it runs and where graphs are cached belong to the machine that loads the head, not to the head
+    config = config.replace(model=used.replace(model=name, device=None, onnx_cache=None))
     paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
     kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": opts.cache_dir}
     show = sys.stderr.isatty() if opts.progress is None else opts.progress

@@ -53,8 +53,8 @@ def check_cpu_dtype(dtype: torch.dtype, device: torch.device, flags: frozenset[s
         return
     name = str(dtype).replace("torch.", "")
     warnings.warn(
-        f"dtype={name!r} on this CPU: it has none of {', '.join(FAST_ON_CPU[dtype])}, so {name} runs emulated and "
-        f"far slower than float32 (and less exact); use dtype='float32' on this machine, or a GPU",
+        f"compute_dtype={name!r} on this CPU: it has none of {', '.join(FAST_ON_CPU[dtype])}, so {name} runs emulated "
+        f"and far slower than float32 (and less exact); use compute_dtype='float32' on this machine, or a GPU",
         PrecisionWarning, stacklevel=3,
     )
 

@@ -42,12 +42,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config_json import dump_json, fields_from, read_json_arg
 from ..encoding.vocab import PADDING_SIDES
 from ..errors import ModelLoadError
 
@@ -123,31 +123,17 @@ class ModelOptions:
     def from_dict(cls, data: dict[str, Any]) -> "ModelOptions":
         """Build from :meth:`to_dict` output (names of layerwise 0.x are read as today's); unknown keys are refused,
         naming them and the valid ones."""
-        if not isinstance(data, dict):
-            raise ModelLoadError(f"ModelOptions is a JSON object, got {type(data).__name__}")
-        data = {LEGACY_FIELDS.get(k, k): v for k, v in data.items()}
         known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise ModelLoadError(f"unknown ModelOptions field(s) {unknown}; valid fields are: {', '.join(known)}")
-        return cls(**data)
+        return cls(**fields_from(data, known, LEGACY_FIELDS, "ModelOptions", ModelLoadError))
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The options as JSON text; also written to ``path`` when given."""
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> "ModelOptions":
         """Read options from JSON text or a ``.json`` file."""
-        raw = str(text_or_path)
-        text = raw if raw.lstrip().startswith("{") else Path(raw).read_text(encoding="utf-8")
-        try:
-            return cls.from_dict(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"ModelOptions: {raw[:80]!r} is not valid JSON ({exc})") from exc
+        return cls.from_dict(read_json_arg(text_or_path, "ModelOptions", ModelLoadError))
 
     def replace(self, **changes: Any) -> "ModelOptions":
         """A copy with ``changes`` applied (validated again)."""

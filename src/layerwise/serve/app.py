@@ -25,7 +25,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, Stri
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
-from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level
+from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level, OutputDtype
 from ..explore.app import Explorer, explorer_router
 from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
@@ -73,7 +73,7 @@ class EncodeRequest(BaseModel):
     skip_special_tokens: bool = False
     truncate: bool = False
     normalize: bool = Field(False, description="L2-normalise sentence vectors (level 'sentence' only).")
-    output_dtype: Literal["float32", "float16"] = Field(
+    output_dtype: OutputDtype = Field(
         "float32", validation_alias=AliasChoices("output_dtype", "dtype"),
         description="Dtype of the returned features (float32 | float16; 'dtype' is its name before layerwise 0.2).")
     prompt: str = Field("", description="Text put before every text (an instruction), levels sentence/token.")

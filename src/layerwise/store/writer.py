@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import StoreError, StoreFullError
+from ..encoding.spec import EncodeSpec
+from ..errors import LayerwiseError, StoreError, StoreFullError
 from ..provenance import differences, now, stamp
 from .layout import (
     ERRORS,
@@ -47,6 +48,11 @@ PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path"
 def identity(header: dict[str, Any]) -> dict[str, Any]:
     """The part of a header that a resume must match (``header`` minus :data:`PROVENANCE_ONLY` fields)."""
     out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input", "part")}
+    if isinstance(out.get("spec"), dict):  # in today's names (a manifest of layerwise 0.x calls output_dtype "dtype")
+        try:
+            out["spec"] = EncodeSpec.from_dict(out["spec"]).to_dict()
+        except LayerwiseError:
+            pass  # compared as it is: it differs, and the message names the field
     source = out.get("input") or {}
     if source.get("path") == "-":  # a stream is hashed as it is read: the engine checks it against the record
         for key in ("sha256", "bytes"):

@@ -11,8 +11,8 @@ serves that depth from then on. ``$LAYERWISE_AUTO_RUNTIME`` changes the choice a
 on PyTorch. :meth:`AutoBackend.runtime` says which ran, and why.
 
 ``quantize="int8"`` makes ONNX Runtime the only runtime (block site only); a model it cannot run is refused with
-the reason. Reduced precision is never chosen by this backend: ``dtype="bfloat16"`` is an explicit option that runs
-on PyTorch.
+the reason. Reduced precision is never chosen by this backend: ``compute_dtype="bfloat16"`` is an explicit option
+that runs on PyTorch.
 """
 
 from __future__ import annotations
