@@ -48,9 +48,10 @@ PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path"
 def identity(header: dict[str, Any]) -> dict[str, Any]:
     """The part of a header that a resume must match (``header`` minus :data:`PROVENANCE_ONLY` fields)."""
     out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input", "part")}
-    if isinstance(out.get("spec"), dict):  # in today's names (a manifest of layerwise 0.x calls output_dtype "dtype")
+    spec = out.get("spec")
+    if isinstance(spec, dict):  # in today's names (a manifest of layerwise 0.x calls output_dtype "dtype")
         try:
-            out["spec"] = EncodeSpec.from_dict(out["spec"]).to_dict()
+            out["spec"] = EncodeSpec.from_dict(spec).to_dict()
         except LayerwiseError:
             pass  # compared as it is: it differs, and the message names the field
     source = out.get("input") or {}
