@@ -110,7 +110,8 @@ def test_reduced_precision_on_cpu_is_warned_about_where_the_cpu_lacks_it():
     assert native_on_cpu(torch.bfloat16, frozenset({"avx2", "avx512f", "avx512_bf16"}))
     assert native_on_cpu(torch.bfloat16, frozenset({"amx_bf16"}))
     assert not native_on_cpu(torch.bfloat16, frozenset({"avx2", "avx512f"}))
-    with pytest.warns(PrecisionWarning, match=r"dtype='bfloat16' on this CPU: it has none of avx512_bf16, amx_bf16"):
+    message = r"compute_dtype='bfloat16' on this CPU: it has none of avx512_bf16, amx_bf16"
+    with pytest.warns(PrecisionWarning, match=message):
         check_cpu_dtype(torch.bfloat16, cpu, flags=frozenset({"avx2"}))
     with pytest.warns(PrecisionWarning, match="avx512_fp16, amx_fp16"):
         check_cpu_dtype(torch.float16, cpu, flags=frozenset({"avx512f", "avx512_bf16"}))

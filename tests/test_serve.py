@@ -230,7 +230,7 @@ def test_word_level_equals_encode_words(server, ex, subword, source):
 def test_float16_within_rounding(server, ex, encoding):
     opts = {"layers": "-2:", "combine": "concat", "pool": "mean"}
     status, body = _request(
-        server, "POST", "/v1/encode", {"texts": SENTENCES, **opts, "dtype": "float16", "encoding": encoding}
+        server, "POST", "/v1/encode", {"texts": SENTENCES, **opts, "output_dtype": "float16", "encoding": encoding}
     )
     assert status == 200, body
     if encoding == "base64":
@@ -239,7 +239,7 @@ def test_float16_within_rounding(server, ex, encoding):
     got, ref = _arr(body["vectors"]), ex.encode(SENTENCES, **opts)
     _close(got, ref, fp16=True)
     assert np.all(got == got.astype(np.float16).astype(np.float32))  # really rounded to fp16
-    body = {"texts": SENTENCES[:2], "level": "token", "dtype": "float16", "encoding": encoding}
+    body = {"texts": SENTENCES[:2], "level": "token", "output_dtype": "float16", "encoding": encoding}
     status, body = _request(server, "POST", "/v1/encode", body)
     assert status == 200, body
     for vec, r in zip(body["vectors"], ex.encode(SENTENCES[:2], pool=None)):
@@ -363,7 +363,7 @@ def test_bad_requests_get_clear_errors_and_server_keeps_serving(server, ex, name
     _assert_still_serving(server, ex)
 
 
-@pytest.mark.parametrize("extra", [{"weights": [1e38, 1e38]}, {"weights": [3e4, 3e4], "dtype": "float16"}])
+@pytest.mark.parametrize("extra", [{"weights": [1e38, 1e38]}, {"weights": [3e4, 3e4], "output_dtype": "float16"}])
 def test_non_finite_result_is_not_a_server_error(server, ex, extra):
     status, body = _request(server, "POST", "/v1/encode", _bad(layers="-2:", combine="weighted", **extra))
     _assert_still_serving(server, ex)

@@ -87,8 +87,9 @@ def test_version_is_written_once():
     assert version("layerwise") == layerwise.__version__
 
 
-def _doc_names() -> set[str]:
-    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+def _doc_names(text: str | None = None) -> set[str]:
+    if text is None:
+        text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     return {n.removeprefix("src/").rstrip("/") for n in re.findall(r"`((?:src/)?layerwise/[\w/]+(?:\.py)?/?)`", text)}
 
 
@@ -97,6 +98,16 @@ def test_architecture_doc_names_only_real_modules():
     assert len(named) >= 15, named
     missing = [n for n in sorted(named) if not (ROOT / "src" / n).exists()]
     assert missing == [], f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+def test_readme_layout_names_only_real_modules_and_every_package():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") :].split("\n## ")[0]
+    named = _doc_names(layout)
+    missing = [n for n in sorted(named) if not (ROOT / "src" / n).exists()]
+    assert missing == [], f"the README's Layout names modules that do not exist: {missing}"
+    packages = sorted(str(p.parent.relative_to(ROOT / "src")) for p in SRC.glob("*/__init__.py"))
+    assert [p for p in packages if p not in named] == [], "the README's Layout leaves out a package"
 
 
 def test_architecture_doc_names_every_module():
@@ -205,8 +216,8 @@ def test_import_layerwise_and_its_vocabularies_load_no_torch():
 def test_one_error_family():
     import layerwise as lw
 
-    family = [lw.SpecError, lw.ModelLoadError, lw.MappingError, lw.MissingExtraError, lw.StoreError, lw.StoreFullError,
-              lw.StoreCorruptError, lw.ExtractError, lw.ServiceError]
+    family = [lw.SpecError, lw.ModelLoadError, lw.MappingError, lw.MissingExtraError, lw.InputError, lw.StoreError,
+              lw.StoreFullError, lw.StoreCorruptError, lw.ExtractError, lw.ServiceError]
     assert all(issubclass(e, lw.LayerwiseError) for e in family) and issubclass(lw.LayerwiseError, ValueError)
     assert issubclass(lw.StoreFullError, lw.StoreError) and issubclass(lw.MappingError, lw.ModelLoadError)
     # every exception class defined in the package belongs to it
@@ -217,6 +228,18 @@ def test_one_error_family():
                 defined.append((p.name, node.name))
     assert {name for _, name in defined} <= {e.__name__ for e in family} | {"LayerwiseError"}, defined
     assert {f for f, _ in defined} == {"errors.py"}
+
+
+def test_the_library_raises_its_own_errors():
+    """No bare ``raise ValueError(...)`` in the library: every error raised on purpose is of the family (a
+    ``TypeError`` for a wrong type stays one)."""
+    bare = []
+    for p in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and getattr(
+                    node.exc.func, "id", None) == "ValueError":
+                bare.append(f"{p.relative_to(SRC)}:{node.lineno}")
+    assert bare == [], f"raise a LayerwiseError (layerwise/errors.py) instead of ValueError: {bare}"
 
 
 def test_backend_registry_and_model_options_agree():

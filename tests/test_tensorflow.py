@@ -124,7 +124,8 @@ def test_keras_preset_directory_is_detected_and_loads(tiny_dirs, tmp_path):
     preset = keras_preset(tiny_dirs["bert"], tmp_path / "preset")
     ex = lw.Extractor(str(preset))
     assert ex.backend.name == "keras" and ex.describe()["architecture"] == "BertBackbone"
-    converted = lw.Extractor(KerasBackend.load(str(tiny_dirs["bert"]), exact_gelu=False))  # the same approximation
+    converted = lw.Extractor(KerasBackend.load(lw.ModelOptions(str(tiny_dirs["bert"])), exact_gelu=False))  # the same
+    # approximation
     texts = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", ""]
     a = ex.encode(texts, layers="all", combine="concat", pool=None)
     b = converted.encode(texts, layers="all", combine="concat", pool=None)
@@ -169,10 +170,13 @@ def test_the_service_serves_a_saved_model(saved_model, tf_ex, tmp_path):
 
 def test_without_the_extra_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "keras_hub", None)
-    with pytest.raises(ValueError, match=r"backend='keras' needs keras-hub and Keras 3: pip install 'layerwise\[tf\]'"):
+    with pytest.raises(lw.MissingExtraError, match=r"backend='keras' needs the optional extra \[tf\] \(TensorFlow, "
+                                                   r"Keras 3 and keras-hub\): pip install 'layerwise\[tf\]'") as info:
         lw.Extractor(backend="keras")
+    assert info.value.extra == "tf" and isinstance(info.value.__cause__, ImportError)
     monkeypatch.setitem(sys.modules, "tensorflow", None)
-    with pytest.raises(ValueError, match=r"backend='tf' needs TensorFlow: pip install 'layerwise\[tf\]'"):
+    with pytest.raises(lw.MissingExtraError, match=r"backend='tf' needs the optional extra \[tf\] .*: "
+                                                   r"pip install 'layerwise\[tf\]'"):
         from layerwise.model.backends.savedmodel import require_tf
 
         require_tf()

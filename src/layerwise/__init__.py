@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ExtractError,
+    InputError,
     LayerwiseError,
     MappingError,
     MissingExtraError,
@@ -130,6 +131,7 @@ __all__ = [
     "ExtractError",
     "ExtractOptions",
     "ExtractSummary",
+    "InputError",
     "Extractor",
     "FeatureStore",
     "LEVELS",

@@ -10,16 +10,18 @@ Example::
 
 from __future__ import annotations
 
+from .errors import SpecError
+
 
 def positive_ints(**values: object) -> None:
     """``ValueError`` naming the first value that is not an int >= 1 (bools are refused; ``None`` is not allowed)."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+            raise SpecError(f"{name} must be a positive int, got {value!r}")
 
 
 def positive_numbers(**values: object) -> None:
     """``ValueError`` naming the first value that is not a number > 0 (e.g. a learning rate)."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number (e.g. 1e-3), got {value!r}")
+            raise SpecError(f"{name} must be a positive number (e.g. 1e-3), got {value!r}")

@@ -69,7 +69,7 @@ class Client:
         subword: str | None = None,
         skip_special_tokens: bool = False,
         truncate: bool = False,
-        dtype: str = "float32",
+        output_dtype: str = "float32",
     ) -> Any:
         """Encode ``texts`` with the fields of an ``EncodeSpec`` (``pool`` default ``mean``, ``subword`` ``first``).
 
@@ -77,7 +77,8 @@ class Client:
             Sentence level: ``[n, D]``; token/word level: a list of ``[n_i, D]`` arrays. Raises :class:`ServiceError`.
         """
         body: dict[str, Any] = {"texts": list(texts), "layers": layers, "site": site, "combine": combine,
-                                "level": level, "truncate": truncate, "dtype": dtype, "encoding": "base64"}
+                                "level": level, "truncate": truncate, "output_dtype": output_dtype,
+                                "encoding": "base64"}
         optional = {"weights": weights, "pool": pool, "subword": subword,
                     "skip_special_tokens": skip_special_tokens or None}
         body.update({k: v for k, v in optional.items() if v is not None})
@@ -96,7 +97,7 @@ class Client:
         weights: Sequence[float] | None = None,
         subword: str | None = None,
         truncate: bool = False,
-        dtype: str = "float32",
+        output_dtype: str = "float32",
     ) -> list[np.ndarray]:
         """One vector per word of pre-tokenised input (level ``word``): a list of ``[n_words_i, D]`` arrays.
 
@@ -105,7 +106,7 @@ class Client:
         if isinstance(words, str) or any(isinstance(w, str) for w in words):
             raise TypeError("words must be a list of word lists, e.g. [['EU', 'rejects', 'German', 'call']]")
         body: dict[str, Any] = {"words": [list(w) for w in words], "layers": layers, "site": site,
-                                "combine": combine, "level": "word", "truncate": truncate, "dtype": dtype,
+                                "combine": combine, "level": "word", "truncate": truncate, "output_dtype": output_dtype,
                                 "encoding": "base64"}
         body.update({k: v for k, v in {"weights": weights, "subword": subword}.items() if v is not None})
         out = self._call("POST", "/v1/encode", body)

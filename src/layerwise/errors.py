@@ -11,6 +11,7 @@ error                       raised when
                             ``allow_pickle``, bad :class:`~layerwise.ModelOptions`)
 ``MappingError``            a model's layers cannot be found or verified (a ``ModelLoadError``)
 ``MissingExtraError``       an optional extra is not installed; the message holds the ``pip install`` line
+``InputError``              an input cannot be read as asked (format, columns, a table of the wrong kind)
 ``StoreError``              a store cannot be opened or written (not a store, made with other options)
 ``StoreFullError``          the disk filled up while writing; the same command resumes once space is freed
 ``StoreCorruptError``       a store's files are damaged (a missing or truncated shard, a bad manifest)
@@ -59,6 +60,11 @@ class MissingExtraError(LayerwiseError):
         super().__init__(f"{what} needs the optional extra [{extra}]{f' ({packages})' if packages else ''}: {line}")
 
 
+class InputError(LayerwiseError):
+    """An input cannot be read as asked: an unknown format, a missing column, a file that is not what its suffix
+    says, a table of the wrong kind; the message names the input and what it holds instead."""
+
+
 class StoreError(LayerwiseError):
     """A store that cannot be opened or written (not a store, made with other options, disk full...)."""
 
@@ -89,5 +95,6 @@ class ServiceError(LayerwiseError):
         super().__init__(f"HTTP {status}: {detail}")
 
 
-__all__ = ["ExtractError", "LayerwiseError", "MappingError", "MissingExtraError", "ModelLoadError", "ServiceError",
+__all__ = ["ExtractError", "InputError", "LayerwiseError", "MappingError", "MissingExtraError",
+           "ModelLoadError", "ServiceError",
            "SpecError", "StoreCorruptError", "StoreError", "StoreFullError"]

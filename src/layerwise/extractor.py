@@ -37,7 +37,7 @@ from .encoding.spec import EncodeSpec
 from .encoding.stack import LayerStack
 from .encoding.tokenize import TextTokenizer, Tokenized, check_texts, special_template
 from .encoding.windows import Group, forward_windows
-from .errors import ModelLoadError
+from .errors import ModelLoadError, SpecError
 from .model.backends import Backend, create_backend, load_backend
 from .model.describe import describe
 from .model.loaded import LoadedModel
@@ -54,14 +54,14 @@ _OUT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 def _int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int (tokens), got {value!r}")
+        raise SpecError(f"{name} must be an int (tokens), got {value!r}")
     return value
 
 
 def check_budget(batch_tokens: object) -> int:
     """A token budget per forward batch: a positive int, else ``ValueError`` naming the value."""
     if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens < 1:
-        raise ValueError(f"batch_tokens must be a positive int (tokens per batch), got {batch_tokens!r}")
+        raise SpecError(f"batch_tokens must be a positive int (tokens per batch), got {batch_tokens!r}")
     return batch_tokens
 
 
@@ -184,7 +184,7 @@ class Extractor:
         from .model.custom import wrap_module
 
         loaded = wrap_module(model, tokenizer, layer_modules, call=call, max_length=max_length, device=device,
-                             dtype=compute_dtype, name=name)
+                             compute_dtype=compute_dtype, name=name)
         return cls(loaded, batch_tokens=batch_tokens, stride=stride, padding_side=padding_side)
 
     def _configure_windows(self, max_length: int | None, stride: int | None) -> None:
@@ -193,14 +193,14 @@ class Extractor:
         self._template = special_template(self.tokenizer)
         n_special = sum(self._template)
         if not n_special < self.max_length <= limit:
-            raise ValueError(
+            raise SpecError(
                 f"max_length={max_length} is outside {n_special + 1}..{limit} (this model's maximum, special tokens "
                 f"included)"
             )
         capacity = self.max_length - n_special
         self.stride = capacity // 4 if stride is None else _int(stride, "stride")
         if not 0 <= self.stride < capacity:
-            raise ValueError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
+            raise SpecError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
 
     # ---- facts ----------------------------------------------------------------------------------------
     @property
@@ -270,7 +270,7 @@ class Extractor:
         return (
             f"Extractor(model={lm.name!r}, architecture={lm.architecture}, layers=0..{lm.num_layers}, "
             f"hidden={lm.hidden_size}, positions={lm.positions.kind}, window={window}, device={lm.device}, "
-            f"dtype={str(lm.dtype).replace('torch.', '')}, backend={self.backend.name})"
+            f"compute_dtype={str(lm.dtype).replace('torch.', '')}, backend={self.backend.name})"
         )
 
     # ---- the pipeline -----------------------------------------------------------------------------------
@@ -435,7 +435,7 @@ class Extractor:
             combine: ``concat | sum | mean | weighted | stack`` or a module such as :class:`ScalarMix`.
             pool: ``cls | pooler | mean | max | mean_max | last``, a module such as :class:`AttentionPool`,
                 or ``None`` for one vector per token (special tokens included).
-            site: ``block | attention | intermediate | pre_ln``.
+            site: ``block | raw | attention | intermediate | pre_ln``.
             weights: fixed per-layer weights for ``combine="weighted"``.
             skip_special_tokens: leave ``[CLS]``/``[SEP]``-like tokens out of the pool.
             truncate: cut texts at ``max_length`` instead of windowing them.
@@ -495,7 +495,7 @@ class Extractor:
         self, items: list[Any], spec: EncodeSpec, return_tensors: str, batch_tokens: int | None, show_progress: bool
     ) -> list[Any]:
         if return_tensors not in RETURN_TENSORS:
-            raise ValueError(
+            raise SpecError(
                 f"unknown return_tensors {return_tensors!r}. Valid values are: {', '.join(RETURN_TENSORS)}"
             )
         from tqdm.auto import tqdm

@@ -14,6 +14,7 @@ from ..encoding.reduce import Encoded
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
 from ..encoding.vocab import FIXED_POOLS
+from ..errors import LayerwiseError
 from ..extractor import Extractor
 from ..model.options import ModelOptions
 from .options import (
@@ -42,10 +43,10 @@ def parse_pool(text: str) -> str | None:
     if mode == "none":
         return None
     if mode == "attention":
-        raise ValueError("--pool attention is learned and has no fixed weights; train a head with it "
+        raise LayerwiseError("--pool attention is learned and has no fixed weights; train a head with it "
                          f"(layerwise train --pool attention) or use one of: {', '.join(FIXED_POOLS)}, none")
     if mode not in FIXED_POOLS:
-        raise ValueError(f"unknown --pool {text!r}. Valid pool modes are: {', '.join(FIXED_POOLS)}, "
+        raise LayerwiseError(f"unknown --pool {text!r}. Valid pool modes are: {', '.join(FIXED_POOLS)}, "
                          f"or none (one vector per token)")
     return mode
 
@@ -57,7 +58,7 @@ def read_stdin_lines(stream: IO[bytes]) -> list[str]:
         try:
             out.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as exc:
-            raise ValueError(f"line {n} of stdin is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+            raise LayerwiseError(f"line {n} of stdin is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                              f"re-encode the input as UTF-8") from None
     return out
 
@@ -96,9 +97,10 @@ def encode(
     """
     with user_errors():
         if fmt not in FORMATS:
-            raise ValueError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")
+            raise LayerwiseError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")
         if "-" in texts and texts != ["-"]:
-            raise ValueError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or '-', not both")
+            raise LayerwiseError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or "
+                                 "'-', not both")
         if output:
             check_new_file(output, overwrite)
         if texts == ["-"]:
@@ -109,7 +111,7 @@ def encode(
                           skip_special_tokens=skip_special, truncate=truncate, normalize=normalize, prompt=prompt,
                           add_eos=add_eos, output_dtype=output_dtype)
         if fmt == "npy" and pool_mode is None:
-            raise ValueError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
+            raise LayerwiseError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
         ex = extractor(model_options)
         spec = spec.resolve(ex)
         if not quiet:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import LayerwiseError
 from ..model.options import ModelOptions
 from .options import err_console, extractor, model_flags, user_errors
 
@@ -42,9 +43,9 @@ def explore(
 
     with user_errors():
         if not 1 <= port <= 65535:
-            raise ValueError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8765)")
+            raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8765)")
         if store and texts:
-            raise ValueError("give a STORE or --texts FILE, not both")
+            raise LayerwiseError("give a STORE or --texts FILE, not both")
         for folder in probe or []:
             read_probe_dir(folder)  # a wrong directory is said now, not in the browser
         corpus = corpus_from_store(store, labels=labels, sample=sample) if store else None

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from ..errors import LayerwiseError
 from ..model.options import ModelOptions
 from .options import (
     AddEosOpt,
@@ -108,7 +109,7 @@ def extract(
                                  strict=strict, overwrite=overwrite, progress=False if quiet else None,
                                  num_shards=num_shards, shard_index=shard_index)
         if engine not in ("local", "ray"):
-            raise ValueError(f"unknown --engine {engine!r}. Valid engines are: local, ray")
+            raise LayerwiseError(f"unknown --engine {engine!r}. Valid engines are: local, ray")
         if engine == "ray":
             from ..extraction import ray as lray
 

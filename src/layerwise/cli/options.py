@@ -31,7 +31,9 @@ CombineOpt = typer.Option(
     help="concat, sum, mean, weighted (--weights) or stack; the learned scalar_mix/attention: layerwise train.",
 )
 WeightsOpt = typer.Option(None, "--weights", help="Comma-separated layer weights for --combine weighted.")
-SiteOpt = typer.Option("block", "--site", help="block (= hidden_states), attention, intermediate or pre_ln.")
+SiteOpt = typer.Option(
+    "block", "--site", help="block (= hidden_states), raw, attention, intermediate or pre_ln (Extractor.describe())."
+)
 
 # The model flags, declared once: every command that loads a model gets all of them (``@model_flags``) and receives
 # one ModelOptions. (name, type, default, flags, help), in ModelOptions' field order.
@@ -124,7 +126,8 @@ def parse_weights(text: Optional[str]) -> Optional[list[float]]:
         try:
             out.append(float(part))
         except ValueError:
-            raise ValueError(f"--weights item {part!r} is not a number; give e.g. --weights 0.25,0.25,0.5") from None
+            raise LayerwiseError(
+                f"--weights item {part!r} is not a number; give e.g. --weights 0.25,0.25,0.5") from None
     return out
 
 
@@ -234,7 +237,7 @@ def check_new_file(path: str, overwrite: bool, option: str = "-o") -> None:
         ValueError: naming the path and the way out (another path, or ``--overwrite``).
     """
     if os.path.isdir(path):
-        raise ValueError(f"{option} {path!r} is a directory; give a file path")
+        raise LayerwiseError(f"{option} {path!r} is a directory; give a file path")
     if os.path.exists(path) and not overwrite:
-        raise ValueError(f"{option} {path!r} exists; layerwise does not replace files: pass --overwrite to replace "
+        raise LayerwiseError(f"{option} {path!r} exists; layerwise does not replace files: pass --overwrite to replace "
                          f"it, or choose another path")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..errors import LayerwiseError
 from ..model.options import ModelOptions
 from .options import err_console, extractor, model_flags, user_errors
 
@@ -26,7 +27,7 @@ def serve(
 
     with user_errors():
         if not 1 <= port <= 65535:
-            raise ValueError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
+            raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
                         max_batch_tokens=max_batch_tokens)
         ex = extractor(model_options)

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from ..errors import LayerwiseError
 from ..model.options import ModelOptions
 from .options import (
     LayersOpt,
@@ -27,7 +28,8 @@ def parse_sizes(text: str, option: str) -> list[int]:
         if not part:
             continue
         if not part.isdigit() or int(part) < 1:
-            raise ValueError(f"{option} item {part!r} is not a positive int; give layer sizes like {option} 512,128")
+            raise LayerwiseError(f"{option} item {part!r} is not a positive int; give layer sizes like {option} "
+                                 f"512,128")
         out.append(int(part))
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import IO, Iterator, Sequence
 
+from ..errors import InputError
 from .records import BadRecord, Item, Record, iter_lines
 
 CONLL2003_COLUMNS = ("word", "pos", "chunk", "ner")
@@ -33,7 +34,7 @@ def read_conll2003(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     allowed = set(CONLL2003_COLUMNS[1:]) | {"doc"}
     unknown = [k for k in keep if k not in allowed]
     if unknown:
-        raise ValueError(f"--keep {unknown[0]!r} is not a CoNLL-2003 column. Valid columns are: pos, chunk, ner, doc")
+        raise InputError(f"--keep {unknown[0]!r} is not a CoNLL-2003 column. Valid columns are: pos, chunk, ner, doc")
     doc = 0
     seen_docstart = False
     for start, block in _sentences(fh):
@@ -127,7 +128,7 @@ def read_conllu(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     allowed = set(CONLLU_COLUMNS[2:]) | {"sent_id", "sent_text"}
     unknown = [k for k in keep if k not in allowed]
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"--keep {unknown[0]!r} is not a CoNLL-U column. Valid columns are: {', '.join(sorted(allowed))}"
         )
     for start, block in _sentences(fh):

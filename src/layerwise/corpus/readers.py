@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
+from ..errors import InputError
 from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, read_conll2003, read_conllu, with_document_context
 from .records import BadRecord, Item, Record, iter_lines
 
@@ -61,7 +62,7 @@ def parquet_files(path: str | os.PathLike) -> list[Path]:
         return [p]
     files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".parquet" and f.is_file())
     if not files:
-        raise ValueError(
+        raise InputError(
             f"input {os.fspath(path)!r} is a directory without .parquet files; give one corpus file (or '-' for "
             f"stdin) or a directory of .parquet files, e.g. {os.path.join(os.fspath(path), 'corpus.txt')!r}"
         )
@@ -74,18 +75,18 @@ def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
     if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and Path(path).is_dir():
         parquet_files(path)  # a directory is an input only when it holds parquet files
         if format not in (None, "parquet"):
-            raise ValueError(f"input {os.fspath(path)!r} is a directory of parquet files; it cannot be read as "
+            raise InputError(f"input {os.fspath(path)!r} is a directory of parquet files; it cannot be read as "
                              f"{format!r} (leave the format out, or give format='parquet')")
         return "parquet"
     if format is not None:
         if format not in FORMATS:
-            raise ValueError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
+            raise InputError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
         return format
     if os.fspath(path) == "-":
         return "txt"
     suffix = Path(path).suffix.lower()
     if suffix not in _SUFFIXES:
-        raise ValueError(
+        raise InputError(
             f"cannot tell the format of {os.fspath(path)!r} from its suffix {suffix!r}; pass the format "
             f"(--format / format=) as one of: {', '.join(FORMATS)}"
         )
@@ -97,7 +98,7 @@ def _open_binary(path: str | os.PathLike, stdin: IO[bytes] | None) -> IO[bytes]:
         return stdin if stdin is not None else sys.stdin.buffer
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"input file {os.fspath(path)!r} does not exist (or is not a file)")
+        raise InputError(f"input file {os.fspath(path)!r} does not exist (or is not a file)")
     return open(p, "rb")
 
 
@@ -119,19 +120,19 @@ def pick_column(columns: Sequence[str], wanted: str | None, keep: Sequence[str],
     if wanted is None:
         wanted = next((c for c in TEXT_FIELD_GUESSES if c in columns), None)
         if wanted is None:
-            raise ValueError(
+            raise InputError(
                 f"{where} has no 'text' or 'sentence' column; its columns are {list(columns)}: name the text "
                 f"column with --text-column / text_field="
             )
     missing = [c for c in [wanted, *keep] if c not in columns]
     if missing:
-        raise ValueError(f"{where} has no column {missing[0]!r}; its columns are {list(columns)}")
+        raise InputError(f"{where} has no column {missing[0]!r}; its columns are {list(columns)}")
     return wanted
 
 
 def _read_txt(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     if keep:
-        raise ValueError(f"--keep {list(keep)} needs columns; a .txt input has only the text (one per line)")
+        raise InputError(f"--keep {list(keep)} needs columns; a .txt input has only the text (one per line)")
     for n, line in iter_lines(fh):
         if line is None:
             yield BadRecord(n, "invalid UTF-8")
@@ -224,7 +225,7 @@ def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequenc
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - pyarrow is a dependency
-        raise ValueError("reading .parquet needs pyarrow: pip install pyarrow") from exc
+        raise InputError("reading .parquet needs pyarrow: pip install pyarrow") from exc
     paths = parquet_files(path)
     files = [pq.ParquetFile(f) for f in paths]
     name = pick_column(files[0].schema_arrow.names, text_field, keep, f"the parquet file {os.fspath(paths[0])!r}")
@@ -264,12 +265,12 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.keep, str) or not all(isinstance(k, str) for k in self.keep):
-            raise ValueError(f"keep must be a list of column names, got {self.keep!r}")
+            raise InputError(f"keep must be a list of column names, got {self.keep!r}")
         object.__setattr__(self, "keep", tuple(self.keep))
         if self.format is not None and self.format not in FORMATS:
-            raise ValueError(f"unknown input format {self.format!r}. Valid formats are: {', '.join(FORMATS)}")
+            raise InputError(f"unknown input format {self.format!r}. Valid formats are: {', '.join(FORMATS)}")
         if self.context not in (None, "document"):
-            raise ValueError(f"unknown context {self.context!r}. Valid values are: document (or None)")
+            raise InputError(f"unknown context {self.context!r}. Valid values are: document (or None)")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: what a store's manifest records about how its input was read."""
@@ -324,7 +325,7 @@ def read_records(
     keep = list(keep)
     if document_context:
         if fmt != "conll":
-            raise ValueError(f"document context needs CoNLL-2003 input with -DOCSTART- documents, not {fmt}")
+            raise InputError(f"document context needs CoNLL-2003 input with -DOCSTART- documents, not {fmt}")
         inner = read_records(path, fmt, keep=list(dict.fromkeys([*keep, "doc"])), stdin=stdin)
         for item in with_document_context(inner):
             if isinstance(item, Record) and "doc" not in keep:
@@ -333,9 +334,9 @@ def read_records(
         return
     if fmt == "parquet":
         if os.fspath(path) == "-":
-            raise ValueError("parquet cannot be read from stdin; pass the file path")
+            raise InputError("parquet cannot be read from stdin; pass the file path")
         if not Path(path).exists():
-            raise ValueError(f"input file {os.fspath(path)!r} does not exist")
+            raise InputError(f"input file {os.fspath(path)!r} does not exist")
         yield from _read_parquet(path, text_field, keep)
         return
     fh = _open_binary(path, stdin)

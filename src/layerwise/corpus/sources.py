@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
+from ..errors import InputError
 from ..provenance import input_sha256, table_sha256
 from .readers import Item, ReadOptions, count_records, detect_format, pick_column, read_records, read_table
 
@@ -93,7 +94,7 @@ class Source:
         """The records in input order (``stdin``: the stream to read for ``"-"``)."""
         if self.fmt == TABLE_FORMAT:
             if reading.context is not None:
-                raise ValueError("context='document' needs a CoNLL-2003 file, not a table")
+                raise InputError("context='document' needs a CoNLL-2003 file, not a table")
             return read_table(self.table(), reading.text_field, reading.keep)
         return read_records(self.data, self.fmt, text_field=reading.text_field, keep=reading.keep, stdin=stdin,
                             document_context=reading.context == "document")
@@ -117,13 +118,13 @@ def open_source(data: Any, reading: ReadOptions | None = None) -> Source:
     table = _as_table(data)
     if table is not None:
         if reading.format is not None:
-            raise ValueError(f"a {type(data).__name__} input is read as a table, not as {reading.format!r}: leave "
+            raise InputError(f"a {type(data).__name__} input is read as a table, not as {reading.format!r}: leave "
                              f"the format out")
         return Source(data, TABLE_FORMAT, f"a {type(data).__name__} of {table.num_rows:,} rows")
     path = os.fspath(data)
     fmt = detect_format(path, reading.format)
     if path != "-" and not os.path.exists(path):
-        raise ValueError(f"input file {path!r} does not exist")
+        raise InputError(f"input file {path!r} does not exist")
     return Source(path, fmt, path)
 
 

@@ -1,4 +1,4 @@
-"""Combine a stack of layers into one representation: the one combine vocabulary of layerwise.
+"""Combine a stack of layers into one representation (the modes are named in :mod:`layerwise.encoding.vocab`).
 
 Input everywhere: ``h`` of shape ``[K, *lead, width]`` with the ``K`` selected layers first, in spec order
 (``lead`` is ``(batch, tokens)`` for token states, ``(batch,)`` for pooled ones), and an optional ``mask``
@@ -18,8 +18,9 @@ mode            formula                                          D              
 
 The learned modes need trained weights: heads and probes build them with :func:`learned_combiner` and train
 them; where nothing is trained (``Extractor.encode``, the store, the service) the name alone is refused and a
-trained module (:class:`ScalarMix`, :class:`LayerAttention`) can be passed instead. :func:`combined_shape` is the
-one place that says ``D``. Combination never writes into its input.
+trained module (:class:`ScalarMix`, :class:`LayerAttention`) can be passed instead.
+:func:`~layerwise.encoding.vocab.combined_shape` is the one place that says ``D``.
+Combination never writes into its input.
 
 Example::
 
@@ -37,6 +38,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..errors import SpecError
 from .vocab import validate_combine
 
 
@@ -89,7 +91,7 @@ class LayerAttention(nn.Module):
     def __init__(self, width: int):
         super().__init__()
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ValueError(f"LayerAttention width must be a positive int, got {width!r}")
+            raise SpecError(f"LayerAttention width must be a positive int, got {width!r}")
         self.query = nn.Parameter(torch.zeros(width))
         self.scale = 1.0 / math.sqrt(width)
 
@@ -150,13 +152,13 @@ class ScalarMix(nn.Module):
     ):
         super().__init__()
         if not isinstance(mixture_size, int) or mixture_size < 1:
-            raise ValueError(f"ScalarMix mixture_size must be a positive int, got {mixture_size!r}")
+            raise SpecError(f"ScalarMix mixture_size must be a positive int, got {mixture_size!r}")
         if normalize not in self.NORMALIZE:
-            raise ValueError(f"unknown ScalarMix normalize {normalize!r}. Valid values are: softmax, sum")
+            raise SpecError(f"unknown ScalarMix normalize {normalize!r}. Valid values are: softmax, sum")
         if initial_weights is None:
             initial_weights = [0.0 if normalize == "softmax" else 1.0] * mixture_size
         if len(initial_weights) != mixture_size:
-            raise ValueError(
+            raise SpecError(
                 f"ScalarMix got {len(initial_weights)} initial weights for mixture_size={mixture_size}"
             )
         self.mixture_size = mixture_size
@@ -180,7 +182,7 @@ class ScalarMix(nn.Module):
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if h.shape[0] != self.mixture_size:
-            raise ValueError(f"ScalarMix expects {self.mixture_size} layers, got a stack of {h.shape[0]}")
+            raise SpecError(f"ScalarMix expects {self.mixture_size} layers, got a stack of {h.shape[0]}")
         s = self.mixing_weights().to(h.dtype)
         def term(k: int) -> torch.Tensor:
             return s[k] * (_masked_layer_norm(h[k], mask) if self.layer_norm else h[k])

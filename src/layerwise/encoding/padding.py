@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+from ..errors import SpecError
+
 
 def length_mask(lengths: Sequence[int], longest: int | None = None, device: torch.device | None = None) -> torch.Tensor:
     """``[len(lengths), longest]`` long mask: row ``r`` has ``lengths[r]`` leading ones, zeros after."""
@@ -46,7 +48,7 @@ def pad_rows(
         longest: pad to this many positions (default: the longest row).
     """
     if not rows:
-        raise ValueError("pad_rows needs at least one row")
+        raise SpecError("pad_rows needs at least one row")
     lengths = [int(r.shape[0]) for r in rows]
     width = max(lengths) if longest is None else longest
     x = torch.zeros((len(rows), width) + tuple(rows[0].shape[1:]), dtype=dtype or rows[0].dtype)

@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ..errors import SpecError
 from .vocab import validate_pool, validate_word_pool
 
 
@@ -59,13 +60,13 @@ class AttentionPool(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"AttentionPool dim must be a positive int, got {dim!r}")
+            raise SpecError(f"AttentionPool dim must be a positive int, got {dim!r}")
         self.dim = dim
         self.query = nn.Parameter(torch.randn(dim) / math.sqrt(dim))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:
-            raise ValueError(f"AttentionPool was built for width {self.dim}, got features of width {x.shape[-1]}")
+            raise SpecError(f"AttentionPool was built for width {self.dim}, got features of width {x.shape[-1]}")
         keep = mask.bool()
         scores = (x @ self.query.to(x.dtype)) / math.sqrt(self.dim)  # [batch, tokens]
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -102,7 +103,7 @@ def pool(
     Args:
         x: token features.
         mask: ``[batch, tokens]`` attention mask (1 = real token).
-        mode: a :data:`POOL_MODES` name or a module called as ``module(x, keep_mask)``.
+        mode: a :data:`~layerwise.encoding.vocab.POOL_MODES` name or a module called as ``module(x, keep_mask)``.
         special: ``[batch, tokens]`` special-token mask, needed with ``skip_special_tokens``.
         skip_special_tokens: leave special tokens out of the pool.
         pooler: the model's pooler function ``[batch, hidden] -> [batch, hidden]`` for ``mode="pooler"``.
@@ -115,7 +116,7 @@ def pool(
     keep = mask.bool()
     if skip_special_tokens:
         if special is None:
-            raise ValueError("skip_special_tokens=True needs the special-token mask")
+            raise SpecError("skip_special_tokens=True needs the special-token mask")
         keep = keep & ~special.bool()
     if isinstance(mode, nn.Module):
         return mode(x, keep)
@@ -149,7 +150,7 @@ def pool_words(
         word_ids: per row, per token, the word index or ``None`` (special tokens, padding may be left out:
             rows shorter than ``tokens`` count as padded).
         n_words: per row, how many words it has (words with no token pool to zeros).
-        mode: one of :data:`WORD_POOL_MODES`.
+        mode: one of :data:`~layerwise.encoding.vocab.WORD_POOL_MODES`.
 
     Returns:
         A list of ``[n_words[i], *F]`` tensors (``first_last``: last dim doubled).
@@ -163,7 +164,7 @@ def pool_words(
         for pos, w in enumerate(ids[:t]):
             if w is not None:
                 if not 0 <= w < n_words[row]:
-                    raise ValueError(f"word id {w} in row {row} is outside 0..{n_words[row] - 1}")
+                    raise SpecError(f"word id {w} in row {row} is outside 0..{n_words[row] - 1}")
                 index[row, pos] = offsets[-1] + w
         offsets.append(offsets[-1] + n_words[row])
     total = offsets[-1]

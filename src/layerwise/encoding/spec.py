@@ -10,7 +10,7 @@ field                       valid values
 ==========================  ================================================================================
 ``layers``                  a layer spec: ``-1``, ``[0, 6]``, ``"-4:"``, ``"all"``, ``"second_to_last"``
                             (0 = embeddings; see :mod:`layerwise.encoding.layers`)
-``site``                    ``block | attention | intermediate | pre_ln``
+``site``                    ``block | raw | attention | intermediate | pre_ln``
 ``combine``                 ``concat | sum | mean | weighted | stack | scalar_mix | attention`` (the last two are
                             learned: heads and probes train them; see :mod:`layerwise.encoding.combine`)
 ``weights``                 one finite number per layer, for ``combine="weighted"`` only

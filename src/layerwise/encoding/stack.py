@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import SpecError
 from .layers import LayerSpec, layer_label, resolve_layers
 from .padding import pad_ids, pad_rows
 
@@ -77,7 +78,7 @@ class LayerStack:
         else:
             resolved = resolve_layers(key, self.num_layers)
             if len(resolved) != 1:
-                raise ValueError(
+                raise SpecError(
                     f"stack[key] gives ONE layer, but key {key!r} selects {len(resolved)} layers "
                     f"(indices {list(resolved)}); use stack.select({key!r}) for a LayerStack of several"
                 )

@@ -157,7 +157,7 @@ class TextTokenizer:
         if add_eos:
             eos = self.tokenizer.eos_token_id
             if eos is None:
-                raise ValueError(
+                raise SpecError(
                     f"add_eos=True, but the tokenizer of {self.name!r} has no end-of-sequence token; drop "
                     f"add_eos (pool='last' then reads the last token of the text)"
                 )

@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..errors import SpecError
 from .padding import pad_ids, pad_rows
 from .tokenize import Tokenized
 
@@ -176,7 +177,7 @@ def forward_windows(
     blank = [i for i, t in enumerate(toks) if not t.ids]
     if blank:
         if empty is None:
-            raise ValueError(f"text {blank[0]} has no token (the tokenizer adds no special tokens); give empty=")
+            raise SpecError(f"text {blank[0]} has no token (the tokenizer adds no special tokens); give empty=")
         yield Group(texts=blank, states=empty(len(blank)), lengths=[0] * len(blank))
     pending: dict[int, dict[int, torch.Tensor]] = {}
     runnable = [j for j, w in enumerate(windows) if w.ids]

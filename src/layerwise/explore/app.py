@@ -29,6 +29,7 @@ from fastapi import APIRouter, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import LayerwiseError
 from .corpus import Corpus
 from .probe_dir import read_probe_dir
 from .projection import available_methods, project
@@ -70,8 +71,8 @@ class Explorer:
         if corpus is None:
             raise LookupError("no corpus is loaded: start the explorer with a store or --texts")
         if not 0 <= k < len(corpus.layer_names):
-            raise ValueError(f"layer view {k} does not exist; this corpus has views 0..{len(corpus.layer_names) - 1} "
-                             f"({', '.join(corpus.layer_names)})")
+            raise LayerwiseError(f"layer view {k} does not exist; this corpus has views "
+                                 f"0..{len(corpus.layer_names) - 1} ({', '.join(corpus.layer_names)})")
         with self._lock:
             key = (k, method)
             if key not in self._views:

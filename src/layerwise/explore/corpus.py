@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..errors import LayerwiseError
+
 if TYPE_CHECKING:
     from ..extractor import Extractor
 
@@ -72,7 +74,7 @@ class Corpus:
 def sample_rows(total: int, sample: int, seed: int = 0) -> np.ndarray:
     """``min(total, sample)`` sorted record numbers drawn without replacement (all of them when they fit)."""
     if sample < 1:
-        raise ValueError(f"sample must be a positive number of records, got {sample}")
+        raise LayerwiseError(f"sample must be a positive number of records, got {sample}")
     if total <= sample:
         return np.arange(total)
     return np.sort(np.random.default_rng(seed).choice(total, size=sample, replace=False))
@@ -109,12 +111,12 @@ def corpus_from_store(path: str | os.PathLike, labels: str | None = None, sample
 
     store = open_store(path)
     if store.level != "sentence":
-        raise ValueError(f"the explorer's corpus view needs sentence vectors; {os.fspath(path)!r} is a "
+        raise LayerwiseError(f"the explorer's corpus view needs sentence vectors; {os.fspath(path)!r} is a "
                          f"{store.level}-level store. Extract with --level sentence (and --combine stack "
                          f"--layers all to see every layer)")
     if labels is not None and labels not in store.columns:
-        raise ValueError(f"column {labels!r} was not kept in {os.fspath(path)!r} (kept: {store.columns or 'none'}); "
-                         f"extract with --keep {labels}")
+        raise LayerwiseError(f"column {labels!r} was not kept in {os.fspath(path)!r} "
+                             f"(kept: {store.columns or 'none'}); extract with --keep {labels}")
     rows = sample_rows(len(store), sample, seed)
     picked = _read_rows(store, rows)  # Shape: (n, *feature_shape)
     layers, names = layer_views(store.spec.layer_indices, str(store.spec.combine), store.feature_shape)
@@ -178,7 +180,7 @@ def corpus_from_texts(ex: Extractor, texts: Sequence[str], labels: Sequence[obje
         labels: one label per text, or ``None``.
     """
     if labels is not None and len(labels) != len(texts):
-        raise ValueError(f"got {len(labels)} labels for {len(texts)} texts; give one label per text")
+        raise LayerwiseError(f"got {len(labels)} labels for {len(texts)} texts; give one label per text")
     rows = sample_rows(len(texts), sample, seed)
     picked = [texts[i] for i in rows]
     feats = ex.encode(picked, layers="all", combine="stack", pool="mean")  # Shape: (n, L + 1, hidden)
@@ -211,7 +213,7 @@ def corpus_from_file(ex: Extractor, path: str | os.PathLike, labels: str | None 
             if labels:
                 values.append(item.fields.get(labels))
     if not texts:
-        raise ValueError(f"{os.fspath(path)!r} holds no records to encode")
+        raise LayerwiseError(f"{os.fspath(path)!r} holds no records to encode")
     return corpus_from_texts(ex, texts, values if labels else None, sample, seed, source=os.fspath(path))
 
 

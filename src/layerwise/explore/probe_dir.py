@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from ..errors import LayerwiseError
+
 REQUIRED = ("task_title", "metric_name", "rows", "cka")
 
 
@@ -22,15 +24,15 @@ def read_probe_dir(path: str | os.PathLike) -> dict:
     folder = Path(path).expanduser()
     results = folder / "results.json"
     if not results.is_file():
-        raise ValueError(f"{os.fspath(path)!r} is not a layerwise probe output directory (no results.json); "
+        raise LayerwiseError(f"{os.fspath(path)!r} is not a layerwise probe output directory (no results.json); "
                          f"make one with: layerwise probe TRAIN --dev DEV -o DIR")
     try:
         data = json.loads(results.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {results}: {exc}") from exc
+        raise LayerwiseError(f"cannot read {results}: {exc}") from exc
     missing = [k for k in REQUIRED if k not in data]
     if missing:
-        raise ValueError(f"{results} lacks {', '.join(missing)}: not written by layerwise probe")
+        raise LayerwiseError(f"{results} lacks {', '.join(missing)}: not written by layerwise probe")
     rows = data["rows"]
     layers = [r for r in rows if r.get("kind") == "layer"]
     return {

@@ -12,7 +12,7 @@ import importlib.util
 
 import numpy as np
 
-from ..errors import MissingExtraError
+from ..errors import LayerwiseError, MissingExtraError
 
 METHODS = ("pca", "umap")
 
@@ -32,7 +32,7 @@ def project(x: np.ndarray, method: str = "pca", seed: int = 0) -> tuple[np.ndarr
         ValueError: an unknown method. MissingExtraError: ``umap`` when umap-learn is not installed.
     """
     if method not in METHODS:
-        raise ValueError(f"unknown projection {method!r}. Valid values are: {', '.join(METHODS)}")
+        raise LayerwiseError(f"unknown projection {method!r}. Valid values are: {', '.join(METHODS)}")
     if method not in available_methods():
         raise MissingExtraError("projection 'umap' (or use 'pca')", "umap", "umap-learn")
     x = np.asarray(x, dtype=np.float64)

@@ -22,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import LayerwiseError
+
 KNN_K = 10
 FOLDS = 5
 
@@ -76,7 +78,7 @@ def layer_scores(x: np.ndarray, labels: Sequence[str], seed: int = 0) -> dict[st
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(labels)
     if len(y) != len(x):
-        raise ValueError(f"got {len(y)} labels for {len(x)} vectors")
+        raise LayerwiseError(f"got {len(y)} labels for {len(x)} vectors")
     return {"knn": knn_accuracy(x, y), "probe": probe_accuracy(x, y, seed), "silhouette": silhouette(x, y)}
 
 

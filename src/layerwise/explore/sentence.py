@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import LayerwiseError
 from .corpus import layer_name
 
 if TYPE_CHECKING:
@@ -36,11 +37,11 @@ def sentence_view(ex: Extractor, text: str, site: str = "block") -> dict:
         ValueError: an empty or too long text, or a site the model does not have (with the valid sites).
     """
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("type a sentence: the text is empty")
+        raise LayerwiseError("type a sentence: the text is empty")
     if len(text) > MAX_CHARS:
-        raise ValueError(f"the text has {len(text):,} characters; the sentence view takes at most {MAX_CHARS:,}")
+        raise LayerwiseError(f"the text has {len(text):,} characters; the sentence view takes at most {MAX_CHARS:,}")
     if site not in ex.sites:
-        raise ValueError(f"site {site!r} is not recorded for this model. Valid sites are: {', '.join(ex.sites)}")
+        raise LayerwiseError(f"site {site!r} is not recorded for this model. Valid sites are: {', '.join(ex.sites)}")
     layers = "all" if site == "block" else f"1:{ex.num_layers + 1}"
     stack = ex.hidden_states([text], layers=layers, site=site, truncate=True)
     n = int(stack.attention_mask[0].sum())

@@ -282,8 +282,8 @@ def extract(
 
     positive_ints(num_workers=num_workers, cpus_per_worker=cpus_per_worker, part_records=part_records)
     if model is not None and not isinstance(model, (ModelOptions, str, os.PathLike)):
-        raise ValueError("with Ray each worker loads the model itself: pass its ModelOptions (or its directory or hub "
-                         "id), not an Extractor")
+        raise ExtractError("with Ray each worker loads the model itself: pass its ModelOptions (or its "
+                           "directory or hub id), not an Extractor")
     options_of_model = ModelOptions.of(model)
     spec, reading, options = spec or EncodeSpec(), reading or ReadOptions(), options or ExtractOptions()
     if options.max_records is not None or options.num_shards > 1:

@@ -40,6 +40,7 @@ import torch
 from ..encoding.padding import pad_rows
 from ..encoding.pooling import pool as pool_tokens
 from ..encoding.tokenize import check_texts
+from ..errors import LayerwiseError
 from ..extractor import Extractor
 from ..model.capture import capture
 from ..model.loading import quiet_transformers
@@ -136,9 +137,9 @@ class SequenceClassifier:
 
         out = Path(directory)
         if out.exists() and not out.is_dir():
-            raise ValueError(f"cannot save the model to {os.fspath(directory)!r}: it is a file; give a directory")
+            raise LayerwiseError(f"cannot save the model to {os.fspath(directory)!r}: it is a file; give a directory")
         if out.is_dir() and any(out.iterdir()) and not is_model_dir(out):
-            raise ValueError(
+            raise LayerwiseError(
                 f"cannot save the model to {os.fspath(directory)!r}: a non-empty directory that is not a layerwise "
                 f"model directory; layerwise never replaces what it did not write: choose a new or empty directory"
             )
@@ -216,7 +217,7 @@ def check_encoder(extractor: Extractor, metadata: dict[str, str], trained_on: st
         return
     hint = (f" (the encoder is loaded in {now_dtype}, the head was trained on {trained_dtype} weights: load it in "
             f"{trained_dtype})" if trained_dtype not in (None, now_dtype) else "")
-    raise ValueError(
+    raise LayerwiseError(
         f"the encoder {extractor.loaded.name!r} is not the one this head was trained on{hint}: its weights "
         f"fingerprint is {got[:12]}, the head expects {want[:12]} (trained on {trained_on or 'the default model'!r}); "
         f"give the training encoder's current location with --model (load(dir, model=...))"
@@ -247,12 +248,12 @@ def load(
 
     root = Path(directory)
     if not (root / "config.json").is_file() or not (root / "head.safetensors").is_file():
-        raise ValueError(
+        raise LayerwiseError(
             f"{os.fspath(directory)!r} is not a layerwise model directory (needs config.json and head.safetensors)"
         )
     config = HeadConfig.from_json(root / "config.json")
     if model is not None and config.mode == "finetune" and not isinstance(model, Extractor):
-        raise ValueError(
+        raise LayerwiseError(
             f"{os.fspath(directory)!r} holds a fine-tuned head that carries its own encoder (in encoder/); "
             f"--model / model= does not apply to it: leave it out"
         )

@@ -14,7 +14,7 @@ field             valid values
                   query over the tokens of the combined layers)
 ``combine``       ``concat | sum | mean | weighted`` (fixed ``weights``) ``| scalar_mix`` (learned softmax weights)
                   ``| attention`` (a learned query over the layers): the one vocabulary of
-                  :mod:`layerwise.encoding.combine`
+                  :data:`layerwise.encoding.vocab.COMBINE_MODES`
                   (``stack`` keeps the layer axis, which a classifier cannot read: use ``classifier="per_layer"``)
 ``classifier``    ``linear | mlp`` (``hidden`` sizes, ``activation``, ``dropout``) ``| per_layer`` (one classifier per
                   layer, logits mixed by learned softmax weights; ``combine`` is not used)

@@ -28,6 +28,7 @@ import torch
 from ..corpus.readers import BadRecord, ReadOptions, read_records
 from ..encoding.padding import pad_rows
 from ..encoding.spec import EncodeSpec
+from ..errors import InputError
 from ..extraction.engine import ExtractOptions, extract
 from ..extractor import Extractor
 from ..provenance import content_key, file_sha256
@@ -85,7 +86,7 @@ def read_labelled(
         labels.append(label)
         lines.append(item.line)
     if not texts:
-        raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
+        raise InputError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
     return Labelled(texts, labels, lines, len(skipped), skipped)
 
 
@@ -95,7 +96,7 @@ def label_map(labels: Sequence[str]) -> list[str]:
         set(labels), key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s)
     )
     if len(names) < 2:
-        raise ValueError(f"the training data has a single class ({names[0]!r}); a classifier needs at least two")
+        raise InputError(f"the training data has a single class ({names[0]!r}); a classifier needs at least two")
     return names
 
 
@@ -104,7 +105,7 @@ def encode_labels(labels: Sequence[str], names: Sequence[str], where: str) -> to
     index = {n: i for i, n in enumerate(names)}
     unknown = sorted(set(labels) - set(index))
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"{where} has label(s) {unknown[:10]} that the model was not trained on; known labels are: {list(names)}"
         )
     return torch.tensor([index[label] for label in labels], dtype=torch.long)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..errors import LayerwiseError
+
 
 def classification_scores(gold: Sequence[str], pred: Sequence[str], labels: Sequence[str]) -> dict:
     """Scores of string predictions against string gold labels, over the class list ``labels``.
@@ -16,9 +18,9 @@ def classification_scores(gold: Sequence[str], pred: Sequence[str], labels: Sequ
 
     labels = list(labels)
     if len(gold) != len(pred):
-        raise ValueError(f"{len(gold)} gold labels but {len(pred)} predictions")
+        raise LayerwiseError(f"{len(gold)} gold labels but {len(pred)} predictions")
     if not gold:
-        raise ValueError("nothing to score: no records")
+        raise LayerwiseError("nothing to score: no records")
     p, r, f, s = precision_recall_fscore_support(gold, pred, labels=labels, zero_division=0)
     return {
         "n": len(gold),

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from ..encoding.combine import LayerAttention, ScalarMix, combine, learned_combiner
 from ..encoding.pooling import AttentionPool
 from ..encoding.vocab import combined_shape
+from ..errors import SpecError
 from .config import HeadConfig
 
 _ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
@@ -54,7 +55,7 @@ class LayerHead(nn.Module):
     def __init__(self, config: HeadConfig, num_layers: int, width: int):
         super().__init__()
         if config.num_labels < 2:
-            raise ValueError("the head needs config.labels (at least 2 classes); train() fills them from the data")
+            raise SpecError("the head needs config.labels (at least 2 classes); train() fills them from the data")
         self.config = config
         self.num_layers, self.width = int(num_layers), int(width)
         K, W = self.num_layers, self.width
@@ -94,7 +95,7 @@ class LayerHead(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[batch, C]`` from ``x [batch, K, W]``; for ``pool="attention"``, ``x [batch, T, K, W]`` + mask."""
         if x.shape[-2:] != (self.num_layers, self.width):
-            raise ValueError(
+            raise SpecError(
                 f"head expects features [..., {self.num_layers}, {self.width}] (layers, width), got {tuple(x.shape)}"
             )
         if self.config.classifier == "per_layer":
@@ -103,7 +104,7 @@ class LayerHead(nn.Module):
         h = self.combine(x)
         if self.token_pool is not None:
             if mask is None or x.dim() != 4:
-                raise ValueError(
+                raise SpecError(
                     "pool='attention' needs token features [batch, tokens, K, W] and a mask [batch, tokens]"
                 )
             h = self.token_pool(h, mask)

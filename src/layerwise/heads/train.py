@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..checks import positive_ints, positive_numbers
+from ..errors import LayerwiseError
 from ..extractor import Extractor
 from ..model.backends.auto import AutoBackend
 from ..model.loading import DEFAULT_MODEL_NAME
@@ -65,9 +66,9 @@ class TrainOptions:
         positive_ints(epochs=self.epochs, batch_size=self.batch_size, patience=self.patience)
         positive_numbers(lr=self.lr, encoder_lr=self.encoder_lr)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+            raise LayerwiseError(f"seed must be an int, got {self.seed!r}")
         if self.metric not in METRICS:
-            raise ValueError(f"unknown metric {self.metric!r}. Valid metrics are: {', '.join(METRICS)}")
+            raise LayerwiseError(f"unknown metric {self.metric!r}. Valid metrics are: {', '.join(METRICS)}")
 
 
 @dataclass
@@ -106,14 +107,15 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
                                  text_field=kw["text_field"], label_field=kw["label_field"], cache_dir=kw["cache_dir"],
                                  progress=progress)
             if len(store) == 0:
-                raise ValueError(
+                raise LayerwiseError(
                     f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad); the bad "
                     f"records ({len(store.errors)}) are listed in {store.path / 'errors.jsonl'}: fix them and run again"
                 )
             feats = frozen_features(store, layers, kw["label_field"])
             if not len(feats):
-                raise ValueError(f"{os.fspath(path)!r} holds no record with a label in column {kw['label_field']!r}; "
-                                 f"name the label column with --label-column (label_field=)")
+                raise LayerwiseError(f"{os.fspath(path)!r} holds no record with a label in column "
+                                     f"{kw['label_field']!r}; name the label column with --label-column "
+                                     f"(label_field=)")
             bad, unlabelled = len(store.errors), len(store) - len(feats)
             if bad or unlabelled:
                 say(f"{name}: {len(feats)} records used; skipped {bad} bad (listed in {store.path / 'errors.jsonl'}) "
@@ -146,16 +148,16 @@ def check_output(output: str | os.PathLike, overwrite: bool) -> None:
     """
     out = Path(output)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"output {os.fspath(output)!r} is a file; give a directory for the model (-o)")
+        raise LayerwiseError(f"output {os.fspath(output)!r} is a file; give a directory for the model (-o)")
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not is_model_dir(out):
-        raise ValueError(
+        raise LayerwiseError(
             f"output {os.fspath(output)!r} is a non-empty directory that is not a layerwise model; layerwise never "
             f"replaces what it did not write: choose a new or empty directory (-o)"
         )
     if not overwrite:
-        raise ValueError(f"output {os.fspath(output)!r} holds a layerwise model already; pass --overwrite "
+        raise LayerwiseError(f"output {os.fspath(output)!r} holds a layerwise model already; pass --overwrite "
                          f"(overwrite=True) to replace it, or choose another directory (-o)")
 
 
@@ -228,7 +230,7 @@ def train(
     t0 = time.perf_counter()
     ex = model if isinstance(model, Extractor) else Extractor.from_options(model or config.options)
     if config.mode == "finetune" and (ex.backend.name not in ("torch", "auto") or ex.backend.precision == "int8"):
-        raise ValueError(
+        raise LayerwiseError(
             f"mode='finetune' trains the encoder's weights, which needs backend='torch'; this encoder runs on "
             f"backend={ex.backend.name!r} ({ex.backend.precision}): use mode='frozen' (its features are cached) or the "
             f"torch or auto backend in float32"

@@ -91,7 +91,7 @@ def wrap_module(
     call: ModelCall | None = None,
     max_length: int | None = None,
     device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None,
+    compute_dtype: str | torch.dtype | None = None,
     name: str | None = None,
 ) -> LoadedModel:
     """A :class:`~layerwise.model.loaded.LoadedModel` over any PyTorch module whose layers you name.
@@ -104,7 +104,7 @@ def wrap_module(
             ``model(input_ids=..., attention_mask=...)``.
         max_length: the longest input the model takes, special tokens included (windows beyond it).
         device: ``"cpu"``, ``"cuda"``...; default: where the module's parameters are.
-        dtype: ``"float32"`` (default), ``"float16"``, ``"bfloat16"``.
+        compute_dtype: ``"float32"`` (default), ``"float16"``, ``"bfloat16"``.
         name: what to call the model in messages and provenance (default: the module's class name).
 
     Raises:
@@ -115,7 +115,7 @@ def wrap_module(
     tokenizer = _fast_tokenizer(tokenizer)
     first = next(module.parameters(), None)
     dev = resolve_device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
-    torch_dtype = resolve_dtype(dtype, dev)
+    torch_dtype = resolve_dtype(compute_dtype, dev)
     module.eval().to(dev, torch_dtype)
     path, mods = _layer_list(module, layer_modules)
     runner = call or transformers_call
@@ -132,7 +132,7 @@ def wrap_module(
     label = name or type(module).__name__
     if max_length is not None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
-            raise ValueError(f"max_length must be an int >= 2, got {max_length!r}")
+            raise ModelLoadError(f"max_length must be an int >= 2, got {max_length!r}")
         positions = Positions("absolute", max_length)
     else:
         positions = positions_of(module, "module", None, tokenizer)

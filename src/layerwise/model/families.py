@@ -36,6 +36,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..errors import ModelLoadError
+
 
 @dataclass(frozen=True)
 class Family:
@@ -137,12 +139,12 @@ def resolve_path(root: nn.Module, path: str) -> list[nn.Module]:
                 nxt.extend(m.children())
             elif part.isdigit():
                 if not isinstance(m, (nn.ModuleList, nn.Sequential)) or int(part) >= len(m):
-                    raise ValueError(f"module path {path!r} not found in {type(root).__name__} (no item {part})")
+                    raise ModelLoadError(f"module path {path!r} not found in {type(root).__name__} (no item {part})")
                 nxt.append(m[int(part)])
             else:
                 child = getattr(m, part, None)
                 if child is None:
-                    raise ValueError(f"module path {path!r} not found in {type(root).__name__} (missing {part!r})")
+                    raise ModelLoadError(f"module path {path!r} not found in {type(root).__name__} (missing {part!r})")
                 nxt.append(child)
         mods = nxt
     return mods

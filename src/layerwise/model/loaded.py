@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..encoding.vocab import SITES
+from ..errors import ModelLoadError
 from .discovery import ModelCall, transformers_call
 from .layermap import LayerMap
 from .positions import Positions
@@ -81,13 +82,13 @@ class LoadedModel:
 
     @property
     def sites(self) -> tuple[str, ...]:
-        """The sites this model has, in the order of :data:`layerwise.encoding.layers.SITES`."""
+        """The sites this model has, in the order of :data:`layerwise.encoding.vocab.SITES`."""
         return tuple(s for s in SITES if s in self.site_widths)
 
     def site_width(self, site: str) -> int:
         """Feature width of one site (``ValueError`` naming the model's sites for one it lacks)."""
         if site not in self.site_widths:
-            raise ValueError(
+            raise ModelLoadError(
                 f"this {self.architecture} model has no site {site!r}; its sites are: {', '.join(self.sites)}"
             )
         return self.site_widths[site]

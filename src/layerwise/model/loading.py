@@ -65,9 +65,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r}; valid examples: 'cpu', 'cuda', 'cuda:0'") from exc
+        raise ModelLoadError(f"unknown device {device!r}; valid examples: 'cpu', 'cuda', 'cuda:0'") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
+        raise ModelLoadError(f"device {device!r} asked for, but CUDA is not available here; use device='cpu'")
     return dev
 
 
@@ -80,10 +80,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return torch.float32
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
-            raise ValueError(f"unsupported dtype {dtype}; valid dtypes are: {', '.join(_DTYPES)}")
+            raise ModelLoadError(f"unsupported dtype {dtype}; valid dtypes are: {', '.join(_DTYPES)}")
         resolved = dtype
     elif dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes are: {', '.join(_DTYPES)}")
+        raise ModelLoadError(f"unknown dtype {dtype!r}; valid dtypes are: {', '.join(_DTYPES)}")
     else:
         resolved = _DTYPES[dtype]
     check_cpu_dtype(resolved, device)

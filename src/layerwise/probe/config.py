@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks import positive_ints, positive_numbers
+from ..errors import SpecError
 from .data import TASKS
 from .metrics import SCHEMES
 from .models import PROBES
@@ -49,17 +50,17 @@ class ProbeConfig:
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}. Valid tasks are: {', '.join(TASKS)}")
+            raise SpecError(f"unknown task {self.task!r}. Valid tasks are: {', '.join(TASKS)}")
         if self.probe not in PROBES:
-            raise ValueError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
+            raise SpecError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
         if self.scheme not in SCHEMES:
-            raise ValueError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
+            raise SpecError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
         positive_ints(restarts=self.restarts, hidden=self.hidden, epochs=self.epochs, patience=self.patience)
         positive_numbers(lr=self.lr)
         if self.probe == "bilstm" and self.task != "tagging":
-            raise ValueError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
+            raise SpecError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
         if self.crf and self.probe != "bilstm":
-            raise ValueError(
+            raise SpecError(
                 f"crf=True is the output layer of the bilstm probe; use probe='bilstm' (got {self.probe!r})"
             )
 

@@ -22,6 +22,7 @@ import torch
 
 from ..corpus.readers import ReadOptions, detect_format
 from ..encoding.spec import EncodeSpec
+from ..errors import InputError
 from ..extraction.engine import ExtractOptions, extract
 from ..extractor import Extractor
 from ..heads.data import label_text
@@ -65,21 +66,21 @@ class ProbeSplit:
 def check_task(task: str, path: str | os.PathLike, column: str | None, fmt: str | None) -> tuple[str, str]:
     """Validate the task against the file format; returns ``(format, column)``."""
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}. Valid tasks are: {', '.join(TASKS)}")
+        raise InputError(f"unknown task {task!r}. Valid tasks are: {', '.join(TASKS)}")
     fmt = detect_format(path, fmt)
     if task == "tagging":
         if fmt not in TAG_COLUMNS:
-            raise ValueError(
+            raise InputError(
                 f"task 'tagging' reads CoNLL-2003 (.conll) or CoNLL-U (.conllu) files; {os.fspath(path)!r} is {fmt}"
             )
         column = column or TAG_COLUMNS[fmt][0]
         if column not in TAG_COLUMNS[fmt]:
-            raise ValueError(
+            raise InputError(
                 f"column {column!r} is not a tag column of {fmt}. Valid columns are: {', '.join(TAG_COLUMNS[fmt])}"
             )
     else:
         if fmt in TAG_COLUMNS:
-            raise ValueError(
+            raise InputError(
                 f"task 'sentence' reads text+label files (tsv, csv, jsonl, parquet); {os.fspath(path)!r} is {fmt}"
             )
         column = column or "label"
@@ -113,7 +114,7 @@ def split_features(
     extract(path, store_dir, spec, model=ex, reading=reading, options=options)
     store = open_store(store_dir)
     if len(store) == 0:
-        raise ValueError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
+        raise InputError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
     values = store.column(column)
     if task == "tagging":
         rows, offsets = store.ragged()

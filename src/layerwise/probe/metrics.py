@@ -6,6 +6,8 @@ import re
 import warnings
 from typing import Sequence
 
+from ..errors import LayerwiseError
+
 SCHEMES = ("auto", "none", "IOB1", "IOB2", "IOBES")
 _CHUNK_TAG = re.compile(r"^(?:[BIES]-.+|O)$")
 
@@ -37,7 +39,7 @@ def tagging_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
     """
     n = sum(len(s) for s in gold)
     if n == 0:
-        raise ValueError("nothing to score: no words")
+        raise LayerwiseError("nothing to score: no words")
     correct = sum(g == p for gs, ps in zip(gold, pred) for g, p in zip(gs, ps))
     out = {"accuracy": correct / n, "words": n}
     if scheme != "none":

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import LayerwiseError
 from ..extractor import Extractor
 from ..model.options import ModelOptions
 from ..version import __version__
@@ -119,7 +120,7 @@ def run(
     extract_seconds = time.perf_counter() - t0
     labels = sorted(set(splits["train"].labels))
     if len(labels) < 2:
-        raise ValueError(f"the training data has a single class ({labels[0]!r}); a probe needs at least two")
+        raise LayerwiseError(f"the training data has a single class ({labels[0]!r}); a probe needs at least two")
     scheme, metric, title = _task_terms(cfg, splits["train"], train)
     rows = _train_all(cfg, ex, splits, labels, scheme, metric, say)
     results = ProbeResults(

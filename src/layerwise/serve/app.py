@@ -26,6 +26,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, Stri
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
 from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level, OutputDtype
+from ..errors import LayerwiseError
 from ..explore.app import Explorer, explorer_router
 from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
@@ -49,7 +50,7 @@ class Limits:
         for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
+                raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
 
 
 class EncodeRequest(BaseModel):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import numpy as np
 
-from ..errors import MissingExtraError
+from ..errors import MissingExtraError, StoreError
 
 if TYPE_CHECKING:  # the reader imports this module (store.to_arrow); this one only reads a store it is given
     from .reader import FeatureStore
@@ -113,7 +113,7 @@ def record_batches(store: FeatureStore, form: Form = "tensor", size: int = 4096)
     """
     clash = [c for c in store.columns if c in OWN_COLUMNS]
     if clash:
-        raise ValueError(f"kept column {clash[0]!r} has the name of a column the Arrow form writes itself "
+        raise StoreError(f"kept column {clash[0]!r} has the name of a column the Arrow form writes itself "
                          f"({', '.join(OWN_COLUMNS)}); export to npy or hdf5, which keep columns apart")
     kept = _kept(store)
     sch = schema(store, form, kept)

@@ -47,6 +47,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
+from ..errors import StoreError
 from .arrow import OWN_COLUMNS, record_batches
 from .layout import FORMAT
 from .reader import FeatureStore
@@ -133,7 +134,7 @@ def _to_hdf5(store: FeatureStore, out: Path) -> None:
     try:
         import h5py
     except ImportError as exc:  # pragma: no cover - h5py is a dependency
-        raise ValueError("export to hdf5 needs h5py: pip install h5py") from exc
+        raise StoreError("export to hdf5 needs h5py: pip install h5py") from exc
     with h5py.File(out, "w") as f:
         feats = f.create_dataset("features", shape=(_flat_rows(store),) + store.feature_shape, dtype=store.dtype,
                                  chunks=True)
@@ -207,13 +208,13 @@ def check_output(out: Path, to: str, overwrite: bool) -> None:
             kind = "a file" if not out.is_dir() else "a non-empty directory"
         else:
             kind = "a directory" if out.is_dir() else "a file"
-        raise ValueError(
+        raise StoreError(
             f"{str(out)!r} exists and is not a layerwise {to} export ({kind} not written by layerwise export; "
             f"layerwise never replaces what it did not write, even with --overwrite): choose another output path "
             f"(-o), or move that {kind.split()[-1]} away yourself"
         )
     if not overwrite:
-        raise ValueError(
+        raise StoreError(
             f"{str(out)!r} holds an earlier layerwise {to} export; pass --overwrite (overwrite=True) to replace "
             f"it, or choose another output path (-o)"
         )
@@ -225,7 +226,7 @@ def _check_columns(store: FeatureStore, to: str) -> None:
     clash = [c for c in store.columns if c in own]
     if clash:
         where = f"{clash[0]}.npy" if to == "npy" else f"the column {clash[0]!r}"
-        raise ValueError(
+        raise StoreError(
             f"the store kept a column named {clash[0]!r}, which would collide with {where} of the {to} export "
             f"itself; export to hdf5 (kept columns live under columns/) or extract with another column name"
         )
@@ -286,7 +287,7 @@ def export(
     if not isinstance(store, FeatureStore):
         store = FeatureStore(store)
     if to not in EXPORT_FORMATS:
-        raise ValueError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
+        raise StoreError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
     check_output(out, to, overwrite)
     _check_columns(store, to)

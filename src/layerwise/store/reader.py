@@ -186,7 +186,7 @@ class FeatureStore:
     def to_numpy(self) -> np.ndarray:
         """All sentence vectors as one in-memory array ``[records, *F]`` (sentence level only)."""
         if self.level != "sentence":
-            raise ValueError(
+            raise StoreError(
                 f"to_numpy() gives one row per record, but this store is {self.level}-level (ragged); use "
                 f"store[i], iter_chunks(), or ragged() for (flat rows [N, *F], offsets [records + 1])"
             )
@@ -216,7 +216,7 @@ class FeatureStore:
         Record ``i`` is ``rows[offsets[i]:offsets[i+1]]``.
         """
         if self.level == "sentence":
-            raise ValueError("ragged() is for token- and word-level stores; use to_numpy() at sentence level")
+            raise StoreError("ragged() is for token- and word-level stores; use to_numpy() at sentence level")
         rows, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
         for s in self._shards:
             off = s.array("offsets")
@@ -248,7 +248,7 @@ class FeatureStore:
     def token_ids(self, i: int) -> np.ndarray:
         """Token level: the tokenizer ids of record ``i``'s rows (special tokens included)."""
         if self.level != "token":
-            raise ValueError("token_ids() exists for token-level stores only")
+            raise StoreError("token_ids() exists for token-level stores only")
         shard, j = self._locate(i)
         off = shard.array("offsets")
         return shard.array("token_ids")[off[j] : off[j + 1]]
@@ -256,14 +256,14 @@ class FeatureStore:
     def words(self, i: int) -> list[str]:
         """Word level: the words of record ``i`` (one feature row each)."""
         if self.level != "word":
-            raise ValueError("words() exists for word-level stores only")
+            raise StoreError("words() exists for word-level stores only")
         shard, j = self._locate(i)
         return list(shard.json_meta("words")[j])
 
     def iter_token_ids(self, size: int = 4096) -> Iterator[list[np.ndarray]]:
         """Token level: records' token ids, ``size`` records at a time, in the chunks of :meth:`iter_chunks`."""
         if self.level != "token":
-            raise ValueError("iter_token_ids() exists for token-level stores only")
+            raise StoreError("iter_token_ids() exists for token-level stores only")
         for shard, lo, hi in self._chunk_ranges(size):
             off, ids = shard.array("offsets"), shard.array("token_ids")
             yield [ids[off[r] : off[r + 1]] for r in range(lo, hi)]
@@ -271,7 +271,7 @@ class FeatureStore:
     def iter_words(self, size: int = 4096) -> Iterator[list[list[str]]]:
         """Word level: records' word lists, ``size`` records at a time, in the chunks of :meth:`iter_chunks`."""
         if self.level != "word":
-            raise ValueError("iter_words() exists for word-level stores only")
+            raise StoreError("iter_words() exists for word-level stores only")
         parsed: tuple[ShardFile, list[list[str]]] | None = None
         for shard, lo, hi in self._chunk_ranges(size):
             if parsed is None or parsed[0] is not shard:  # one parse per shard
@@ -281,7 +281,7 @@ class FeatureStore:
     def _chunk_ranges(self, size: int) -> Iterator[tuple[ShardFile, int, int]]:
         """``(shard, lo, hi)``: the record ranges of :meth:`iter_chunks`, shard by shard."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"chunk size must be a positive int, got {size!r}")
+            raise StoreError(f"chunk size must be a positive int, got {size!r}")
         for shard in self._shards:
             n = int(shard.shape("lines")[0])
             for lo in range(0, n, size):

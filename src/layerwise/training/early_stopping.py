@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Callable, Generic, TypeVar
 
+from ..errors import LayerwiseError
+
 State = TypeVar("State")
 
 
@@ -32,7 +34,7 @@ class EarlyStopping(Generic[State]):
 
     def __init__(self, patience: int):
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be a positive int (epochs), got {patience!r}")
+            raise LayerwiseError(f"patience must be a positive int (epochs), got {patience!r}")
         self.patience = patience
         self.best = float("-inf")
         self.best_epoch = 0

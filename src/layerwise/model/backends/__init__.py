@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 
+from ...errors import ModelLoadError
 from ..loaded import LoadedModel
 from ..options import BACKEND_NAMES, ModelOptions
 from .auto import AutoBackend
@@ -61,7 +62,7 @@ if tuple(BACKENDS) != BACKEND_NAMES:  # pragma: no cover - the vocabulary of Mod
 def backend_class(name: object) -> type[Backend]:
     """The backend class registered as ``name``; ``ValueError`` lists the valid names."""
     if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}. Valid backends are: {', '.join(BACKENDS)}")
+        raise ModelLoadError(f"unknown backend {name!r}. Valid backends are: {', '.join(BACKENDS)}")
     return BACKENDS[name]
 
 

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from ...errors import ModelLoadError
 from ..capture import capture
 from ..discovery import probe_batch
 from ..loaded import LoadedModel
@@ -40,7 +41,7 @@ def runtime_choice() -> str:
     """``$LAYERWISE_AUTO_RUNTIME`` (default ``fastest``): how ``auto`` picks among the runtimes that are exact."""
     choice = os.environ.get("LAYERWISE_AUTO_RUNTIME", "fastest").strip().lower() or "fastest"
     if choice not in CHOICES:
-        raise ValueError(f"LAYERWISE_AUTO_RUNTIME={choice!r} is not a choice. Valid values are: "
+        raise ModelLoadError(f"LAYERWISE_AUTO_RUNTIME={choice!r} is not a choice. Valid values are: "
                          f"{', '.join(CHOICES)} (fastest: time both once per depth; onnx/torch: always that one "
                          f"where it is exact)")
     return choice
@@ -73,7 +74,7 @@ class AutoBackend(TorchBackend):
         if self.why_torch is None:
             self.onnx = OnnxBackend(loaded, cache=cache, quantize=self.quantize)
         elif self.quantize:
-            raise ValueError(f"quantize={self.quantize!r} runs through ONNX Runtime, which {self.why_torch}")
+            raise ModelLoadError(f"quantize={self.quantize!r} runs through ONNX Runtime, which {self.why_torch}")
         self._exact: dict[int, bool] = {}  # depth -> ONNX Runtime agreed with PyTorch on the probe batch
         self._onnx_at: dict[int, bool] = {}  # depth -> ONNX Runtime serves it (exact, and chosen)
         self._why: dict[int, str] = {}  # depth -> why that runtime serves it
@@ -85,7 +86,7 @@ class AutoBackend(TorchBackend):
             ValueError: when quantised (int8 exists only in ONNX Runtime).
         """
         if self.quantize:
-            raise ValueError(f"quantize={self.quantize!r} runs on ONNX Runtime only; it cannot switch to PyTorch "
+            raise ModelLoadError(f"quantize={self.quantize!r} runs on ONNX Runtime only; it cannot switch to PyTorch "
                              f"({reason})")
         self.onnx, self.why_torch = None, f"is off: {reason}"
         self._exact.clear()

@@ -130,8 +130,8 @@ class KerasBackend(Backend):
     def __init__(self, loaded: LoadedModel):
         model: Any = loaded.model  # a Keras model, held where torch backends hold their module
         if isinstance(model, torch.nn.Module):
-            raise ValueError("backend='keras' loads its own model: pass the model directory (a keras-hub preset or a "
-                             "Hugging Face directory), not an already loaded PyTorch model")
+            raise ModelLoadError("backend='keras' loads its own model: pass the model directory (a keras-hub "
+                                 "preset or a Hugging Face directory), not an already loaded PyTorch model")
         super().__init__(loaded)
         self.keras, _ = require_keras()
         self.backbone = model

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...errors import ModelLoadError
 from ...extras import require
 from ..loaded import LoadedModel
 from ..options import QUANTIZE_MODES, ModelOptions
@@ -68,7 +69,7 @@ def check_quantize(quantize: object) -> str | None:
     if quantize in (None, "none"):
         return None
     if quantize not in QUANTIZE_MODES:
-        raise ValueError(f"unknown quantize {quantize!r}. Valid values are: none, {', '.join(QUANTIZE_MODES)}")
+        raise ModelLoadError(f"unknown quantize {quantize!r}. Valid values are: none, {', '.join(QUANTIZE_MODES)}")
     return str(quantize)
 
 
@@ -197,7 +198,7 @@ class OnnxBackend(Backend):
         self.quantize = check_quantize(quantize)
         problem = self.unsupported(loaded)
         if problem:
-            raise ValueError(f"backend='onnx' {problem}")
+            raise ModelLoadError(f"backend='onnx' {problem}")
         self.ort = require_ort()
         self.root = cache_dir(cache)
         self.threads = threads or torch.get_num_threads()

@@ -20,6 +20,7 @@ import torch
 
 from ...encoding.padding import gather_tokens, move_padding_left, positions_from_mask
 from ...encoding.vocab import PADDING_SIDES, SITES
+from ...errors import ModelLoadError
 from ..capture import capture
 from ..discovery import probe_batch
 from ..loaded import LoadedModel
@@ -49,7 +50,7 @@ class TorchBackend(Backend):
     def __init__(self, loaded: LoadedModel, padding_side: str = "right"):
         super().__init__(loaded)
         if padding_side not in PADDING_SIDES:
-            raise ValueError(f"unknown padding_side {padding_side!r}. Valid values are: {', '.join(PADDING_SIDES)}")
+            raise ModelLoadError(f"unknown padding_side {padding_side!r}. Valid values are: {', '.join(PADDING_SIDES)}")
         self.padding_side = padding_side
         self._offset: int | None = None  # left padding: position ids from this offset; None: let the model decide
         if padding_side == "left":
@@ -71,7 +72,7 @@ class TorchBackend(Backend):
             got = self._left(ids, mask, layers, "block", offset)
             if float((got[:, keep] - right[:, keep]).abs().max()) <= _AGREE * scale:
                 return offset
-        raise ValueError(
+        raise ModelLoadError(
             f"padding_side='left' changes the states of this {lm.architecture} model (its positions are not "
             f"derived from the attention mask, and it takes no position_ids that would fix them); use "
             f"padding_side='right'"

@@ -83,8 +83,8 @@ class SavedModelBackend(Backend):
     def __init__(self, loaded: LoadedModel, *, has_embeddings: bool = False):
         model: Any = loaded.model  # the restored SavedModel object
         if isinstance(model, torch.nn.Module):
-            raise ValueError("backend='tf' loads its own model: pass the SavedModel directory, not an already loaded "
-                             "PyTorch model")
+            raise ModelLoadError("backend='tf' loads its own model: pass the SavedModel directory, not an "
+                                 "already loaded PyTorch model")
         super().__init__(loaded)
         self.tf = require_tf()
         self.encoder = model
@@ -155,7 +155,7 @@ class SavedModelBackend(Backend):
     ) -> torch.Tensor:
         """``[K, batch, tokens, hidden]`` from one call of the SavedModel (all its layers run)."""
         if 0 in layers and not self.has_embeddings:
-            raise ValueError(_NO_EMBEDDINGS)
+            raise ModelLoadError(_NO_EMBEDDINGS)
         outs = _call(self.encoder, self.tf, input_ids.cpu().numpy(), attention_mask.cpu().numpy(), self.training_arg)
         states = [outs["embedding_output"] if i == 0 else outs["encoder_outputs"][i - 1] for i in layers]
         return torch.stack([torch.from_numpy(np.asarray(s.numpy(), dtype=np.float32)) for s in states])
