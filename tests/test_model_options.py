@@ -17,6 +17,7 @@ import layerwise.extractor as lx
 from layerwise.cli.main import app
 from layerwise.heads import HeadConfig
 from layerwise.model.options import LEGACY_FIELDS
+from layerwise.serve import create_app
 
 from tiny import pickle_only_copy
 
@@ -103,6 +104,7 @@ def test_every_python_entry_point_passes_every_option(seen, tmp_path, head):
         "probe.run": lambda: lw.probe.run(tsv, tsv, None, lw.probe.ProbeConfig(task="sentence"), model=FULL,
                                           output=tmp_path / "p"),
         "ray.extract (the driver, on its CPU)": lambda: lw.ray.extract(src, tmp_path / "r", model=FULL),
+        "serve.create_app": lambda: create_app(FULL),
     }
     for name, call in calls.items():
         seen.clear()

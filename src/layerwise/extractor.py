@@ -148,6 +148,13 @@ class Extractor:
         return cls(options, batch_tokens=batch_tokens, sort_by_length=sort_by_length)
 
     @classmethod
+    def of(cls, model: "Extractor | ModelOptions | str | os.PathLike | None") -> "Extractor":
+        """``model`` itself when it is already loaded, else the Extractor of its :class:`ModelOptions` (a directory
+        or hub id stands for ``ModelOptions(model=...)``, ``None`` for the default model): how every entry point
+        that takes a model reads it."""
+        return model if isinstance(model, Extractor) else cls.from_options(ModelOptions.of(model))
+
+    @classmethod
     def from_module(
         cls,
         model: nn.Module,

@@ -326,7 +326,7 @@ def extract(
     except ValueError as exc:
         raise ExtractError(str(exc)) from exc
     _check(spec, reading, source)
-    ex = model if isinstance(model, Extractor) else Extractor.from_options(ModelOptions.of(model))
+    ex = Extractor.of(model)
     try:  # 0 is a bad budget, not "unset": only None means the Extractor's own
         check_budget(ex.batch_tokens if options.batch_tokens is None else options.batch_tokens)
     except ValueError as exc:

@@ -107,7 +107,7 @@ def run(
             check_task(cfg.task, other, column, format)
     cfg = cfg.replace(column=column)
     t0 = time.perf_counter()
-    ex = model if isinstance(model, Extractor) else Extractor.from_options(ModelOptions.of(model))
+    ex = Extractor.of(model)
     out = Path(output)
     splits: dict[str, ProbeSplit] = {}
     for name, path in (("train", train), ("dev", dev), ("test", test)):

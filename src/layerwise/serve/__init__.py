@@ -11,6 +11,7 @@ import sys
 from ..client import Client
 from ..errors import ServiceError
 from ..extractor import Extractor
+from ..model.options import ModelOptions
 from .app import EncodeRequest, Limits, create_app
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
@@ -37,16 +38,17 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def serve(extractor: Extractor, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-          log_level: str = "info") -> None:
-    """Run the service with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise).
+def serve(model: Extractor | ModelOptions | str, *, host: str = "127.0.0.1", port: int = 8000,
+          limits: Limits | None = None, log_level: str = "info") -> None:
+    """Run the service for ``model`` (a :class:`~layerwise.ModelOptions`, a directory / hub id, or a loaded
+    :class:`~layerwise.Extractor`) with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise).
 
     The process is the server's: glibc is told to keep freed memory (:func:`keep_freed_memory`).
     """
     import uvicorn
 
     keep_freed_memory()
-    uvicorn.run(create_app(extractor, limits), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(model, limits), host=host, port=port, log_level=log_level)
 
 
 __all__ = ["Client", "EncodeRequest", "Limits", "ServiceError", "create_app", "keep_freed_memory", "serve"]

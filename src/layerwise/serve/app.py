@@ -30,6 +30,7 @@ from ..errors import LayerwiseError
 from ..explore.app import Explorer, explorer_router
 from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
+from ..model.options import ModelOptions
 from ..version import __version__
 from .batcher import Batcher
 from .metrics import Metrics
@@ -138,12 +139,16 @@ class _BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
-def create_app(extractor: Extractor, limits: Limits | None = None, explorer: Explorer | None = None) -> FastAPI:
-    """A FastAPI app serving ``extractor`` (call :func:`layerwise.serve.serve` to run it with uvicorn), with the
-    layer explorer's page at ``/`` (``explorer``: default, the sentence view of ``extractor``; see
-    :mod:`layerwise.explore`)."""
+def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = None,
+               explorer: Explorer | None = None) -> FastAPI:
+    """A FastAPI app serving ``model`` (call :func:`layerwise.serve.serve` to run it with uvicorn), with the layer
+    explorer's page at ``/`` (``explorer``: default, the sentence view of the model; see :mod:`layerwise.explore`).
+
+    ``model``: a :class:`~layerwise.ModelOptions` (or a directory / hub id), or an already loaded
+    :class:`~layerwise.Extractor`.
+    """
     limits = limits or Limits()
-    ex = extractor
+    ex = Extractor.of(model)
     metrics = Metrics()
     explorer = explorer if explorer is not None else Explorer(extractor=ex)
     # the model runs one call at a time: the batcher's worker and the explorer's sentence view share this lock
