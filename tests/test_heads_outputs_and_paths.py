@@ -291,7 +291,11 @@ def test_probe_overwrite_is_real(tmp_path, env):
     cfg = lw.probe.ProbeConfig(column="upos", epochs=1, layers_only=True)
     lw.probe.run(tmp_path / "ud.conllu", tmp_path / "ud.conllu", config=cfg, **run)
     other = cfg.replace(subword="mean")
-    with pytest.raises(lw.ExtractError, match="made with other options: spec.subword .* pass --overwrite"):
+    with pytest.raises(lw.LayerwiseError, match=r"holds an earlier layerwise probe output \(.*\); pass --overwrite"):
+        lw.probe.run(tmp_path / "ud.conllu", tmp_path / "ud.conllu", config=other, **run)
+    for name in lw.probe.report.OUTPUT_FILES:  # only the cached features left: they refuse the other options
+        (tmp_path / "out" / name).unlink()
+    with pytest.raises(lw.StoreError, match="made with other options: spec.subword .* pass --overwrite"):
         lw.probe.run(tmp_path / "ud.conllu", tmp_path / "ud.conllu", config=other, **run)
     res = lw.probe.run(tmp_path / "ud.conllu", tmp_path / "ud.conllu", config=other, overwrite=True, **run)
     assert res.options["subword"] == "mean"

@@ -1,5 +1,6 @@
 """Layer-wise probing (``layerwise.probe``) on the tiny random BERT: outputs, metrics by hand, restarts, caching,
-features, CoNLL-2003 document context, linear CKA, the CRF against brute force, and bad input by message.
+features, CoNLL-2003 document context, linear CKA, the CRF against brute force, bad input by message, the output
+directory (a probe replaces only its own files, and only with ``overwrite``) and dev/test labels train lacks.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 import itertools
 import json
 import re
+from html import unescape
 
 import numpy as np
 import pytest
@@ -18,7 +20,14 @@ from PIL import Image
 
 import layerwise.probe.data as probe_data
 from layerwise.corpus.readers import Record, read_records, with_document_context
+from layerwise.errors import LayerwiseError
+from layerwise.explore.probe_dir import read_probe_dir
 from layerwise.probe import CRF, ProbeConfig, cka_matrix, detect_scheme, linear_cka, run, tagging_scores
+from layerwise.probe.data import ProbeSplit
+from layerwise.probe.metrics import sentence_scores
+from layerwise.probe.models import ProbeSpec
+from layerwise.probe.report import OUTPUT_FILES, unseen_notes
+from layerwise.probe.train import ProbeOptions, fit_probe
 from layerwise.store import open_store
 
 from tiny import extract
@@ -262,12 +271,13 @@ def test_cached_store_is_reused(runs, env, monkeypatch):
     monkeypatch.setattr(probe_data, "extract", spy)
     shards = sorted((env["root"] / "ner" / "features").rglob("shard-*.safetensors"))
     before = {p: p.stat().st_mtime_ns for p in shards}
-    again = run(
+    again = run(  # overwrite replaces the earlier results; the features, made with the same options, are reused
         env["iob1"],
         env["iob1"],
         config=cfg(task="tagging", column="ner", restarts=3, lr=0.05),
         model=env["ex"],
         output=env["root"] / "ner",
+        overwrite=True,
         **QUIET,
     )
     assert statuses == ["already_complete", "already_complete"]
@@ -467,3 +477,202 @@ def test_probe_config_validates_itself(kw, message):
     assert (ok.probe, ok.crf, ok.replace(hidden=8).hidden) == ("bilstm", True, 8)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ok.epochs = 2
+
+
+# ---- the output directory: a probe replaces only its own files, and only with overwrite --------------------------
+def _snapshot(folder):
+    """Every file under ``folder`` (relative path -> bytes): what a refused run must leave exactly as it was."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _sentence_run(env, out, **kw):
+    return run(env["tsv"], env["tsv"], config=cfg(task="sentence", layers_only=True, **kw.pop("config", {})),
+               model=env["ex"], output=out, **QUIET, **kw)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_probe_refuses_files_it_did_not_write(env, tmp_path, overwrite):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.csv").write_text("my,own\n1,2\n")
+    (out / "report.html").write_bytes(b"<html>my report</html>\n")
+    (out / "notes.txt").write_text("keep me")
+    before = _snapshot(out)
+    with pytest.raises(LayerwiseError) as caught:
+        _sentence_run(env, out, overwrite=overwrite)
+    msg = str(caught.value)
+    assert f"output {str(out)!r} holds results.csv, report.html, which layerwise probe did not write" in msg
+    assert "layerwise never replaces files it did not write, even with --overwrite" in msg
+    assert "choose another directory (-o), or move those files away yourself" in msg
+    assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == ["notes.txt", "report.html",
+                                                                                   "results.csv"]
+
+
+def test_probe_replaces_its_own_output_only_with_overwrite(env, tmp_path):
+    out = tmp_path / "probe"
+    first = _sentence_run(env, out)
+    data = json.loads((out / "results.json").read_text())
+    assert data["format"] == "layerwise-probe" and data["files"] == list(OUTPUT_FILES)
+    assert read_probe_dir(out)["rows"] == data["rows"]  # the explorer reads it
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    inodes = {name: (out / name).stat().st_ino for name in OUTPUT_FILES}
+    with pytest.raises(LayerwiseError, match=re.escape(
+        f"output {str(out)!r} holds an earlier layerwise probe output (results.md, results.csv, results.json, "
+        f"layers.png, similarity.png, report.html); pass --overwrite (overwrite=True) to replace it, or choose "
+        f"another directory (-o)"
+    )):
+        _sentence_run(env, out, config={"epochs": 2})
+    assert _snapshot(out) == before
+    again = _sentence_run(env, out, config={"epochs": 2}, overwrite=True)
+    data = json.loads((out / "results.json").read_text())
+    assert data["options"]["epochs"] == 2 and first.options["epochs"] == 1 and again.options["epochs"] == 2
+    assert data["format"] == "layerwise-probe" and (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUT_FILES, "features", "notes.txt"])  # no temp left
+    assert all((out / name).stat().st_ino != inodes[name] for name in OUTPUT_FILES)  # every result file replaced
+
+
+def test_probe_output_marker_is_required(env, tmp_path):
+    out = tmp_path / "probe"
+    _sentence_run(env, out)
+    data = json.loads((out / "results.json").read_text())
+    # results.json of a probe run before the marker: the explorer still reads it, --overwrite does not replace it
+    legacy = {k: v for k, v in data.items() if k not in ("format", "files", "unseen_labels")}
+    (out / "results.json").write_text(json.dumps(legacy))
+    assert read_probe_dir(out)["title"] == data["task_title"]
+    before = _snapshot(out)
+    with pytest.raises(LayerwiseError, match=re.escape(
+        'which layerwise probe did not write (it has no results.json with "format": "layerwise-probe"'
+    )) as caught:
+        _sentence_run(env, out, overwrite=True)
+    assert "holds results.md, results.csv, results.json, layers.png, similarity.png, report.html" in str(caught.value)
+    assert _snapshot(out) == before
+    # a marker that does not list a file: that file is not the probe's
+    (out / "results.json").write_text(json.dumps({**data, "files": [n for n in OUTPUT_FILES if n != "report.html"]}))
+    before = _snapshot(out)
+    with pytest.raises(LayerwiseError, match=re.escape(
+        "holds report.html, which layerwise probe did not write (its results.json does not list them)"
+    )):
+        _sentence_run(env, out, overwrite=True)
+    assert _snapshot(out) == before
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(LayerwiseError, match="is a file; give a directory for the probe's results"):
+        _sentence_run(env, tmp_path / "a-file", overwrite=True)
+
+
+def test_overwrite_reuses_same_features_and_extracts_other_options_again(env, tmp_path, monkeypatch):
+    out = tmp_path / "probe"
+    _sentence_run(env, out)
+    statuses = []
+    real = probe_data.extract
+
+    def spy(*args, **kwargs):
+        summary = real(*args, **kwargs)
+        statuses.append((summary.status, kwargs["options"].overwrite))
+        return summary
+
+    monkeypatch.setattr(probe_data, "extract", spy)
+    _sentence_run(env, out, overwrite=True)
+    assert statuses == [("already_complete", False)] * 2
+    statuses.clear()
+    res = _sentence_run(env, out, config={"pool": "max"}, overwrite=True)  # another pooling: features extracted again
+    assert statuses == [("complete", True)] * 2 and res.options["pool"] == "max"
+    assert open_store(out / "features" / "train").manifest["spec"]["pool"] == "max"
+
+
+# ---- dev/test labels the training data lacks: counted, named, scored as the metric defines ----------------------
+def _split(rows, labels, offsets=None):
+    """A probe split from hand-made one-layer features (``rows``: one feature vector per label)."""
+    x = torch.tensor(rows, dtype=torch.float16).unsqueeze(1)  # [n, K=1, W]
+    return ProbeSplit(x, list(labels), None if offsets is None else np.asarray(offsets), store=None)
+
+
+def _fit(task, train, dev, labels, scheme="none"):
+    opts = ProbeOptions(probe="linear", epochs=60, lr=0.1, patience=60, batch_size=4)
+    return fit_probe(ProbeSpec("layer 0", "layer", (0,), "concat"), train, dev, None, task=task, labels=labels,
+                     scheme=scheme, opts=opts, seed=0)
+
+
+def test_unseen_sentence_label_scored_by_hand():
+    a, b = [3.0, 0.0], [0.0, 3.0]
+    train = _split([a] * 4 + [b] * 4, ["A"] * 4 + ["B"] * 4)
+    # dev: 3 A, 2 B and 2 C (a class train lacks) whose features are A's: the probe answers A for them
+    dev = _split([a] * 3 + [b] * 2 + [a] * 2, ["A"] * 3 + ["B"] * 2 + ["C"] * 2)
+    run_ = _fit("sentence", train, dev, ["A", "B"])
+    assert run_.dev["accuracy"] == pytest.approx(5 / 7)
+    # macro-F1 over A, B and C: A has P 3/5, R 1 (F1 3/4); B F1 1; C F1 0 (never predicted) -> 7/12
+    assert run_.dev["macro_f1"] == pytest.approx((0.75 + 1 + 0) / 3)
+
+
+def test_sentence_scores_macro_f1_counts_a_class_train_lacks():
+    s = sentence_scores(["A", "A", "B", "C"], ["A", "B", "B", "A"], ["A", "B"])
+    # A: P 1/2 R 1/2 (F1 1/2); B: P 1/2 R 1 (F1 2/3); C: F1 0 -> (1/2 + 2/3 + 0) / 3
+    assert s["accuracy"] == pytest.approx(2 / 4) and s["macro_f1"] == pytest.approx((1 / 2 + 2 / 3) / 3)
+
+
+def test_unseen_entity_type_scored_by_seqeval():
+    o, b, i = [3.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 3.0]
+    train = _split([b, i, o, o, b, o], ["B-PER", "I-PER", "O", "O", "B-PER", "O"], [0, 3, 6])
+    # dev: PER | EVENT (a type train lacks, with O's features: tagged O) | PER -> 3 gold entities, 2 found
+    dev = _split([b, i, o, o, o, o, o, b, o],
+                 ["B-PER", "I-PER", "O", "O", "B-EVENT", "I-EVENT", "O", "B-PER", "O"], [0, 3, 7, 9])
+    run_ = _fit("tagging", train, dev, ["B-PER", "I-PER", "O"], scheme="IOB2")
+    assert (run_.dev["precision"], run_.dev["recall"]) == pytest.approx((1.0, 2 / 3))
+    assert run_.dev["f1"] == pytest.approx(0.8) and run_.dev["accuracy"] == pytest.approx(7 / 9)
+
+
+UNSEEN_TSV = TSV + "a film about the lamb\tneutral\nthe fox\tneutral\nParis\tneutral\nthe call\tmixed\n"
+ONLY_UNSEEN_TSV = "sentence\tlabel\nthe lazy fox\tneutral\nI love lamb\tneutral\n"
+
+
+def test_unseen_sentence_labels_are_counted_and_named(env, tmp_path):
+    (tmp_path / "dev.tsv").write_text(UNSEEN_TSV)
+    (tmp_path / "test.tsv").write_text(ONLY_UNSEEN_TSV)
+    lines: list[str] = []
+    out = tmp_path / "out"
+    res = run(env["tsv"], tmp_path / "dev.tsv", tmp_path / "test.tsv", cfg(task="sentence", layers_only=True),
+              model=env["ex"], output=out, log=lines.append, progress=False)
+    want = {"dev": {"neutral": 3, "mixed": 1}, "test": {"neutral": 2}}
+    assert res.unseen_labels == want and list(res.unseen_labels["dev"]) == ["neutral", "mixed"]
+    data = json.loads((out / "results.json").read_text())
+    assert data["unseen_labels"] == want and data["provenance"]["test_rows"] == 2
+    dev_note = ("dev: 4 of 12 records have labels the training data lacks: neutral (3), mixed (1); a probe cannot "
+                "predict a label it never saw, so accuracy counts them as errors")
+    test_note = "test: 2 of 2 records have labels the training data lacks: neutral (2)"
+    assert f"warning: {dev_note}" in lines and any(line.startswith(f"warning: {test_note}") for line in lines)
+    for name in ("report.html", "results.md"):
+        text = unescape((out / name).read_text())
+        assert dev_note in text and test_note in text, name
+    for r in res.rows:  # the 4 unseen dev records are errors; every test record is
+        assert r["dev_mean"] <= 8 / 12 and round(r["dev_mean"] * 12, 6).is_integer(), r
+        assert r["test_mean"] == 0.0, r
+    # a clean dev set: nothing to say
+    clean = _sentence_run(env, tmp_path / "clean")
+    assert clean.unseen_labels == {"dev": {}} and clean.unseen_notes() == []
+    assert "Labels unseen in training" not in (tmp_path / "clean" / "report.html").read_text()
+
+
+def test_unseen_tags_are_counted_and_named(env, tmp_path):
+    event = [[("Olympic", "NNP", "B-NP", "I-EVENT"), ("Games", "NNP", "I-NP", "I-EVENT"), ("open", "VB", "B-VP", "O")]]
+    (tmp_path / "dev.conll").write_text(conll_text([*DOCS, event]))
+    (tmp_path / "test.conll").write_text(conll_text([event]))
+    lines: list[str] = []
+    res = run(env["iob1"], tmp_path / "dev.conll", tmp_path / "test.conll", cfg(layers_only=True), model=env["ex"],
+              output=tmp_path / "out", log=lines.append, progress=False)
+    assert res.metric_name == "entity F1" and res.unseen_labels == {"dev": {"I-EVENT": 2}, "test": {"I-EVENT": 2}}
+    note = ("dev: 2 of 36 words have labels the training data lacks: I-EVENT (2); entity F1 follows seqeval's rule: "
+            "a gold entity counts as found only with its exact span and type")
+    assert any(line.startswith(f"warning: {note}") for line in lines)
+    assert note in unescape((tmp_path / "out" / "report.html").read_text())
+    assert all(r["test_mean"] == 0.0 for r in res.rows)  # the test set's only entity is of a type train lacks
+
+
+def test_unseen_notes_wording():
+    one = unseen_notes({"dev": {"": 1}, "test": {}}, task="sentence", metric="accuracy", rows={"dev": 3, "test": 2})
+    assert one == ['dev: 1 of 3 records has a label the training data lacks: "" (1); a probe cannot predict a label '
+                   'it never saw, so accuracy counts it as an error']  # an empty label is shown quoted
+    many = unseen_notes({"test": {f"T{i}": 20 - i for i in range(12)}}, task="tagging", metric="accuracy", rows={})
+    assert many == ["test: 174 words have labels the training data lacks: T0 (20), T1 (19), T2 (18), T3 (17), "
+                    "T4 (16), T5 (15), T6 (14), T7 (13), T8 (12), T9 (11), and 2 more; a probe cannot predict a "
+                    "label it never saw, so token accuracy counts them as errors"]
+    assert unseen_notes({"dev": {}}, task="tagging", metric="entity F1", rows={"dev": 5}) == []

@@ -1,4 +1,5 @@
-"""``layerwise probe`` on the command line (typer's CliRunner) with the tiny random BERT."""
+"""``layerwise probe`` on the command line (typer's CliRunner) with the tiny random BERT: the run, bad input, the
+output directory (``--overwrite`` replaces only an earlier probe output) and dev labels the training data lacks."""
 
 from __future__ import annotations
 
@@ -100,3 +101,66 @@ def test_probe_command_bad_input(tmp_path, conll, tiny_dirs, args, message):
     )
     assert result.exit_code == 2 and message in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def probe_cli(conll, tiny_dirs, out, *args, dev=None):
+    """``layerwise probe`` on ``conll`` (one epoch) into ``out``."""
+    return CliRunner().invoke(
+        app,
+        ["probe", "--train", str(conll), "--dev", str(dev or conll), "--model", str(tiny_dirs["bert"]), "--device",
+         "cpu", "-o", str(out), "--epochs", "1", "--layers-only", *args],
+    )
+
+
+def files_of(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]])
+def test_probe_command_refuses_files_it_did_not_write(tmp_path, conll, tiny_dirs, flags):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").write_bytes(b"layer,my score\n1,0.93\n")
+    (out / "report.html").write_bytes(b"<html><body>my own report</body></html>\n")
+    before = files_of(out)
+    result = probe_cli(conll, tiny_dirs, out, *flags)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert f"error: output {str(out)!r} holds results.csv, report.html, which layerwise probe did not write" in text
+    assert "layerwise never replaces files it did not write, even with --overwrite: choose another directory" in text
+    assert "Traceback" not in result.output
+    assert files_of(out) == before and sorted(p.name for p in out.iterdir()) == ["report.html", "results.csv"]
+
+
+def test_probe_command_replaces_its_own_output_only_with_overwrite(tmp_path, conll, tiny_dirs):
+    out = tmp_path / "out"
+    first = probe_cli(conll, tiny_dirs, out)
+    assert first.exit_code == 0, (first.output, first.exception)
+    assert json.loads((out / "results.json").read_text())["format"] == "layerwise-probe"
+    (out / "notes.txt").write_text("mine")
+    before = files_of(out)
+    refused = probe_cli(conll, tiny_dirs, out, "--hidden", "8")
+    text = " ".join(refused.output.split())
+    assert refused.exit_code == 2 and f"error: output {str(out)!r} holds an earlier layerwise probe output" in text
+    assert "pass --overwrite (overwrite=True) to replace it, or choose another directory (-o)" in text
+    assert files_of(out) == before
+    again = probe_cli(conll, tiny_dirs, out, "--overwrite", "--hidden", "8")
+    assert again.exit_code == 0, (again.output, again.exception)
+    data = json.loads((out / "results.json").read_text())
+    assert data["options"]["hidden"] == 8 and data["format"] == "layerwise-probe"
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_probe_command_names_dev_labels_train_lacks(tmp_path, conll, tiny_dirs):
+    dev = tmp_path / "dev.conll"
+    dev.write_text(CONLL + "\nOlympic NNP B-NP B-EVENT\nGames NNP I-NP I-EVENT\nopen VB B-VP O\n"
+                   "\nWorld NNP B-NP B-EVENT\nCup NNP I-NP I-EVENT\n")
+    out = tmp_path / "out"
+    result = probe_cli(conll, tiny_dirs, out, dev=dev)
+    assert result.exit_code == 0, (result.output, result.exception)
+    text = " ".join(result.output.split())
+    note = "dev: 4 of 15 words have labels the training data lacks: B-EVENT (2), I-EVENT (2); entity F1 follows seqeval"
+    assert f"warning: {note}" in text  # logged before training
+    assert text.count("B-EVENT (2), I-EVENT (2)") == 2  # and under the table
+    data = json.loads((out / "results.json").read_text())
+    assert data["unseen_labels"] == {"dev": {"B-EVENT": 2, "I-EVENT": 2}}

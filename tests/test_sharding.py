@@ -122,5 +122,5 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_extractors, tmp_path
         extract(src, tmp_path / "bad", model=ex, num_shards=3, shard_index=3)
     with pytest.raises(lw.ExtractError, match=r"num_shards must be a positive int, got 0"):
         extract(src, tmp_path / "bad", model=ex, num_shards=0)
-    with pytest.raises(lw.ExtractError, match=r"made with other options: part\.index"):
+    with pytest.raises(lw.StoreError, match=r"made with other options: part\.index"):
         extract(src, tmp_path / "p0", model=ex, layers=-1, num_shards=3, shard_index=1)

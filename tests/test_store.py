@@ -15,7 +15,6 @@ import pytest
 from typer.testing import CliRunner
 
 import layerwise as lw
-from layerwise import ExtractError
 from layerwise.cli.main import app
 from layerwise.store import export, open_store
 
@@ -85,7 +84,7 @@ def test_rerun_with_other_options_is_refused_and_changes_nothing(bert, tmp_path,
     if kw.pop("input", None):
         with open(corpus, "a", encoding="utf-8") as fh:
             fh.write('{"text": "one more", "id": 1, "label": "x"}\n')
-    with pytest.raises(ExtractError, match="holds a store made with other options") as info:
+    with pytest.raises(lw.StoreError, match="holds a store made with other options") as info:
         extract(corpus, store, model=bert, **kw)
     assert name in str(info.value) and "--overwrite" in str(info.value)
     assert snapshot(store) == before
@@ -115,11 +114,11 @@ def test_non_store_directory_is_refused_and_untouched(bert, tmp_path, corpus):
     (other / "shard-000000.safetensors").write_bytes(b"not ours")
     before = snapshot(other)
     for overwrite in (False, True):
-        with pytest.raises(ExtractError, match="is not a layerwise store"):
+        with pytest.raises(lw.StoreError, match="is not a layerwise store"):
             extract(corpus, other, model=bert, overwrite=overwrite)
         assert snapshot(other) == before
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(ExtractError, match="is a file"):
+    with pytest.raises(lw.StoreError, match="is a file"):
         extract(corpus, tmp_path / "afile", model=bert)
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -232,7 +231,7 @@ def test_manifest_provenance(bert, stores, corpus, tiny_extractors, tmp_path):
     st = stores["token", True]
     m, o, model = st.manifest, st.spec, st.model
     assert m["format"] == "layerwise-store" and m["layerwise_version"] == lw.__version__ and m["status"] == "complete"
-    assert m["format_version"] == 2 and lw.EncodeSpec.from_dict(m["spec"]) == o  # the manifest holds the spec
+    assert m["format_version"] == 3 and lw.EncodeSpec.from_dict(m["spec"]) == o  # the manifest holds the spec
     assert model["name"] == bert.loaded.name and model["fingerprint"] == bert.fingerprint()
     assert len(model["fingerprint"]) == 64 and int(model["fingerprint"], 16) >= 0
     got = (o.layers, o.site, o.combine, o.pool, o.level, o.output_dtype)
@@ -406,7 +405,7 @@ def test_full_disk_is_one_clear_message_and_the_rerun_resumes(bert, tmp_path, co
     kw = dict(layers=[1, 2], keep=["id", "label"], shard_records=2, level=level)
     store = tmp_path / "s"
     _disk_full_at(monkeypatch, 2)
-    with pytest.raises(ExtractError) as info:
+    with pytest.raises(lw.StoreError) as info:
         extract(corpus, store, model=bert, **kw)
     text = str(info.value)
     assert "no space left on the device while writing shard-000001.safetensors" in text
@@ -434,7 +433,7 @@ def test_full_disk_on_the_manifest_is_the_same_message(bert, tmp_path, corpus, m
         return real(path, data)
 
     monkeypatch.setattr("layerwise.store.layout.atomic_write_bytes", full)
-    with pytest.raises(ExtractError, match="no space left on the device while writing manifest.json"):
+    with pytest.raises(lw.StoreError, match="no space left on the device while writing manifest.json"):
         extract(corpus, tmp_path / "s", model=bert, **BASE)
 
 
@@ -456,5 +455,5 @@ def test_a_copy_of_the_input_at_another_path_resumes_the_same_store(bert, tmp_pa
     summary = extract(copy, store, model=bert, **BASE)  # same content, other path: resumes
     assert summary.resumed_from == 2 and summary.status == "complete"
     copy.write_text(copy.read_text() + '{"text": "new"}\n')
-    with pytest.raises(ExtractError, match="input.sha256"):
+    with pytest.raises(lw.StoreError, match="input.sha256"):
         extract(copy, store, model=bert, **BASE)

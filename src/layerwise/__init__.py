@@ -69,6 +69,7 @@ _LAZY = {
     "extract": ".extraction.engine",
     "load_model": ".model.loading",
     "open_store": ".store.reader",
+    "verify_store": ".store.integrity",
     "pool": ".encoding.pooling",
     "pool_words": ".encoding.pooling",
     "record": ".model.capture",
@@ -99,6 +100,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .model.loading import default_model_path, load_model
     from .model.options import ModelOptions
     from .model.positions import Positions
+    from .store.integrity import verify_store
     from .store.reader import FeatureStore, open_store
 
 
@@ -167,4 +169,5 @@ __all__ = [
     "pool_words",
     "record",
     "resolve_layers",
+    "verify_store",
 ]

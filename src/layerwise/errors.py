@@ -74,7 +74,17 @@ class StoreFullError(StoreError):
 
 
 class StoreCorruptError(StoreError):
-    """A store's files are damaged: a missing, extra or truncated shard, or a manifest that is not a store's."""
+    """A store's files are damaged: a shard missing, cut short, changed or swapped, or a damaged manifest.
+
+    Attributes:
+        file: the damaged file's path (``None`` when the message names several).
+        problem: what is wrong with it, without the file's name or the fix.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, problem: str | None = None):
+        super().__init__(message)
+        self.file = file
+        self.problem = problem or message
 
 
 class ExtractError(LayerwiseError):

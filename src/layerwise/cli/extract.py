@@ -123,6 +123,8 @@ def extract(
             return
         ex = extractor(model_options)
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
+    for repair in summary.repairs:  # said even with --quiet: the store was damaged
+        err_console.print(f"[yellow]repaired:[/yellow] {repair}", highlight=False, soft_wrap=True)
     if not quiet:
         lm = ex.loaded
         err_console.print(f"{lm.name}: device {lm.device}, dtype {ex.backend.precision}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import typer
@@ -20,22 +21,26 @@ def inspect(
     """Print a store's provenance, counts, sizes and a few records."""
     from ..store import open_store
 
-    with user_errors():
-        st = open_store(store)
+    with user_errors():  # a damaged store is one error line, even when found while reading a record
+        _show(open_store(store), store, sample, as_json)
+
+
+def _show(st: Any, store: str, sample: int, as_json: bool) -> None:
     if as_json:
         print(json.dumps(st.manifest, indent=2))
         return
     console = Console()
-    o, m, src, counts = st.spec, st.model, st.manifest["input"], st.manifest.get("counts", {})
+    o, m, src, counts = st.spec, st.model, st.manifest["input"], st.manifest.get("counts") or {}
     table = Table(title=f"layerwise store {store}", show_header=False)
     rows = [
         ("status", st.manifest.get("status")),
-        ("model", f"{m['name']} ({m['family']}, {m['num_layers']} layers) weights {str(m.get('fingerprint'))[:12]}"),
+        ("model", f"{m['name']} ({m.get('family')}, {m.get('num_layers')} layers) weights "
+                  f"{str(m.get('fingerprint'))[:12]}"),
         ("layers / site", f"{list(o.layer_indices)} / {o.site}"),
         ("combine", f"{o.combine}" + (f" {list(o.weights)}" if o.weights else "")),
         ("level", o.level + (f", pool {o.pool}" if o.pool else "") + (f", subword {o.subword}" if o.subword else "")),
         ("features", f"{list(st.feature_shape)} {o.output_dtype}"),
-        ("input", f"{src['path']} ({src['format']}) sha256 {_input_hash(src)}"),
+        ("input", f"{src.get('path')} ({src.get('format')}) sha256 {_input_hash(src)}"),
         ("kept columns", ", ".join(st.columns) or "-"),
         ("records", f"{len(st)} ({counts.get('skipped', 0)} skipped)"),
         ("rows / tokens", f"{st.num_rows} / {counts.get('tokens', 0)}"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from ..version import __version__
-from . import demo, encode, evaluate, explore, export, extract, inspect, merge, predict, probe, serve, train
+from . import demo, encode, evaluate, explore, export, extract, inspect, merge, predict, probe, serve, train, verify
 from .options import DEBUG_ENV, set_debug
 
 
@@ -41,6 +41,7 @@ app.command("demo")(demo.demo)
 app.command("encode")(encode.encode)
 app.command("extract")(extract.extract)
 app.command("inspect")(inspect.inspect)
+app.command("verify")(verify.verify)
 app.command("merge")(merge.merge)
 app.command("export")(export.export)
 app.command("train")(train.train)

@@ -42,12 +42,17 @@ def probe(
     ),
     layers_only: bool = typer.Option(False, "--layers-only", help="Single layers only, no strategies."),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Re-extract cached features in OUTPUT/features made with other options."
+        False, "--overwrite",
+        help="Replace an earlier layerwise probe output in OUTPUT (never files it did not write); cached features "
+             "made with other options are extracted again.",
     ),
     *,
     model_options: ModelOptions,
 ) -> None:
-    """Which layer knows what: one probe per layer and per strategy, from features extracted once."""
+    """Which layer knows what: one probe per layer and per strategy, from features extracted once.
+
+    Dev or test labels the training data lacks are named with their counts (a warning, the table, the reports).
+    """
     from ..probe import ProbeConfig, run
 
     with user_errors():
@@ -56,10 +61,10 @@ def probe(
                              document_context=document_context, layers_only=layers_only)
         res = run(train, dev, test, config, model=model_options, output=output, text_field=text_field,
                   format=fmt, overwrite=overwrite,
-                  log=lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+                  log=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))
     best = res.best
     err_console.print(
         f"best: {best['name']} (dev {res.metric_name} {100 * best['dev_mean']:.2f}); wrote "
         f"{', '.join(p.name for p in res.files.values())} to {output} in {res.seconds:.0f}s",
-        highlight=False,
+        highlight=False, markup=False,
     )

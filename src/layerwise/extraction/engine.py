@@ -44,7 +44,7 @@ import torch
 from ..corpus.readers import BadRecord, Item, ReadOptions, Record
 from ..corpus.sources import Source, open_source
 from ..encoding.spec import EncodeSpec
-from ..errors import ExtractError, StoreError
+from ..errors import ExtractError
 from ..extractor import Extractor, check_budget
 from ..model.options import ModelOptions
 from ..provenance import HashingStream
@@ -71,6 +71,7 @@ class ExtractSummary:
     total_records: int = 0
     resumed_from: int = 0
     status: str = "complete"  # complete | partial (stopped at max_records) | already_complete
+    repairs: list[str] = field(default_factory=list)  # what the resume found damaged and recomputed, one line each
     started: float = field(default_factory=time.perf_counter, repr=False)
 
     @property
@@ -312,9 +313,11 @@ def extract(
     Raises:
         TypeError: ``input`` is none of the above (records in a list go to :meth:`Extractor.stream`), or
             ``output`` is not a path.
-        ExtractError (a ValueError): bad options, a store made with other options, a non-store directory,
-            a bad record under ``strict``, a full disk (the message says how to resume), stdin that differs from
-            the input the store was made (or started) with.
+        ExtractError: bad options, a bad record under ``strict``, stdin that differs from the input the store was
+            made (or started) with.
+        StoreError: the output is a file, a directory that is not a layerwise store, or a store made with other
+            options; :class:`~layerwise.StoreFullError`: the disk filled up (the message says how to resume);
+            :class:`~layerwise.StoreCorruptError`: a damaged manifest.
     """
     if not isinstance(output, (str, os.PathLike)):
         raise TypeError(f"output must be the store's directory path, got {type(output).__name__}")
@@ -342,18 +345,16 @@ def extract(
     items = source.records(reading, stdin=io.BufferedReader(stream) if stream is not None else None)
     first = next(items, None)
     items = itertools.chain([first] if first is not None else [], items)
-    try:
-        return _write(ex, spec, StoreWriter(output, header), items, source, reading, options, on_shard,
-                      _StdinRecords(stream) if stream is not None else None)
-    except StoreError as exc:
-        raise ExtractError(str(exc)) from exc
+    return _write(ex, spec, StoreWriter(output, header), items, source, reading, options, on_shard,
+                  _StdinRecords(stream) if stream is not None else None)
 
 
 def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], source: Source,
            reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
            stdin: _StdinRecords | None) -> ExtractSummary:
     state = writer.open(options.overwrite)
-    summary = ExtractSummary(store=os.fspath(writer.path), resumed_from=writer.done_records)
+    summary = ExtractSummary(store=os.fspath(writer.path), resumed_from=writer.done_records,
+                             repairs=list(writer.repairs))
     limit = options.max_records
     if stdin is not None and state == "complete":  # the whole new stdin must be the one the store was made from
         stdin.check_whole(writer)

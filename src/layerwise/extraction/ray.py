@@ -158,10 +158,11 @@ def write_part(path: Path, header: dict[str, Any], shard: Any, errors: list[tupl
         os.replace(tmp, path)  # an empty directory left by an interrupted run is replaced
     except OSError:
         if (path / "manifest.json").exists():  # a retried write found the same part already there
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # our own temporary directory
         else:
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(tmp, path)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StoreError(f"{str(path)!r} holds files that are not a layerwise part store: move them away and "
+                             f"rerun (layerwise never deletes files it did not write)") from None
 
 
 def _datasink_base() -> type:

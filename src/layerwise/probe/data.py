@@ -6,7 +6,8 @@ default ``first`` as in the BERT paper), with every layer kept (``layers="all"``
 Sentence tasks (``task="sentence"``): TSV/CSV/JSONL text+label, one row per record, each layer pooled (``pool``).
 
 Stores live in ``OUTPUT/features/<split>`` and are float16 on disk (probing does not need more); a rerun finds
-them complete and skips extraction. CoNLL-2003 ``document_context=True`` encodes each sentence together with its
+them complete and skips extraction (with ``overwrite``, only a store made with other options is extracted again).
+CoNLL-2003 ``document_context=True`` encodes each sentence together with its
 neighbours from the same ``-DOCSTART-`` document and keeps the features of the sentence's own words only.
 """
 
@@ -22,7 +23,7 @@ import torch
 
 from ..corpus.readers import ReadOptions, detect_format
 from ..encoding.spec import EncodeSpec
-from ..errors import InputError
+from ..errors import ExtractError, InputError, StoreError, StoreFullError
 from ..extraction.engine import ExtractOptions, extract
 from ..extractor import Extractor
 from ..heads.data import label_text
@@ -102,8 +103,11 @@ def split_features(
     progress: bool | None = None,
     overwrite: bool = False,
 ) -> ProbeSplit:
-    """Extract (or find cached) all-layer features of one split and load them."""
-    options = ExtractOptions(progress=progress, overwrite=overwrite)
+    """Extract (or find cached) all-layer features of one split and load them.
+
+    A store at ``store_dir`` made with the same options is reused (resumed if unfinished); one made with other
+    options (or damaged) is extracted again with ``overwrite``, and refused without it.
+    """
     if task == "tagging":
         keep = (column, "doc") if fmt == "conll" else (column,)
         spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, output_dtype="float16")
@@ -111,7 +115,16 @@ def split_features(
     else:
         spec = EncodeSpec(layers="all", combine="stack", level="sentence", pool=pool, output_dtype="float16")
         reading = ReadOptions(format=fmt, text_field=text_field, keep=(column,))
-    extract(path, store_dir, spec, model=ex, reading=reading, options=options)
+    try:
+        extract(path, store_dir, spec, model=ex, reading=reading, options=ExtractOptions(progress=progress))
+    except (StoreError, ExtractError) as exc:
+        # the store refused (other options, or damaged; raised as it is or as the cause): overwrite starts it again.
+        # Not a full disk: the same command resumes once space is freed
+        refused = exc if isinstance(exc, StoreError) else exc.__cause__
+        if not (overwrite and isinstance(refused, StoreError) and not isinstance(refused, StoreFullError)):
+            raise
+        extract(path, store_dir, spec, model=ex, reading=reading,
+                options=ExtractOptions(progress=progress, overwrite=True))
     store = open_store(store_dir)
     if len(store) == 0:
         raise InputError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")

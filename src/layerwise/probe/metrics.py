@@ -54,8 +54,13 @@ def tagging_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
 
 
 def sentence_scores(gold: Sequence[str], pred: Sequence[str], labels: Sequence[str]) -> dict:
-    """Accuracy and macro-F1 over the label set."""
+    """Accuracy and macro-F1 over the training labels ``labels`` and any gold label they lack.
+
+    A gold label the training data lacks cannot be predicted: its records count as errors in accuracy, and its
+    class enters the macro average with F1 0 (recall 0), as for any class a classifier never gets right.
+    """
     from sklearn.metrics import accuracy_score, f1_score
 
+    classes = list(labels) + sorted(set(gold) - set(labels))
     return {"accuracy": float(accuracy_score(gold, pred)),
-            "macro_f1": float(f1_score(gold, pred, labels=list(labels), average="macro", zero_division=0))}
+            "macro_f1": float(f1_score(gold, pred, labels=classes, average="macro", zero_division=0))}

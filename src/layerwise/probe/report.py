@@ -1,4 +1,10 @@
-"""Probe results: the table (terminal, Markdown, CSV, JSON), the plots (matplotlib) and an HTML report."""
+"""Probe results: the table (terminal, Markdown, CSV, JSON), the plots (matplotlib) and an HTML report.
+
+An output directory is recognised as a probe's by its ``results.json``: ``"format": "layerwise-probe"`` (the marker)
+and ``"files"``, the names the run wrote there (:data:`OUTPUT_FILES`). :func:`check_output` refuses, before any
+work, to replace a file of those names that no probe run wrote (even with ``overwrite``), and an earlier probe
+output without ``overwrite``; :func:`write_all` replaces only the probe's own files, nothing else in the directory.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,21 @@ import base64
 import csv
 import html
 import json
+import os
+import shutil
+import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
+from ..errors import LayerwiseError
+
 if TYPE_CHECKING:
     from rich.table import Table
+
+FORMAT = "layerwise-probe"  # the marker in results.json
+OUTPUT_FILES = ("results.md", "results.csv", "results.json", "layers.png", "similarity.png", "report.html")
 
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
@@ -126,24 +140,133 @@ def plot_similarity(cka: np.ndarray, path: Path, title: str) -> None:
     fig.savefig(path)
 
 
+def probe_marker(directory: str | os.PathLike) -> dict | None:
+    """The ``results.json`` of ``directory`` when it carries the probe's marker (``"format": "layerwise-probe"``),
+    else ``None`` (no, an unreadable, or another program's ``results.json``, or one written before the marker)."""
+    try:
+        data = json.loads((Path(directory) / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # absent, a directory, not UTF-8, not JSON: not a probe's
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names)
+
+
+def check_output(output: str | os.PathLike, overwrite: bool) -> None:
+    """Before any work: refuse an output directory whose result files this run may not replace.
+
+    ``output`` is free when absent or when it holds none of :data:`OUTPUT_FILES` (other files, and ``features/``, the
+    feature cache with the store's own rules, are never touched). Files of those names are the probe's own only when
+    ``results.json`` carries the marker (``"format": "layerwise-probe"``) and lists them: such an earlier output is
+    replaced only with ``overwrite``; any other file of those names is refused, ``overwrite`` or not.
+
+    Raises:
+        LayerwiseError: naming the files, and the way out (``--overwrite``, another directory, or moving them away).
+    """
+    out, where = Path(output), os.fspath(output)
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise LayerwiseError(f"output {where!r} is a file; give a directory for the probe's results (-o)")
+    present = [name for name in OUTPUT_FILES if (out / name).exists() or (out / name).is_symlink()]
+    if not present:
+        return
+    marker = probe_marker(out)
+    listed = marker.get("files") if marker is not None else None
+    ours = set(listed) if isinstance(listed, list) else set(OUTPUT_FILES) if marker is not None else set()
+    foreign = [name for name in present if name not in ours]
+    if foreign:
+        why = ("its results.json does not list them" if marker is not None else
+               "it has no results.json with \"format\": \"layerwise-probe\", the marker every probe output carries "
+               "(an output of a layerwise older than the marker has none either)")
+        raise LayerwiseError(
+            f"output {where!r} holds {_names(foreign)}, which layerwise probe did not write ({why}); layerwise never "
+            f"replaces files it did not write, even with --overwrite: choose another directory (-o), or move "
+            f"{'that file' if len(foreign) == 1 else 'those files'} away yourself"
+        )
+    if not overwrite:
+        raise LayerwiseError(
+            f"output {where!r} holds an earlier layerwise probe output ({_names(present)}); pass --overwrite "
+            f"(overwrite=True) to replace it, or choose another directory (-o)"
+        )
+
+
+def _label(label: str) -> str:
+    """A label as written in a note: quoted when it would not read as itself (empty, padded, or with , ( ))."""
+    plain = label and label == label.strip() and not any(c in label for c in ",()")
+    return label if plain else json.dumps(label, ensure_ascii=False)
+
+
+def unseen_notes(unseen: Mapping[str, Mapping[str, int]], *, task: str, metric: str,
+                 rows: Mapping[str, int | None]) -> list[str]:
+    """One sentence per split whose gold labels include some the training data lacks: how many rows, which labels
+    (the 10 most frequent), and how the task's metric scores them (``[]`` when there are none)."""
+    noun = "word" if task == "tagging" else "record"
+    notes = []
+    for split, counts in unseen.items():
+        if not counts:
+            continue
+        n, total = sum(counts.values()), rows.get(split)
+        them = "it as an error" if n == 1 else "them as errors"
+        if metric == "entity F1":
+            how = ("entity F1 follows seqeval's rule: a gold entity counts as found only with its exact span and "
+                   f"type, so one the probe cannot tag is missed (lower recall), and token accuracy counts {them}")
+        else:
+            how = (f"a probe cannot predict a label it never saw, so {'token ' if task == 'tagging' else ''}accuracy "
+                   f"counts {them}")
+        count = f"{n:,} of {total:,} {noun}s" if total else f"{n:,} {noun}{'' if n == 1 else 's'}"
+        shown = _names([f"{_label(label)} ({c:,})" for label, c in list(counts.items())[:10]])
+        more = f", and {len(counts) - 10} more" if len(counts) > 10 else ""
+        notes.append(f"{split}: {count} {'has a label' if n == 1 else 'have labels'} the training data lacks: "
+                     f"{shown}{more}; {how}")
+    return notes
+
+
 def write_all(results, out: Path) -> dict[str, Path]:
-    """Write results.md/.csv/.json, layers.png, similarity.png and report.html into ``out``."""
+    """Write :data:`OUTPUT_FILES` (results.md/.csv/.json, layers.png, similarity.png, report.html) into ``out``.
+
+    ``results.json`` carries the marker (``"format": "layerwise-probe"``, ``"files"``). The files are written into a
+    temporary directory inside ``out`` and moved into place, ``results.json`` first, so a failure leaves an earlier
+    output as it was; only these files are replaced, nothing else in ``out`` is touched. Check ``out`` first with
+    :func:`check_output`.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    files = {name: out / name for name in
-             ("results.md", "results.csv", "results.json", "layers.png", "similarity.png", "report.html")}
+    tmp = out / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    try:
+        staged = _write_files(results, tmp)
+        for name in ("results.json", *(n for n in OUTPUT_FILES if n != "results.json")):  # the marker first
+            os.replace(staged[name], out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {name: out / name for name in OUTPUT_FILES}
+
+
+def _write_files(results, out: Path) -> dict[str, Path]:
+    files = {name: out / name for name in OUTPUT_FILES}
     md = markdown(results)
-    files["results.md"].write_text(f"# {results.task_title}\n\n{md}\n\n{results.provenance_line()}\n", encoding="utf-8")
+    notes = results.unseen_notes()
+    unseen_md = "".join(f"- {note}\n" for note in notes)
+    files["results.md"].write_text(
+        f"# {results.task_title}\n\n{md}\n\n"
+        + (f"**Labels unseen in training:**\n\n{unseen_md}\n" if notes else "")
+        + f"{results.provenance_line()}\n",
+        encoding="utf-8",
+    )
     with open(files["results.csv"], "w", newline="", encoding="utf-8") as fh:
         rows = table_rows(results)
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         for r in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, (list, tuple)) else v for k, v in r.items()})
-    files["results.json"].write_text(json.dumps(results.to_dict(), indent=2) + "\n", encoding="utf-8")
+    data = {"format": FORMAT, "files": list(OUTPUT_FILES), **results.to_dict()}
+    files["results.json"].write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     plot_layers(results, files["layers.png"])
     plot_similarity(np.asarray(results.cka), files["similarity.png"], results.task_title)
     imgs = {k: base64.b64encode(files[k].read_bytes()).decode() for k in ("layers.png", "similarity.png")}
     table_html = _md_table_html(md)
+    unseen_html = ("<h2>Labels unseen in training</h2><ul>"
+                   + "".join(f"<li>{html.escape(note)}</li>" for note in notes) + "</ul>") if notes else ""
     prov = html.escape(json.dumps(results.provenance, indent=2))
     files["report.html"].write_text(
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -151,7 +274,7 @@ def write_all(results, out: Path) -> dict[str, Path]:
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
         "</style></head><body>"
-        f"<h1>{html.escape(results.task_title)}</h1>{table_html}"
+        f"<h1>{html.escape(results.task_title)}</h1>{table_html}{unseen_html}"
         f"<h2>Score per layer</h2><img src='data:image/png;base64,{imgs['layers.png']}'>"
         f"<h2>Similarity between layers</h2><img src='data:image/png;base64,{imgs['similarity.png']}'>"
         f"<h2>Provenance</h2><pre>{prov}</pre></body></html>\n",
@@ -173,8 +296,11 @@ def _md_table_html(md: str) -> str:
 def terminal_table(results) -> Table:
     """The probe table for the terminal (rich): one row per probe with its dev and test scores."""
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=results.task_title)
+    notes = results.unseen_notes()  # labels are the user's text: never read as rich markup
+    caption = Text("\n".join(f"warning: {n}" for n in notes), style="yellow") if notes else None
+    t = Table(title=results.task_title, caption=caption, caption_justify="left")
     for col in ("probe", "layers", "combine", f"dev {results.metric_name}", f"test {results.metric_name}"):
         t.add_column(col, justify="right" if col.startswith(("dev", "test")) else "left")
     for r in table_rows(results):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -28,13 +29,18 @@ from .config import ProbeConfig
 from .data import ProbeSplit, check_task, split_features
 from .metrics import detect_scheme
 from .models import probe_specs
-from .report import cka_matrix, markdown, terminal_table, write_all
+from .report import check_output, cka_matrix, markdown, terminal_table, unseen_notes, write_all
 from .train import ProbeOptions, fit_probe
 
 
 @dataclass
 class ProbeResults:
-    """Every probe's scores (mean and std over restarts), the layer similarity matrix and the run's provenance."""
+    """Every probe's scores (mean and std over restarts), the layer similarity matrix and the run's provenance.
+
+    ``unseen_labels`` counts, per scored split (``dev``, ``test``), the gold labels the training data lacks
+    (``{"dev": {"LABEL": rows}}``, most frequent first; ``{}`` for a split without any): a probe cannot predict them,
+    and the scores count them as the metric does (:meth:`unseen_notes` says how).
+    """
 
     task: str
     task_title: str
@@ -46,6 +52,7 @@ class ProbeResults:
     provenance: dict
     seconds: float
     extract_seconds: float
+    unseen_labels: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
 
     @property
@@ -53,18 +60,26 @@ class ProbeResults:
         """The probe with the highest mean dev score."""
         return max(self.rows, key=lambda r: r["dev_mean"])
 
+    def unseen_notes(self) -> list[str]:
+        """One sentence per split with labels the training data lacks (counts, names, how they are scored)."""
+        return unseen_notes(self.unseen_labels, task=self.task, metric=self.metric_name,
+                            rows={split: self.provenance.get(f"{split}_rows") for split in self.unseen_labels})
+
     def provenance_line(self) -> str:
+        """The one-line provenance under the Markdown table: model, files, probe, restarts, times, version."""
         p = self.provenance
         return (f"Model {p['model']} ({p['num_layers']} layers); train {p['train']}; dev {p['dev']}; probe "
                 f"{self.options['probe']}; {self.restarts} restart(s); wall time {self.seconds:.0f}s "
                 f"(extraction {self.extract_seconds:.0f}s); layerwise {p['layerwise_version']}.")
 
     def to_dict(self) -> dict:
+        """Everything but ``files``, JSON-ready (what ``results.json`` holds besides its marker)."""
         d = asdict(self)
         d.pop("files", None)
         return d
 
     def to_markdown(self) -> str:
+        """The results table in Markdown."""
         return markdown(self)
 
 
@@ -89,15 +104,20 @@ def run(
         config: task, column, probe kind, restarts, scheme, sub-word pooling... (:class:`ProbeConfig`).
         model: the encoder: its :class:`~layerwise.ModelOptions` (or just its directory / hub id), or an already
             loaded :class:`Extractor` (default: the embedded all-MiniLM-L6-v2).
-        output: directory for ``features/`` (cached stores) and the result files.
+        output: directory for ``features/`` (cached stores) and the result files (:data:`~.report.OUTPUT_FILES`).
         text_field, format: sentence tasks: the text column; the input format when the suffix does not tell.
         progress: extraction progress bars (default: when stderr is a terminal).
         log: receives one line per probe (default: stderr).
-        overwrite: re-extract cached features in ``output/features`` made with other options (e.g. another
-            ``subword``) instead of refusing them.
+        overwrite: replace an earlier probe output in ``output`` (recognised by the marker ``"format":
+            "layerwise-probe"`` in its ``results.json``): its result files are rewritten, and cached features in
+            ``output/features`` made with other options (e.g. another ``subword``) are extracted again (those made
+            with the same options are reused). Without it, an ``output`` holding any result file is refused; a file
+            of those names that no probe run wrote is refused either way, before any work, and nothing else in
+            ``output`` is ever touched.
 
     Returns:
-        :class:`ProbeResults`; the files are written into ``output``.
+        :class:`ProbeResults`; the files are written into ``output``. Dev or test labels the training data lacks
+        are counted in ``unseen_labels``, logged as a warning and named in every report.
     """
     cfg = config or ProbeConfig()
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -106,9 +126,10 @@ def run(
         if other is not None:
             check_task(cfg.task, other, column, format)
     cfg = cfg.replace(column=column)
+    out = Path(output)
+    check_output(out, overwrite)
     t0 = time.perf_counter()
     ex = Extractor.of(model)
-    out = Path(output)
     splits: dict[str, ProbeSplit] = {}
     for name, path in (("train", train), ("dev", dev), ("test", test)):
         if path is not None:
@@ -122,6 +143,9 @@ def run(
     if len(labels) < 2:
         raise LayerwiseError(f"the training data has a single class ({labels[0]!r}); a probe needs at least two")
     scheme, metric, title = _task_terms(cfg, splits["train"], train)
+    unseen = unseen_labels(labels, splits)
+    for note in unseen_notes(unseen, task=cfg.task, metric=metric, rows={k: len(v) for k, v in splits.items()}):
+        say(f"warning: {note}")
     rows = _train_all(cfg, ex, splits, labels, scheme, metric, say)
     results = ProbeResults(
         task=cfg.task, task_title=title, metric_name=metric, restarts=cfg.restarts, rows=rows,
@@ -132,8 +156,9 @@ def run(
         provenance={"model": ex.loaded.name, "num_layers": ex.num_layers, "hidden_size": ex.hidden_size,
                     "train": os.fspath(train), "dev": os.fspath(dev), "test": os.fspath(test) if test else None,
                     "train_rows": len(splits["train"]), "dev_rows": len(splits["dev"]),
+                    **({"test_rows": len(splits["test"])} if "test" in splits else {}),
                     "layerwise_version": __version__, "labels": labels},
-        seconds=0.0, extract_seconds=round(extract_seconds, 1),
+        seconds=0.0, extract_seconds=round(extract_seconds, 1), unseen_labels=unseen,
     )
     results.seconds = round(time.perf_counter() - t0, 1)
     results.files = write_all(results, out)
@@ -141,6 +166,18 @@ def run(
 
     Console(stderr=True).print(terminal_table(results))
     return results
+
+
+def unseen_labels(labels: list[str], splits: dict[str, ProbeSplit]) -> dict[str, dict[str, int]]:
+    """Per scored split (``dev``, ``test``, when given): the gold labels not in ``labels`` (the training data's),
+    with their row counts, most frequent first (``{}`` for a split without any)."""
+    known = set(labels)
+    out: dict[str, dict[str, int]] = {}
+    for name in ("dev", "test"):
+        if name in splits:
+            counts = Counter(label for label in splits[name].labels if label not in known)
+            out[name] = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return out
 
 
 def _task_terms(cfg: ProbeConfig, train: ProbeSplit, path: str | os.PathLike) -> tuple[str, str, str]:

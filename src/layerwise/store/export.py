@@ -282,14 +282,20 @@ def export(
     """Write ``store`` to ``out`` as ``npy`` (a directory), ``hdf5`` or ``parquet``; returns ``out``.
 
     ``overwrite`` replaces an earlier layerwise export at ``out``; anything else there is never replaced (a
-    ``ValueError`` names the path). Everything is checked before anything is written.
+    ``StoreError`` names the path). Everything is checked before anything is written, the store's every shard
+    by its sha256 too (an export never carries damaged bytes into files that no longer say where they came from).
+
+    Raises:
+        StoreError: an unknown format, or an output that is not an earlier layerwise export.
+        StoreCorruptError: the store is damaged (naming the file).
     """
-    if not isinstance(store, FeatureStore):
-        store = FeatureStore(store)
     if to not in EXPORT_FORMATS:
         raise StoreError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
     check_output(out, to, overwrite)
+    if not isinstance(store, FeatureStore):
+        store = FeatureStore(store)
+    store.verify(raise_on_damage=True)
     _check_columns(store, to)
     if to == "npy":
         _write_dir(out, lambda tmp: _to_npy(store, tmp))

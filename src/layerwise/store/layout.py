@@ -39,21 +39,31 @@ whole stream, recorded when it was read to the end), ``feature_shape``, ``status
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import StoreCorruptError
+
 FORMAT = "layerwise-store"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: every shard listed with its sha256 (format 2 listed sizes only; it still opens)
+READABLE_VERSIONS = (2, 3)
 STORE_DTYPES: dict[str, type[np.floating[Any]]] = {"float32": np.float32, "float16": np.float16}
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
+# the temporary files layerwise itself writes (``.NAME.tmp-PID``), and only those
+TEMP_RE = re.compile(r"^\.(shard-\d{6}\.safetensors|manifest\.json|errors\.jsonl)\.tmp-(\d+)$")
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64}
+_ST_NAMES = {np.dtype(v).name: k for k, v in _ST_DTYPES.items()}
+MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+RESTORE = "rerun the extract command to recompute it (a resume repairs the store), or restore the file from a copy"
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -64,6 +74,12 @@ def is_disk_full(exc: BaseException) -> bool:
 def shard_name(index: int) -> str:
     """The file name of shard ``index``: ``shard-000003.safetensors``."""
     return f"shard-{index:06d}.safetensors"
+
+
+def shard_index(name: str) -> int:
+    """The index in a shard's file name (``shard-000003.safetensors`` -> 3); -1 for any other name."""
+    m = SHARD_RE.match(name)
+    return int(m.group(1)) if m else -1
 
 
 def _fsync_dir(path: Path) -> None:
@@ -112,15 +128,62 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """Parse a JSON file."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    """Parse a JSON file of a store.
+
+    Raises:
+        StoreCorruptError: the file is not UTF-8 JSON (naming the file and the position).
+    """
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise StoreCorruptError(f"{str(path)!r} is damaged: not valid JSON ({exc}); restore it from a copy, or "
+                                f"delete the store and rerun the extract command") from exc
 
 
-def save_tensors(tmp: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """Write ``tensors`` and string ``metadata`` as a safetensors file at ``tmp`` (no copy of the data in memory)."""
-    from safetensors.numpy import save_file
+@dataclass(frozen=True)
+class Written:
+    """What writing a file gave: its size in bytes and the sha256 of its bytes (hex)."""
 
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    bytes: int
+    sha256: str
+
+
+def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Written:
+    """Write ``tensors`` and string ``metadata`` as a safetensors file at ``path``, hashing the bytes as they are
+    written (no second read, no copy of the data in memory). Any safetensors reader reads the file.
+
+    The layout is safetensors' own: an 8-byte little-endian header length, the JSON header (tensors in name
+    order, each with ``dtype``, ``shape`` and ``data_offsets``; ``__metadata__``), padded with spaces to a multiple
+    of 8, then the tensors' little-endian bytes back to back.
+    """
+    arrays = {}
+    for name in sorted(tensors):
+        a = np.asarray(tensors[name])
+        arrays[name] = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    at = 0
+    for name, a in arrays.items():
+        header[name] = {"dtype": _ST_NAMES[a.dtype.name], "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
+        at += a.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    digest = hashlib.sha256()
+    chunks: list[bytes | memoryview] = [len(text).to_bytes(8, "little"), text]
+    chunks += [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays.values()]  # type: ignore[arg-type]
+    with open(path, "wb") as fh:
+        for chunk in chunks:
+            digest.update(chunk)
+            fh.write(chunk)
+    return Written(8 + len(text) + at, digest.hexdigest())
+
+
+def file_sha256(path: Path, chunk: int = 4 << 20) -> str:
+    """The sha256 (hex) of a file's bytes, read ``chunk`` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def shard_rows(
@@ -169,37 +232,77 @@ def shard_rows(
     return tensors, meta
 
 
-def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:
-    """Save one shard atomically as safetensors (straight to a temporary file, no copy in memory); returns its size.
+def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Written:
+    """Save one shard atomically as safetensors (straight to a temporary file, no copy in memory); returns its size
+    and sha256, computed while writing.
 
     On any error (a full disk included) the temporary file is removed and the error re-raised; ``path`` is then
     absent or the previous file.
     """
     tmp = _tmp_name(path)
     try:
-        with open(tmp, "wb"):
-            mode = os.stat(tmp).st_mode & 0o777  # the permissions the user's umask gives a new file
-        save_tensors(tmp, tensors, metadata)
-        os.chmod(tmp, mode)  # safetensors writes 0600 files; a store is shared like any other output
+        written = save_tensors(tmp, tensors, metadata)
         _commit(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path.stat().st_size
+    return written
 
 
 class ShardFile:
-    """A safetensors shard opened for reading: header parsed once, tensors memory-mapped on demand."""
+    """A safetensors shard opened for reading: header parsed and checked once, tensors memory-mapped on demand.
+
+    Attributes:
+        path: the file. size: its size in bytes. metadata: the string metadata.
+
+    Raises:
+        StoreCorruptError: the file cannot be read as safetensors (a bad header length, a header that is not
+            JSON, a tensor entry that is malformed or points past the end of the file), naming the file.
+    """
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        with open(self.path, "rb") as fh:
-            size = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(size))
+        try:
+            with open(self.path, "rb") as fh:
+                self.size = os.fstat(fh.fileno()).st_size
+                head = fh.read(8)
+                size = int.from_bytes(head, "little")
+                if len(head) < 8 or size > min(MAX_HEADER, self.size - 8):
+                    self._bad(f"its header length ({size if len(head) == 8 else 'cut short'}) does not fit a "
+                              f"file of {self.size} bytes")
+                header = json.loads(fh.read(size))
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested beyond reason
+            self._bad(f"its header is not valid JSON ({exc})")
+        if not isinstance(header, dict):
+            self._bad("its header is not a JSON object")
         self._base = 8 + size
-        self.metadata: dict[str, str] = header.pop("__metadata__", {}) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            self._bad("its __metadata__ is not a map of strings")
+        self.metadata: dict[str, str] = metadata
+        for name, entry in header.items():
+            self._check_entry(name, entry)
         self._entries: dict[str, dict] = header
         self._cache: dict[str, np.ndarray] = {}
+
+    def _bad(self, what: str) -> Any:
+        raise StoreCorruptError(f"shard {str(self.path)!r} is damaged: {what}; {RESTORE}", file=str(self.path),
+                                problem=what)
+
+    def _check_entry(self, name: str, entry: Any) -> None:
+        ok = isinstance(entry, dict) and entry.get("dtype") in _ST_DTYPES
+        shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
+        if not (ok and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            self._bad(f"tensor {name!r} has a malformed entry {str(entry)[:80]}")
+            return
+        begin, end = offsets
+        need = int(np.prod(shape, dtype=np.int64)) * np.dtype(_ST_DTYPES[entry["dtype"]]).itemsize
+        if not 0 <= begin <= end or end - begin != need:
+            self._bad(f"tensor {name!r} of shape {shape} claims bytes {begin}..{end}")
+        if self._base + end > self.size:
+            self._bad(f"tensor {name!r} ends at byte {self._base + end}, past the end of the file "
+                      f"({self.size} bytes): the file was cut short")
 
     def keys(self) -> list[str]:
         return list(self._entries)
@@ -207,8 +310,16 @@ class ShardFile:
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
+    def dtype(self, name: str) -> np.dtype:
+        """The numpy dtype of tensor ``name``."""
+        return np.dtype(_ST_DTYPES[self._entries[name]["dtype"]])
+
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._entries[name]["shape"])
+
+    def data_offset(self, name: str) -> int:
+        """Where tensor ``name``'s bytes start in the file."""
+        return self._base + int(self._entries[name]["data_offsets"][0])
 
     def array(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a read-only ``np.memmap`` (no copy)."""
@@ -226,8 +337,18 @@ class ShardFile:
         return self._cache[name]
 
     def json_meta(self, key: str, default: Any = None) -> Any:
+        """The metadata value ``key`` parsed as JSON (``default`` when absent).
+
+        Raises:
+            StoreCorruptError: the value is not JSON.
+        """
         value = self.metadata.get(key)
-        return default if value is None else json.loads(value)
+        if value is None:
+            return default
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            return self._bad(f"its metadata {key!r} is not JSON ({exc})")
 
 
 def list_shards(store: Path) -> list[Path]:
@@ -237,11 +358,26 @@ def list_shards(store: Path) -> list[Path]:
     return sorted(p for p in store.iterdir() if SHARD_RE.match(p.name))
 
 
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process is not writing the file any more: it is opening the store
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
 def remove_temporaries(store: Path) -> int:
-    """Delete half-written files an interrupted run left (``.NAME.tmp-PID``); returns how many."""
+    """Delete the half-written files an interrupted run left: only names layerwise writes (``.shard-000003
+    .safetensors.tmp-PID``, ``.manifest.json.tmp-PID``, ``.errors.jsonl.tmp-PID``) whose process has ended (a
+    running writer's file is left alone). Returns how many were removed."""
     n = 0
     for p in store.iterdir():
-        if p.name.startswith(".") and ".tmp-" in p.name:
+        m = TEMP_RE.match(p.name)
+        if m and p.is_file() and not _alive(int(m.group(2))):
             p.unlink(missing_ok=True)
             n += 1
     return n

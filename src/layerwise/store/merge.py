@@ -30,14 +30,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import StoreCorruptError, StoreError
 from ..provenance import differences
-from .layout import ERRORS, FORMAT, MANIFEST, STORE_DTYPES, atomic_write_bytes, read_json, shard_rows
+from .layout import ERRORS, STORE_DTYPES, atomic_write_bytes, shard_rows
+from .manifest import FIX, read_manifest
 from .reader import FeatureStore
 from .writer import StoreWriter, identity
 
-MANIFEST_ONLY = ("format", "format_version", "layerwise_version", "created", "updated", "status", "counts", "shards",
-                 "part")
+MANIFEST_ONLY = ("format", "format_version", "id", "layerwise_version", "created", "updated", "status", "counts",
+                 "shards", "part")
 RECORDS_PER_SHARD = 4096
 
 
@@ -61,22 +62,22 @@ def check_parts(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     Raises:
         StoreError: a path that is not a store, an incomplete part, a part index missing or given twice, or parts
             made with different inputs, models or options (naming the part and the difference).
+        StoreCorruptError: a part's manifest is damaged (its shards are checked when the merge opens it).
     """
     if not paths:
         raise StoreError("merge needs the part stores of one sharded run (layerwise extract --num-shards N ...)")
     found: dict[int, tuple[str, dict[str, Any]]] = {}
     total = None
     for path in paths:
-        mpath = Path(path) / MANIFEST
-        if not mpath.is_file():
-            raise StoreError(f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST})")
-        manifest = read_json(mpath)
-        if manifest.get("format") != FORMAT:
-            raise StoreError(f"{os.fspath(path)!r} is not a layerwise store")
+        manifest = read_manifest(path)
         part = manifest.get("part")
         if not isinstance(part, dict):
             raise StoreError(f"{os.fspath(path)!r} is a whole store, not a part of a sharded run (no 'part' in its "
                              f"manifest); merge takes the stores written with --num-shards/--shard-index")
+        if not (type(part.get("index")) is int and type(part.get("of")) is int and 0 <= part["index"] < part["of"]):
+            raise StoreCorruptError(f"{os.fspath(path)!r}: its manifest's 'part' is {part!r}, not an index of a "
+                                    f"count; {FIX}", file=os.fspath(Path(path) / "manifest.json"),
+                                    problem=f"field 'part' is {part!r}")
         if manifest.get("status") != "complete":
             raise StoreError(f"part {part['index']} ({os.fspath(path)!r}) is {manifest.get('status')}: rerun its "
                              f"extract command to finish it, then merge")
@@ -161,7 +162,7 @@ def merge_stores(
     if writer.shards:  # an interrupted merge restarts from nothing: merging is cheap next to extracting
         writer = StoreWriter(output, header)
         writer.open(overwrite=True)
-    stores = [FeatureStore(m["path"]) for m in manifests]
+    stores = [FeatureStore(m["path"], verify=True) for m in manifests]  # damaged bytes are never merged in
     level = stores[0].spec.level
     dtype = STORE_DTYPES[stores[0].spec.output_dtype]
     names = stores[0].columns

@@ -17,18 +17,32 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, overload
 
 import numpy as np
 
 from ..encoding.spec import EncodeSpec
-from ..errors import StoreError
-from .layout import ERRORS, FORMAT, MANIFEST, ShardFile, list_shards, read_json
+from ..errors import StoreCorruptError, StoreError
+from .integrity import Expected, VerifyReport, open_shard, size_problems, unlisted_files, verify_store
+from .layout import ERRORS, RESTORE, ShardFile
+from .manifest import read_manifest
+
+
+class StoreWarning(UserWarning):
+    """Something in a store directory that layerwise ignores (shard files its manifest does not list)."""
 
 
 class FeatureStore:
     """A finished (or partly written) feature store, opened read-only.
+
+    The manifest is the truth: exactly the shards it lists are read, in its order. Opening checks the manifest
+    and every listed shard's size (a ``stat`` each); a shard's header is checked against the manifest when it is
+    first read (its shapes, dtypes, index, store id and first and last line); ``verify=True`` (or
+    :meth:`verify`) also checks every byte's sha256. Shard-named files the manifest does not list are ignored
+    with a :class:`StoreWarning` naming them. Anything damaged raises :class:`~layerwise.StoreCorruptError`
+    naming the file; data is never returned from a shard that failed a check.
 
     Attributes:
         path: the store directory.
@@ -56,27 +70,54 @@ class FeatureStore:
         [(12, 384), (9, 384)]
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, verify: bool = False):
         self.path = Path(path)
-        mpath = self.path / MANIFEST
-        if not mpath.is_file():
-            raise StoreError(
-                f"{os.fspath(path)!r} is not a layerwise store (no {MANIFEST}); create one with layerwise extract"
-            )
-        self.manifest: dict[str, Any] = read_json(mpath)
-        if self.manifest.get("format") != FORMAT:
-            raise StoreError(f"{mpath} is not a layerwise store manifest")
-        if self.manifest.get("format_version") != 2:
-            raise StoreError(
-                f"{mpath} is store format {self.manifest.get('format_version')}; this layerwise reads format 2. "
-                f"Extract it again with this version (the same command, with --overwrite)"
-            )
+        self.manifest: dict[str, Any] = read_manifest(self.path)
         self.spec = EncodeSpec.from_dict(self.manifest["spec"])
         self.level: str = self.spec.level
         self.feature_shape: tuple[int, ...] = tuple(self.manifest["feature_shape"])
-        self._shards = [ShardFile(p) for p in list_shards(self.path)]
-        counts = [int(s.shape("lines")[0]) for s in self._shards]
+        self._entries: list[dict[str, Any]] = self.manifest["shards"]
+        self._expected = Expected.of(self.manifest)
+        problems = size_problems(self.path, self._entries)
+        if problems:
+            raise StoreCorruptError(
+                f"store {os.fspath(path)!r} is damaged: {'; '.join(problems[:5])}"
+                f"{f' (and {len(problems) - 5} more)' if len(problems) > 5 else ''}; {RESTORE}",
+                file=str(self.path / problems[0].split(":")[0]) if len(problems) == 1 else None,
+                problem="; ".join(problems))
+        stray = unlisted_files(self.path, self._entries)
+        if stray:
+            warnings.warn(StoreWarning(
+                f"store {os.fspath(path)!r}: {len(stray)} shard file(s) not listed in its manifest are ignored: "
+                f"{', '.join(stray[:5])}{' ...' if len(stray) > 5 else ''} (a copy, or left by a repaired run; "
+                f"delete them once you no longer need them)"), stacklevel=3)
+        if verify:
+            self.verify(raise_on_damage=True)
+        self._open: dict[int, ShardFile] = {}
+        counts = [e["records"] for e in self._entries]
         self._starts = list(np.concatenate([[0], np.cumsum(counts)]).astype(int)) if counts else [0]
+
+    def _shard(self, s: int) -> ShardFile:
+        """Listed shard ``s``, opened and checked against the manifest on first use."""
+        shard = self._open.get(s)
+        if shard is None:
+            shard = self._open[s] = open_shard(self.path, self._entries[s], self._expected)
+        return shard
+
+    def _all_shards(self) -> Iterator[ShardFile]:
+        return (self._shard(s) for s in range(len(self._entries)))
+
+    def verify(self, raise_on_damage: bool = False) -> VerifyReport:
+        """Check every listed shard's sha256 and inner consistency (see :func:`layerwise.store.verify_store`).
+
+        Raises:
+            StoreCorruptError: with ``raise_on_damage``, when anything is damaged (naming every problem).
+        """
+        report = verify_store(self.path)
+        if raise_on_damage and not report.ok:
+            raise StoreCorruptError(f"store {str(self.path)!r} is damaged: {'; '.join(report.problems)}; {RESTORE}",
+                                    problem="; ".join(report.problems))
+        return report
 
     # ---- sizes and facts ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -98,16 +139,16 @@ class FeatureStore:
 
     @property
     def num_shards(self) -> int:
-        return len(self._shards)
+        return len(self._entries)
 
     @property
     def num_rows(self) -> int:
         """Feature rows on disk: records (sentence level), tokens or words."""
-        return sum(s.shape("features")[0] for s in self._shards)
+        return sum(e["rows"] for e in self._entries)
 
     @property
     def nbytes(self) -> int:
-        return sum(s.path.stat().st_size for s in self._shards)
+        return sum(e["bytes"] for e in self._entries)
 
     def __repr__(self) -> str:
         s = self.spec
@@ -129,7 +170,7 @@ class FeatureStore:
             raise IndexError(f"record {i} out of range: the store holds {n} records")
         i = int(i) % n
         s = bisect.bisect_right(self._starts, i) - 1
-        return self._shards[s], i - self._starts[s]
+        return self._shard(s), i - self._starts[s]
 
     def _rows(self, shard: ShardFile, lo: int, hi: int) -> np.ndarray:
         """Features of records ``lo:hi`` of one shard: ``[hi - lo, *F]`` or flat rows of those records."""
@@ -160,13 +201,13 @@ class FeatureStore:
             out = np.empty((len(wanted),) + self.feature_shape, dtype=self.dtype)
             for s in np.unique(shard_of):  # one fancy-indexed read per shard touched
                 at = np.flatnonzero(shard_of == s)
-                feats = self._shards[s].array("features")
+                feats = self._shard(int(s)).array("features")
                 out[at] = feats[wanted[at] - self._starts[s]].reshape((len(at),) + self.feature_shape)
             return out
         picked = []
         for r, s in zip(wanted.tolist(), shard_of.tolist()):
             j = r - int(self._starts[s])
-            picked.append(self._rows(self._shards[s], j, j + 1))
+            picked.append(self._rows(self._shard(s), j, j + 1))
         return picked
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -190,9 +231,9 @@ class FeatureStore:
                 f"to_numpy() gives one row per record, but this store is {self.level}-level (ragged); use "
                 f"store[i], iter_chunks(), or ragged() for (flat rows [N, *F], offsets [records + 1])"
             )
-        if not self._shards:
+        if not self._entries:
             return np.zeros((0,) + self.feature_shape, dtype=self.dtype)
-        return np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._shards])
+        return np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._all_shards()])
 
     def to_arrow(self) -> Any:
         """The store as a ``pyarrow.Table``, one row per record: ``line``, kept columns, ``token_ids``/``words``,
@@ -218,7 +259,7 @@ class FeatureStore:
         if self.level == "sentence":
             raise StoreError("ragged() is for token- and word-level stores; use to_numpy() at sentence level")
         rows, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
-        for s in self._shards:
+        for s in self._all_shards():
             off = s.array("offsets")
             rows.append(s.array("features").reshape((-1,) + self.feature_shape))
             offsets.append(off[1:] + base)
@@ -229,7 +270,9 @@ class FeatureStore:
     @property
     def lines(self) -> np.ndarray:
         """``[records]``: the input line each record came from."""
-        return np.concatenate([s.array("lines") for s in self._shards]) if self._shards else np.zeros(0, np.int64)
+        if not self._entries:
+            return np.zeros(0, np.int64)
+        return np.concatenate([s.array("lines") for s in self._all_shards()])
 
     @property
     def columns(self) -> list[str]:
@@ -241,8 +284,12 @@ class FeatureStore:
         if name not in self.columns:
             raise KeyError(f"column {name!r} was not kept; this store kept {self.columns} (extract with --keep {name})")
         out: list = []
-        for s in self._shards:
-            out.extend(s.json_meta("columns", {})[name])
+        for s in self._all_shards():
+            values = s.json_meta("columns", {})
+            if not isinstance(values, dict) or not isinstance(values.get(name), list):
+                raise StoreCorruptError(f"store {str(self.path)!r}: shard {s.path.name} does not hold the kept column "
+                                        f"{name!r}; {RESTORE}", file=str(s.path), problem=f"no column {name!r}")
+            out.extend(values[name])
         return out
 
     def token_ids(self, i: int) -> np.ndarray:
@@ -282,7 +329,7 @@ class FeatureStore:
         """``(shard, lo, hi)``: the record ranges of :meth:`iter_chunks`, shard by shard."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise StoreError(f"chunk size must be a positive int, got {size!r}")
-        for shard in self._shards:
+        for shard in self._all_shards():
             n = int(shard.shape("lines")[0])
             for lo in range(0, n, size):
                 yield shard, lo, min(n, lo + size)
@@ -293,9 +340,25 @@ class FeatureStore:
         path = self.path / ERRORS
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out = []
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            try:
+                entry = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError as exc:
+                raise StoreCorruptError(f"{str(path)!r} is damaged: line {number} is not JSON ({exc}); restore it "
+                                        f"from a copy or rerun the extract command", file=str(path),
+                                        problem=f"line {number} is not JSON") from exc
+            if entry is not None:
+                out.append(entry)
+        return out
 
 
-def open_store(path: str | os.PathLike) -> FeatureStore:
-    """Open the feature store at ``path`` (see :class:`FeatureStore`)."""
-    return FeatureStore(path)
+def open_store(path: str | os.PathLike, *, verify: bool = False) -> FeatureStore:
+    """Open the feature store at ``path`` (see :class:`FeatureStore`): its manifest and every listed shard's size
+    are checked; with ``verify=True`` every shard's sha256 too (one read of the whole store).
+
+    Raises:
+        StoreError: ``path`` is not a layerwise store.
+        StoreCorruptError: the manifest or a listed shard is damaged (naming the file, what is wrong, the fix).
+    """
+    return FeatureStore(path, verify=verify)

@@ -9,6 +9,17 @@ Resume rule: a directory holding a manifest is resumed when its header matches t
 shapes the features (the spec, the model's weights fingerprint, the tokenizer settings, the input's sha256 and how
 it was read). Provenance-only fields (the model's name or path, the input's path) may differ: a copy of the same
 file resumes the same store. A mismatch is refused naming each differing field, unless ``overwrite``.
+
+A resume repairs or refuses; it never overwrites. It first checks the listed shards (sizes and headers, and the
+sha256 of the last one); from the first missing or damaged shard on, shards are dropped from the manifest and
+recomputed: a dropped shard that is intact (ours) is removed, a damaged one is left where it is and named. A
+shard finished just before an interruption but not yet listed is taken in when it carries this store's id and the
+next index and passes every check. New shards never take the name of a file that exists. "Complete" is said
+only after the same checks.
+
+Only layerwise's own files are replaced or removed: ``overwrite`` replaces a directory only when its
+``manifest.json`` is a layerwise store's (the ``format`` marker), and then only the manifest, the error log, the
+shard files and layerwise's own temporary files; any other file there stays.
 """
 
 from __future__ import annotations
@@ -16,14 +27,16 @@ from __future__ import annotations
 import copy
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from ..encoding.spec import EncodeSpec
-from ..errors import LayerwiseError, StoreError, StoreFullError
+from ..errors import LayerwiseError, StoreCorruptError, StoreError, StoreFullError
 from ..provenance import differences, now, stamp
+from .integrity import Expected, content_problems, header_problems, shard_problems
 from .layout import (
     ERRORS,
     FORMAT,
@@ -31,14 +44,16 @@ from .layout import (
     MANIFEST,
     ShardFile,
     atomic_write_bytes,
+    file_sha256,
     is_disk_full,
     list_shards,
-    read_json,
     remove_temporaries,
+    shard_index,
     shard_name,
     write_json,
     write_shard,
 )
+from .manifest import is_store_manifest, read_manifest
 
 OpenState = Literal["new", "resume", "complete"]
 # recorded, not compared on resume
@@ -47,7 +62,7 @@ PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path"
 
 def identity(header: dict[str, Any]) -> dict[str, Any]:
     """The part of a header that a resume must match (``header`` minus :data:`PROVENANCE_ONLY` fields)."""
-    out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input", "part")}
+    out = {k: copy.deepcopy(header.get(k)) for k in ("spec", "model", "tokenizer", "input", "part", "feature_shape")}
     spec = out.get("spec")
     if isinstance(spec, dict):  # in today's names (a manifest of layerwise 0.x calls output_dtype "dtype")
         try:
@@ -83,16 +98,22 @@ class StoreWriter:
         self.header = header
         self.manifest: dict[str, Any] = {}
         self.shards: list[dict[str, Any]] = []
+        self.repairs: list[str] = []  # what the last open() found damaged and repaired, one line each
+        self._next = 0  # the index of the next shard's file
 
     # ---- opening -----------------------------------------------------------------------------------------
     def open(self, overwrite: bool = False) -> OpenState:
-        """Prepare the directory: ``new`` (empty store), ``resume`` (same header, unfinished) or ``complete``.
+        """Prepare the directory: ``new`` (empty store), ``resume`` (same header, unfinished or repaired) or
+        ``complete`` (same header, finished, every listed shard checked). What a resume repaired is in
+        :attr:`repairs`.
 
         Raises:
-            StoreError: the path is a file, a non-empty directory that is not a store, or a store made with
-                another header (naming the differences) without ``overwrite``.
+            StoreError: the path is a file, a non-empty directory that is not a layerwise store (even with
+                ``overwrite``), or a store made with another header (naming the differences) without ``overwrite``.
+            StoreCorruptError: a damaged manifest, without ``overwrite``.
         """
         store, mpath = self.path, self.path / MANIFEST
+        self.repairs = []
         if store.exists() and not store.is_dir():
             raise StoreError(f"store path {str(store)!r} is a file; give a directory (new or a layerwise store)")
         if store.is_dir() and any(store.iterdir()) and not mpath.exists():
@@ -101,43 +122,110 @@ class StoreWriter:
                 f"empty directory (layerwise never deletes files it did not write)"
             )
         if mpath.exists():
-            old = read_json(mpath)
-            diffs = differences(identity(old), identity(self.header))
-            if diffs and not overwrite:
+            if not is_store_manifest(mpath):
+                names = sorted(p.name for p in store.iterdir())
                 raise StoreError(
-                    f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the "
-                    f"store's options to resume, pick another output directory, or pass --overwrite to replace it"
+                    f"{str(store)!r} holds a {MANIFEST} that is not a layerwise store's (files there: "
+                    f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}); layerwise replaces only its own "
+                    f"stores, even with --overwrite: choose another directory"
                 )
-            if not diffs and not overwrite:
-                self.manifest = old
-                remove_temporaries(store)
-                self._load_shards()
-                return "complete" if old.get("status") == "complete" else "resume"
+            try:
+                old: dict[str, Any] | None = read_manifest(store)
+            except StoreCorruptError:
+                if not overwrite:
+                    raise
+                old = None  # a layerwise store's manifest (the marker), damaged: --overwrite replaces it
+            if old is not None:
+                diffs = differences(identity(old), identity(self.header))
+                if diffs and not overwrite:
+                    raise StoreError(
+                        f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the "
+                        f"store's options to resume, pick another output directory, or pass --overwrite to replace it"
+                    )
+                if not diffs and not overwrite:
+                    self.manifest = old
+                    remove_temporaries(store)
+                    return self._resume()
             self._wipe()
         store.mkdir(parents=True, exist_ok=True)
-        self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **stamp(), "status": "running",
-                         **copy.deepcopy(self.header), "counts": {}, "shards": []}
+        self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "id": uuid.uuid4().hex, **stamp(),
+                         "status": "running", **copy.deepcopy(self.header), "counts": {}, "shards": []}
+        self._next = self._free_index()
         self._guard(lambda: write_json(mpath, self.manifest), MANIFEST)
         self._guard(lambda: (store / ERRORS).write_bytes(b""), ERRORS)
         return "new"
 
     def _wipe(self) -> None:
+        """Remove a layerwise store's own files (its manifest carries the marker); anything else stays."""
         for p in list_shards(self.path):
             p.unlink()
         remove_temporaries(self.path)
         for name in (MANIFEST, ERRORS):
             (self.path / name).unlink(missing_ok=True)
 
-    def _load_shards(self) -> None:
-        self.shards = []
-        for p in list_shards(self.path):
-            sf = ShardFile(p)
-            lines = sf.array("lines")
-            self.shards.append(
-                {"file": p.name, "records": int(lines.shape[0]), "rows": int(sf.shape("features")[0]),
-                 "tokens": int(sf.metadata.get("tokens", 0)), "first_line": int(lines[0]),
-                 "last_line": int(lines[-1]), "bytes": p.stat().st_size, **_prefix_entry(sf.metadata)}
-            )
+    def _free_index(self) -> int:
+        """The index after every shard file on disk and every listed shard: new shards never take a used name."""
+        used = [shard_index(p.name) for p in list_shards(self.path)] + [shard_index(e["file"]) for e in self.shards]
+        return max(used, default=-1) + 1
+
+    def _resume(self) -> OpenState:
+        """Check the listed shards, drop (and recompute) from the first damaged one, take in a finished unlisted
+        shard; returns ``complete`` only when nothing had to change."""
+        entries = [dict(e) for e in self.manifest["shards"]]
+        expected = Expected.of(self.manifest)
+        keep: list[dict[str, Any]] = []
+        for i, entry in enumerate(entries):
+            problems = shard_problems(self.path, entry, expected, full=i == len(entries) - 1)
+            if problems:
+                self.repairs += problems
+                self._drop(entries[i:], expected)
+                break
+            keep.append(entry)
+        self.shards = keep
+        if not self.repairs:
+            self._adopt(expected)
+        self._next = self._free_index()
+        if self.repairs:
+            self.repairs.append(f"recomputing from input line {self.resume_line + 1}" if self.shards else
+                                "recomputing from the start")
+            self.write_manifest("running", int((self.manifest.get("counts") or {}).get("skipped", 0)))
+            return "resume"
+        return "complete" if self.manifest.get("status") == "complete" else "resume"
+
+    def _drop(self, dropped: list[dict[str, Any]], expected: Expected) -> None:
+        """Unlist ``dropped`` (to be recomputed): an intact one is ours and removed, a damaged one stays, named."""
+        for entry in dropped:
+            path = self.path / entry["file"]
+            if not path.exists():
+                continue
+            if shard_problems(self.path, entry, expected, full=False):
+                self.repairs.append(f"{entry['file']} is left as it is (damaged, no longer listed); delete it once "
+                                    f"you no longer need it")
+            else:
+                path.unlink()
+
+    def _adopt(self, expected: Expected) -> None:
+        """List the shards finished after the manifest's last update (an interruption between the two)."""
+        while expected.store_id is not None:
+            index = shard_index(self.shards[-1]["file"]) + 1 if self.shards else 0
+            path = self.path / shard_name(index)
+            if not path.is_file():
+                return
+            try:
+                shard = ShardFile(path)
+                lines = shard.array("lines")
+                entry = {"file": path.name, "records": int(lines.shape[0]), "rows": int(shard.shape("features")[0]),
+                         "tokens": int(shard.metadata.get("tokens", "0")), "first_line": int(lines[0]),
+                         "last_line": int(lines[-1]), "bytes": shard.size, **_prefix_entry(shard.metadata)}
+            except (StoreCorruptError, KeyError, IndexError, ValueError):
+                return
+            mine = shard.metadata.get("store") == expected.store_id and shard.metadata.get("shard") == str(index)
+            after = self.shards[-1]["last_line"] if self.shards else -1
+            if not mine or entry["first_line"] <= after or header_problems(shard, entry, expected) or \
+                    content_problems(shard, entry, expected):
+                return
+            entry["sha256"] = file_sha256(path)
+            self.shards.append(entry)
 
     # ---- state -------------------------------------------------------------------------------------------
     @property
@@ -189,14 +277,20 @@ class StoreWriter:
         A ``metadata["input_prefix"]`` (JSON; stdin inputs) is also listed with the shard in the manifest.
         Returns the shard's size in bytes. A full disk raises :class:`StoreFullError` (the temporary file is gone).
         """
-        name = shard_name(len(self.shards))
+        while (self.path / shard_name(self._next)).exists():  # never over a file that exists
+            self._next += 1
+        index, name = self._next, shard_name(self._next)
+        if self.manifest.get("id"):  # format 3: each shard says which store it belongs to, and where
+            metadata = {**metadata, "store": self.manifest["id"], "shard": str(index)}
         lines = tensors["lines"]
-        size = self._guard(lambda: write_shard(self.path / name, tensors, metadata), name)
+        written = self._guard(lambda: write_shard(self.path / name, tensors, metadata), name)
+        self._next += 1
         self.shards.append(
             {"file": name, "records": int(lines.shape[0]), "rows": int(tensors["features"].shape[0]), "tokens": tokens,
-             "first_line": int(lines[0]), "last_line": int(lines[-1]), "bytes": size, **_prefix_entry(metadata)}
+             "first_line": int(lines[0]), "last_line": int(lines[-1]), "bytes": written.bytes,
+             "sha256": written.sha256, **_prefix_entry(metadata)}
         )
-        return size
+        return written.bytes
 
     def record_input(self, **fields: Any) -> None:
         """Add facts about the input to the manifest's ``input`` section (written with the next manifest)."""

@@ -1,0 +1,127 @@
+"""A store's manifest, read and checked: the single source of truth about which shards a store holds.
+
+Every reader, the writer's resume, ``merge``, ``inspect`` and ``verify`` read the manifest through
+:func:`read_manifest`, which checks every field they rely on. What can go wrong, and what it raises:
+
+* no ``manifest.json``: :class:`~layerwise.StoreError` (not a store);
+* a ``manifest.json`` that is not a layerwise store's (another program's file of the same name):
+  :class:`~layerwise.StoreError` naming the file and what it holds; layerwise never replaces it;
+* a damaged one (not JSON, ``null``, a key missing, a wrong type, an unknown ``format_version``, shards out of
+  order or listed twice, counts that do not add up): :class:`~layerwise.StoreCorruptError` naming the file, the
+  field and the fix.
+
+Format 3 lists every shard with its sha256 and the store with an ``id`` (written into each shard's metadata with
+the shard's index); format 2 (layerwise before 0.12) lists sizes only and still opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..encoding.spec import EncodeSpec
+from ..errors import LayerwiseError, StoreCorruptError, StoreError
+from .layout import FORMAT, MANIFEST, READABLE_VERSIONS, SHARD_RE, read_json
+
+STATUSES = ("running", "partial", "complete")
+FIX = ("restore manifest.json from a copy; without it the shards cannot be trusted: delete the store directory and "
+       "rerun the extract command to recompute")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def read_manifest(store: str | os.PathLike) -> dict[str, Any]:
+    """The checked manifest of the store directory ``store`` (see the module docstring).
+
+    Raises:
+        StoreError: no manifest, or a manifest that is not a layerwise store's.
+        StoreCorruptError: a damaged manifest (naming the file, the field and the fix).
+    """
+    mpath = Path(store) / MANIFEST
+    if not mpath.is_file():
+        raise StoreError(f"{os.fspath(store)!r} is not a layerwise store (no {MANIFEST}); create one with "
+                         f"layerwise extract")
+    manifest = read_json(mpath)
+    check_manifest(manifest, mpath)
+    return manifest
+
+
+def is_store_manifest(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a ``manifest.json`` that layerwise wrote (a JSON object whose ``format`` is a store's),
+    damaged or not: the marker that lets ``--overwrite`` replace a directory."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return False
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # cut short or garbled: ours if it opens as layerwise writes it
+        return raw.lstrip().startswith(b"{") and f'"format": "{FORMAT}"'.encode() in raw[:200]
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def _int(value: Any, least: int) -> bool:
+    return type(value) is int and value >= least
+
+
+def check_manifest(m: Any, mpath: Path) -> None:
+    """Check a parsed manifest (see :func:`read_manifest`); ``mpath`` names it in the errors."""
+
+    def bad(field: str, what: str) -> StoreCorruptError:
+        return StoreCorruptError(f"{str(mpath)!r} is damaged: {field} {what}; {FIX}")
+
+    if not isinstance(m, dict):
+        raise bad("the manifest", f"holds {json.dumps(m)[:40]} instead of a JSON object")
+    if m.get("format") != FORMAT:
+        raise StoreError(f"{str(mpath)!r} is not a layerwise store manifest (its format is {m.get('format')!r}, not "
+                         f"{FORMAT!r}); layerwise reads and replaces only its own stores: choose another directory")
+    version = m.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise StoreCorruptError(f"{str(mpath)!r} is store format {version!r}; this layerwise reads formats "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}. Extract it again with this version (the "
+                                f"same command, with --overwrite), or open it with the layerwise that wrote it")
+    for key, kind in (("spec", dict), ("model", dict), ("input", dict), ("shards", list), ("feature_shape", list)):
+        if not isinstance(m.get(key), kind):
+            raise bad(f"field {key!r}", "is missing" if key not in m else f"is {m[key]!r}, not a {kind.__name__}")
+    try:
+        EncodeSpec.from_dict(m["spec"])
+    except (LayerwiseError, TypeError) as exc:
+        raise bad("field 'spec'", f"does not describe a spec ({exc})") from exc
+    if not m["feature_shape"] or not all(_int(d, 1) for d in m["feature_shape"]):
+        raise bad("field 'feature_shape'", f"is {m['feature_shape']!r}, not a list of positive ints")
+    if m.get("status") not in STATUSES:
+        raise bad("field 'status'", f"is {m.get('status')!r}, not one of {', '.join(STATUSES)}")
+    if not isinstance(m["model"].get("name"), str):
+        raise bad("field 'model.name'", f"is {m['model'].get('name')!r}, not a string")
+    if version >= 3 and not isinstance(m.get("id"), str):
+        raise bad("field 'id'", f"is {m.get('id')!r}, not the store's id string")
+    seen: set[str] = set()
+    last = 0
+    for i, e in enumerate(m["shards"]):
+        where = f"shards[{i}]"
+        if not isinstance(e, dict):
+            raise bad(f"field '{where}'", f"is {e!r}, not an object")
+        if not isinstance(e.get("file"), str) or not SHARD_RE.match(e["file"]) or e["file"] in seen:
+            raise bad(f"field '{where}.file'", f"is {e.get('file')!r}: not a shard name, or listed twice")
+        seen.add(e["file"])
+        for key, least in (("records", 1), ("rows", 0), ("tokens", 0), ("first_line", 0), ("last_line", 0),
+                           ("bytes", 8)):
+            if not _int(e.get(key), least):
+                raise bad(f"field '{where}.{key}'", f"is {e.get(key)!r}, not an int >= {least}")
+        if (i and e["first_line"] <= last) or e["last_line"] < e["first_line"]:
+            raise bad(f"field '{where}'", f"covers lines {e['first_line']}..{e['last_line']}, out of order "
+                                           f"after line {last}")
+        last = e["last_line"]
+        if version >= 3 and not (isinstance(e.get("sha256"), str) and _SHA256.match(e["sha256"])):
+            raise bad(f"field '{where}.sha256'", f"is {e.get('sha256')!r}, not a sha256")
+    counts = m.get("counts")
+    if counts is not None and not isinstance(counts, dict):
+        raise bad("field 'counts'", f"is {counts!r}, not an object")
+    listed = sum(e["records"] for e in m["shards"])
+    if counts and counts.get("records", listed) != listed:
+        raise bad("field 'counts.records'", f"is {counts.get('records')!r}, but the shards list {listed} records")
+
+
+__all__ = ["FIX", "STATUSES", "check_manifest", "is_store_manifest", "read_manifest"]
