@@ -270,7 +270,7 @@ def test_client_encode_words_equals_extractor(service, tiny_extractors):
         )
         for g, w in zip(got, want):
             assert np.abs(g - np.asarray(w)).max() <= 1e-5
-    with pytest.raises(TypeError, match="words must be a list of word lists"):
+    with pytest.raises(lw.InputError, match="words must be a list of word lists"):
         lw.Client(service).encode_words(["EU", "rejects"])
     with pytest.raises(ServiceError, match="lone surrogate"):
         lw.Client(service).encode_words([["ok", "\ud800"]])

@@ -243,3 +243,66 @@ def test_layer_stack_select_keeps_spec_order():
     assert sub.num_layers == 6 and sub.sites == ("block", "block")
     with pytest.raises(KeyError, match="was not captured"):
         stack.select("-2:")  # layer 5 is not in the stack
+
+
+# ---- hostile specs: size limits and linear resolution (issue 25) -------------------------------------------------
+def _timed(fn):
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        fn()
+    except ValueError as exc:
+        return time.perf_counter() - t0, exc
+    return time.perf_counter() - t0, None
+
+
+@pytest.mark.parametrize(
+    "spec, size",
+    [
+        (",".join(["all"] * 5000), "19,999 characters"),  # 20 KB: 7.8 s with the quadratic duplicate check
+        ("0," * 1_400_000, "2,800,000 characters"),  # 2.8 MB: minutes before
+        (["all"] * 5000, "5,000 items"),
+        ([0] * 1_000_000, "1,000,000 items"),
+        (["0:" + "1" * 3000], "3,002 characters"),  # one huge item inside a list
+    ],
+)
+def test_hostile_specs_refused_fast_naming_length_and_limit(spec, size):
+    from layerwise import SpecError
+    from layerwise.encoding.layers import MAX_SPEC_CHARS, MAX_SPEC_ITEMS
+
+    seconds, exc = _timed(lambda: resolve_layers(spec, num_layers=12))
+    assert seconds < 1.0, f"took {seconds:.2f} s"
+    assert isinstance(exc, SpecError)
+    msg = str(exc)
+    assert size in msg
+    assert f"the limit is {MAX_SPEC_CHARS:,} characters" in msg or f"the limit is {MAX_SPEC_ITEMS:,} items" in msg
+    assert len(msg) < 400 and 'layers="all"' in msg and "..." in msg  # the spec is shown cut, not in full
+
+
+def test_longest_honest_specs_resolve():
+    every = list(range(301))  # a 300-layer model, every layer listed by hand
+    assert resolve_layers(", ".join(map(str, every)), num_layers=300) == tuple(every)
+    assert resolve_layers(every, num_layers=300) == tuple(every)
+    assert resolve_layers([str(i) for i in every], num_layers=300) == tuple(every)
+
+
+def test_duplicates_in_long_specs_found_in_linear_time():
+    from layerwise.encoding.layers import MAX_SPEC_CHARS, MAX_SPEC_ITEMS
+
+    # just under both limits: every item a duplicate of every other; the old check counted each of 301,000 indices
+    spec = ["all"] * MAX_SPEC_ITEMS
+    seconds, exc = _timed(lambda: resolve_layers(spec, num_layers=300))
+    assert seconds < 1.0, f"took {seconds:.2f} s"
+    assert f"names layer(s) {list(range(301))} more than once" in str(exc)
+    text = ",".join(["all"] * (MAX_SPEC_CHARS // 4))
+    seconds, exc = _timed(lambda: resolve_layers(text, num_layers=300))
+    assert seconds < 1.0, f"took {seconds:.2f} s"
+    assert f"names layer(s) {list(range(301))} more than once" in str(exc)
+    assert len(str(exc)) < 2000  # the spec is shown cut to its start
+
+
+def test_duplicate_message_unchanged_for_short_specs():
+    with pytest.raises(ValueError) as info:
+        resolve_layers(["all", 0, 2], num_layers=6)
+    assert str(info.value) == "layer spec ['all', 0, 2] names layer(s) [0, 2] more than once; " + EXAMPLE6

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import List, Optional
+
 import typer
 
 from ..errors import LayerwiseError
@@ -18,18 +20,34 @@ def serve(
     max_text_chars: int = typer.Option(20000, "--max-text-chars", help="Longest text in characters (longer: 422)."),
     max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", help="Largest request body (larger: 413)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+    alias: Optional[List[str]] = typer.Option(
+        None, "--alias", help="NAME='layers=3;pool=mean': a model name that picks a spec (OpenAI clients set "
+        "model=NAME); repeatable."),
+    aliases_file: Optional[str] = typer.Option(
+        None, "--aliases", help="A JSON or TOML file of aliases: {name: {field: value}}."),
     *,
     model_options: ModelOptions,
 ) -> None:
-    """Serve POST /v1/encode, GET /v1/model, /health, /metrics and OpenAPI docs at /docs."""
+    """Serve layerwise's API (POST /v1/encode), OpenAI's (POST /v1/embeddings, GET /v1/models) and TEI's (POST
+    /embed, /, /embed_all, /tokenize, GET /info), /health, /metrics and OpenAPI docs at /docs."""
     from ..serve import Limits
     from ..serve import serve as run
+    from ..serve.aliases import load_aliases, parse_alias
 
     with user_errors():
         if not 1 <= port <= 65535:
             raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
                         max_batch_tokens=max_batch_tokens)
+        named = load_aliases(aliases_file) if aliases_file else {}
+        for text in alias or []:
+            name, fields = parse_alias(text)
+            named[name] = fields
         ex = extractor(model_options)
+        from ..serve import create_app
+
+        app = create_app(ex, limits, aliases=named)  # a bad alias is said now, before the server starts
     err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
-    run(ex, host=host, port=port, limits=limits, log_level=log_level)
+    for name, fields in named.items():
+        err_console.print(f"alias {name}: {fields}", highlight=False)
+    run(app, host=host, port=port, log_level=log_level)

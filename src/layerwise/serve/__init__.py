@@ -7,12 +7,12 @@ Its Python client, :class:`layerwise.Client`, lives in :mod:`layerwise.client` (
 import ctypes
 import platform
 import sys
+from typing import Any
 
 from ..client import Client
 from ..errors import ServiceError
-from ..extractor import Extractor
-from ..model.options import ModelOptions
-from .app import EncodeRequest, Limits, create_app
+from .app import EncodeRequest, create_app
+from .service import Limits
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 TRIM_THRESHOLD = 256 << 20  # free memory kept at the top of a heap before glibc gives it back to the system
@@ -38,17 +38,20 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
-def serve(model: Extractor | ModelOptions | str, *, host: str = "127.0.0.1", port: int = 8000,
-          limits: Limits | None = None, log_level: str = "info") -> None:
-    """Run the service for ``model`` (a :class:`~layerwise.ModelOptions`, a directory / hub id, or a loaded
-    :class:`~layerwise.Extractor`) with uvicorn until interrupted (binds 127.0.0.1 unless told otherwise).
+def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+          aliases: dict[str, dict[str, Any]] | None = None, log_level: str = "info") -> None:
+    """Run the service for ``model`` (a :class:`~layerwise.ModelOptions`, a directory / hub id, a loaded
+    :class:`~layerwise.Extractor`, or an app made by :func:`create_app`) with uvicorn until interrupted (binds
+    127.0.0.1 unless told otherwise). ``aliases``: see :mod:`layerwise.serve.aliases`.
 
     The process is the server's: glibc is told to keep freed memory (:func:`keep_freed_memory`).
     """
     import uvicorn
+    from fastapi import FastAPI
 
     keep_freed_memory()
-    uvicorn.run(create_app(model, limits), host=host, port=port, log_level=log_level)
+    app = model if isinstance(model, FastAPI) else create_app(model, limits, aliases=aliases)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 __all__ = ["Client", "EncodeRequest", "Limits", "ServiceError", "create_app", "keep_freed_memory", "serve"]

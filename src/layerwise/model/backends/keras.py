@@ -49,6 +49,7 @@ from ..loading import (
     TOKENIZER_FILES,
     default_model_path,
     ensure_pad_token,
+    is_default_alias,
     sentence_transformers_length,
 )
 from ..options import ModelOptions
@@ -78,7 +79,7 @@ def is_keras_preset(path: str | os.PathLike) -> bool:
 
 
 def _local_dir(model: str | os.PathLike | None) -> Path:
-    if model is None:
+    if model is None or is_default_alias(model):  # the default model's hub ids: the embedded copy
         return Path(default_model_path())
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a local directory path, got {type(model).__name__}")

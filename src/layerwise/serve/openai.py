@@ -1,0 +1,188 @@
+"""OpenAI-compatible routes: ``POST /v1/embeddings`` and ``GET /v1/models``, for the ``openai`` client and every
+framework built on it (LangChain's ``OpenAIEmbeddings``, LlamaIndex, vector databases).
+
+``input`` is a string, a list of strings, a list of token ids or a list of lists of ids (the model's own ids: an id
+outside its vocabulary is refused, with the hint for LangChain, which sends tiktoken ids unless told not to).
+``encoding_format`` is ``float`` or ``base64`` (little-endian float32, the ``openai`` client's default);
+``dimensions`` keeps the leading dimensions (then renormalised); ``user`` is accepted and ignored.
+
+Which layers: the request's ``model`` may name an alias (``layerwise serve --alias NAME='layers=3;pool=mean'``),
+and any :class:`~layerwise.EncodeSpec` field may ride in the body as an extension (``openai``:
+``extra_body={"layers": "-4:", "combine": "concat"}``); later ones win over earlier ones: the defaults (last
+layer, mean-pooled, L2-normalised as OpenAI's embeddings are), then the alias, then the body. The
+``X-Layerwise-Spec`` response header says which resolved spec was used. One vector per input: the level is
+``sentence``.
+
+Example::
+
+    >>> from openai import OpenAI                                                   # doctest: +SKIP
+    >>> client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")       # doctest: +SKIP
+    >>> client.embeddings.create(model="all-MiniLM-L6-v2", input=["I love Paris"],  # doctest: +SKIP
+    ...                          extra_body={"layers": 3}).data[0].embedding[:3]
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from typing import Literal, Optional, Union
+
+import numpy as np
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from .errors import error_response
+from .service import SPEC_HEADER, RequestError, Service, cut_dimensions, finite
+
+log = logging.getLogger("layerwise.serve")
+LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
+
+
+class SpecExtension(BaseModel):
+    """The :class:`~layerwise.EncodeSpec` fields a request may add to OpenAI's or TEI's body (all optional)."""
+
+    layers: LayerSpecField = Field(None, description="Layer spec: -1, '-4:', [0, 6], 'all' (layerwise extension).")
+    site: Optional[str] = Field(None, description="block | attention | intermediate | pre_ln (extension).")
+    combine: Optional[str] = Field(None, description="How layers combine: concat | mean | sum | ... (extension).")
+    weights: Optional[list[float]] = Field(None, description="Weights for combine 'weighted' (extension).")
+    pool: Optional[str] = Field(None, description="Sentence pool: mean | cls | max | last | ... (extension).")
+    skip_special_tokens: Optional[bool] = Field(None, description="Leave special tokens out of pooling (extension).")
+    prompt: Optional[str] = Field(None, description="Text put before every input (extension).")
+    add_eos: Optional[bool] = Field(None, description="Append the end-of-sequence token (extension).")
+
+    def spec_fields(self) -> dict:
+        """The extension fields given (``None`` for the others)."""
+        return {name: getattr(self, name) for name in SpecExtension.model_fields}
+
+
+class EmbeddingsRequest(SpecExtension):
+    """Body of ``POST /v1/embeddings`` (OpenAI's, plus the :class:`SpecExtension` fields). Unknown fields: 400."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]] = Field(
+        ..., description="A text, a list of texts, a list of token ids, or a list of lists of token ids.")
+    model: str = Field(..., description="The served model's name or an alias (GET /v1/models lists them).")
+    encoding_format: Literal["float", "base64"] = Field("float", description="float, or base64 (float32 LE).")
+    dimensions: Optional[int] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
+    user: Optional[str] = Field(None, description="Accepted and ignored.")
+    normalize: Optional[bool] = Field(None, description="L2-normalise (default true, as OpenAI; extension).")
+    truncate: Optional[bool] = Field(None, description="Cut inputs at the model's length instead of windowing "
+                                                       "(extension).")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+ERRORS: dict[int | str, dict] = {code: {"model": OpenAIError, "description": what} for code, what in (
+    (400, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, a token id "
+          "outside the vocabulary."),
+    (404, "The model name is neither the served model nor an alias."),
+    (413, "The body is over max_body_bytes."),
+    (500, "An internal error (the server log has the details)."))}
+
+
+def _inputs(value: object) -> tuple[list, str]:
+    """``(items, kind)``: texts or token-id lists."""
+    if isinstance(value, str):
+        return [value], "text"
+    items = list(value)  # type: ignore[call-overload]
+    if items and all(isinstance(x, int) for x in items):
+        return [items], "ids"
+    if items and all(isinstance(x, list) for x in items):
+        return items, "ids"
+    return items, "text"
+
+
+def openai_router(service: Service) -> APIRouter:
+    """The OpenAI routes over ``service`` (see the module docstring)."""
+    router = APIRouter(tags=["OpenAI-compatible"])
+    path = "/v1/embeddings"
+
+    @router.get("/v1/models", response_model=ModelList, responses=ERRORS)
+    def models() -> ModelList:
+        """The served model and its aliases, as OpenAI lists models."""
+        created = int(time.time())
+        return ModelList(data=[ModelCard(id=name, created=created, owned_by="layerwise")
+                               for name in service.model_names()])
+
+    @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS)
+    async def embeddings(req: EmbeddingsRequest) -> JSONResponse:
+        """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
+        t0 = time.perf_counter()
+        try:
+            items, kind = _inputs(req.input)
+            if kind == "ids" and req.prompt:
+                raise RequestError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
+            spec = service.spec({"normalize": True}, service.alias_fields(req.model), req.spec_fields(),
+                                {"normalize": req.normalize, "truncate": req.truncate})
+            if spec.level != "sentence":
+                raise RequestError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
+                                        f"is served by /v1/encode (and token vectors by /embed_all)", "level")
+            items = service.check_items(items, kind, spec.prompt, "input")  # type: ignore[arg-type]
+            rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
+            vectors = finite(np.stack([v for v, _ in rows]))
+            vectors = cut_dimensions(vectors, req.dimensions, spec.normalize)
+            tokens = sum(len(t.ids) for _, t in rows)
+            if req.encoding_format == "base64":
+                little = vectors.astype("<f4")
+                data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
+                        for i, v in enumerate(little)]
+            else:
+                data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        except RequestError as exc:
+            service.metrics.request(str(400 if exc.status == 422 else exc.status), time.perf_counter() - t0)
+            return error_response(path, exc.status, exc.message, exc.param, exc.code)
+        except Exception:
+            log.exception("embeddings failed")
+            service.metrics.request("500", time.perf_counter() - t0)
+            return error_response(path, 500, "internal error while encoding; see the server log")
+        service.metrics.request("200", time.perf_counter() - t0)
+        body = {"object": "list", "data": data, "model": req.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return JSONResponse(body, headers={SPEC_HEADER: service.specs(spec)[2]})
+
+    return router
+
+
+__all__ = ["EmbeddingsRequest", "EmbeddingsResponse", "SpecExtension", "openai_router"]

@@ -1,0 +1,228 @@
+"""What every protocol of the service shares: the limits, the batcher over one model, the spec of a request (its
+model name or alias, its fields), the input checks, and the encoding of a request's items.
+
+layerwise's own ``/v1/encode`` (:mod:`layerwise.serve.app`), the OpenAI routes (:mod:`layerwise.serve.openai`) and
+the TEI routes (:mod:`layerwise.serve.tei`) differ only in their bodies and error shapes: each turns a
+:class:`RequestError` into its own shape, so one check says the same thing in every protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ..encoding.spec import EncodeSpec
+from ..encoding.tokenize import check_texts
+from ..errors import LayerwiseError
+from ..extractor import Extractor
+from .batcher import Batcher
+from .metrics import Metrics
+
+Kind = Literal["text", "words", "ids"]
+SPEC_HEADER = "X-Layerwise-Spec"  # every encoding response says which resolved spec it used (JSON)
+
+
+@dataclass
+class Limits:
+    """Request limits of the service."""
+
+    max_texts: int = 256
+    max_text_chars: int = 20_000
+    max_body_bytes: int = 4 << 20
+    max_batch_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
+
+
+class RequestError(Exception):
+    """A request the service refuses: ``status`` (HTTP), ``message`` (what and how to fix), ``param`` (the field)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+class SpecCache:
+    """``(layers, spec.to_dict(), header JSON)`` per resolved spec, built once (at most ``size`` specs kept).
+
+    Requests repeat a handful of option sets; the cached values are only read, never changed.
+    """
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._cache: dict[EncodeSpec, tuple[list[int], dict, str]] = {}
+
+    def __call__(self, spec: EncodeSpec) -> tuple[list[int], dict, str]:
+        hit = self._cache.get(spec)
+        if hit is None:
+            if len(self._cache) >= self.size:
+                self._cache.pop(next(iter(self._cache)))
+            d = spec.to_dict()
+            hit = self._cache[spec] = (list(spec.layer_indices), d, json.dumps(d, separators=(",", ":")))
+        return hit
+
+
+class Service:
+    """One served model: its limits, batcher, metrics and aliases (named spec fields).
+
+    Args:
+        ex: the loaded model. limits: request limits. lock: serialises calls into the model (shared with the
+            explorer's sentence view). aliases: model name -> :class:`~layerwise.EncodeSpec` fields, picked by a
+            request's ``model`` (validated against the model here: a bad alias fails at start, not per request).
+    """
+
+    def __init__(self, ex: Extractor, limits: Limits, lock: threading.Lock,
+                 aliases: dict[str, dict[str, Any]] | None = None):
+        self.ex, self.limits, self.lock = ex, limits, lock
+        self.metrics = Metrics()
+        self.batcher: Batcher = Batcher(self._run, max_batch_tokens=limits.max_batch_tokens,
+                                        on_batch=self.metrics.batch)
+        self.specs = SpecCache()
+        self.model_id = ex.loaded.name
+        self.aliases = dict(aliases or {})
+        for name, fields in self.aliases.items():
+            try:
+                EncodeSpec.from_dict(fields).resolve(ex)
+            except (LayerwiseError, TypeError) as exc:
+                raise LayerwiseError(f"alias {name!r} ({fields}) does not fit {self.model_id!r}: {exc}") from exc
+
+    # ---- names --------------------------------------------------------------------------------------------
+    def model_names(self) -> list[str]:
+        """The names a request's ``model`` may take: the model's own name, its last path part, the aliases."""
+        own = [self.model_id, self.model_id.rstrip("/").rsplit("/", 1)[-1]]
+        return list(dict.fromkeys(own + list(self.aliases)))
+
+    def alias_fields(self, model: str | None) -> dict[str, Any]:
+        """The spec fields ``model`` names: an alias's, ``{}`` for the model itself (or no name).
+
+        Raises:
+            RequestError: 404, an unknown name (listing the valid ones).
+        """
+        if model is None:
+            return {}
+        if model in self.aliases:
+            return dict(self.aliases[model])
+        if model in self.model_names():
+            return {}
+        raise RequestError(404, f"model {model!r} is not served here; the served names are: "
+                                f"{', '.join(self.model_names())} (aliases pick layers: layerwise serve --alias)",
+                           "model", "model_not_found")
+
+    def spec(self, *layers_of_fields: dict[str, Any]) -> EncodeSpec:
+        """The resolved spec of fields given in layers (protocol defaults, then an alias, then the request's own
+        fields: later ones win; ``None`` values are left out).
+
+        Raises:
+            RequestError: 422 with the library's message (valid values or range) for an invalid or inapplicable
+                option.
+        """
+        fields: dict[str, Any] = {}
+        for layer in layers_of_fields:
+            fields.update({k: v for k, v in layer.items() if v is not None})
+        try:
+            return EncodeSpec.from_dict(fields).resolve(self.ex)
+        except (ValueError, TypeError) as exc:
+            raise RequestError(422, str(exc)) from None
+
+    # ---- inputs -------------------------------------------------------------------------------------------
+    def check_items(self, items: Any, kind: Kind, prompt: str = "", field: str = "texts") -> list:
+        """``items`` checked against the limits (the prompt counts toward every text's characters) and their types.
+
+        Raises:
+            RequestError: 422 naming the item and the limit, or the wrong type.
+        """
+        if not isinstance(items, list) or not items:
+            raise RequestError(422, f"'{field}' is empty; give at least one input", field)
+        if len(items) > self.limits.max_texts:
+            raise RequestError(422, f"{len(items)} texts in one request; the limit is {self.limits.max_texts} "
+                                    f"(max_texts)", field)
+        cap = self.limits.max_text_chars
+        for i, item in enumerate(items):
+            if kind == "ids":
+                n = len(item)
+                what = "token ids"
+            else:
+                n = len(prompt) + (len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item))
+                what = "characters" + (" with the prompt" if prompt else "")
+            if n > cap:
+                raise RequestError(422, f"text {i} has {n} {what}; the limit is {cap} (max_text_chars)", field)
+        if kind == "ids":
+            vocab = len(self.ex.tokenizer)
+            for i, ids in enumerate(items):
+                bad = next((x for x in ids if not 0 <= x < vocab), None)
+                if bad is not None:
+                    raise RequestError(400, f"token id {bad} in input {i} is outside the vocabulary of "
+                                            f"{self.model_id!r} (0..{vocab - 1}); send text, or this model's own "
+                                            f"token ids (if this is LangChain's OpenAIEmbeddings, pass "
+                                            f"check_embedding_ctx_length=False: it sends tiktoken ids)", field)
+            return [list(ids) for ids in items]
+        try:
+            check_texts(items, words=kind == "words")  # wrong types, lone surrogates: naming the index
+        except (ValueError, TypeError) as exc:
+            raise RequestError(422, str(exc), field) from None
+        return list(items)
+
+    # ---- encoding -----------------------------------------------------------------------------------------
+    async def encode(self, spec: EncodeSpec, items: list, kind: Kind) -> list:
+        """``[(vector ndarray [*D] or [n, *D], Tokenized)]`` for ``items``, merged with other requests of the same
+        spec and kind by the batcher."""
+        if kind == "ids":
+            cost = sum(len(ids) + 2 for ids in items)
+        else:
+            cost = sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
+        return await self.batcher.submit((spec, kind), items, cost)
+
+    def _run(self, key: tuple[EncodeSpec, Kind], items: list) -> list:
+        """The worker's model call for one merged batch."""
+        spec, kind = key
+        t0 = time.perf_counter()
+        with self.lock:
+            if kind == "ids":
+                toks = self.ex.text_tokenizer().from_ids(items, truncate=spec.truncate, add_eos=spec.add_eos)
+                out = [(res.features.numpy(), res.tokens) for res in self.ex.encode_tokenized(toks, spec)]
+            else:
+                out = [(res.features.numpy(), res.tokens) for res in self.ex.stream(items, spec)]
+        self.metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
+        return out
+
+
+def cut_dimensions(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """``[n, D]`` -> ``[n, dimensions]``: the leading dimensions kept, then L2-renormalised when ``normalize``.
+
+    Raises:
+        RequestError: 422, ``dimensions`` larger than ``D``.
+    """
+    if dimensions is None:
+        return vectors
+    if dimensions > vectors.shape[-1]:
+        raise RequestError(422, f"dimensions={dimensions} is more than the {vectors.shape[-1]} this spec gives; "
+                                f"give 1..{vectors.shape[-1]}", "dimensions")
+    cut = np.ascontiguousarray(vectors[..., :dimensions], dtype=np.float32)
+    if normalize:
+        cut /= np.maximum(np.linalg.norm(cut, axis=-1, keepdims=True), 1e-12)
+    return cut
+
+
+def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
+    """``arr`` as a contiguous ``dtype`` array after checking it holds no inf or NaN.
+
+    Raises:
+        RequestError: 422 saying where inf/NaN come from.
+    """
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
+    if not np.isfinite(out).all():
+        raise RequestError(422, f"the result holds inf or NaN values (huge or NaN weights, or {dtype} overflow); use "
+                                f"smaller weights or dtype float32")
+    return out
+
+__all__ = ["Limits", "RequestError", "SPEC_HEADER", "Service", "SpecCache", "cut_dimensions", "finite"]

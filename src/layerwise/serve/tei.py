@@ -1,0 +1,242 @@
+"""text-embeddings-inference (TEI) compatible routes, for ``huggingface_hub.InferenceClient(model=URL)`` and every
+tool that speaks TEI: ``POST /embed`` and ``POST /`` (sentence vectors), ``POST /embed_all`` (token vectors),
+``POST /tokenize``, ``GET /info``.
+
+As TEI: ``inputs`` is a text or a list of texts (or of the model's token ids); ``normalize`` defaults to true;
+``truncate`` cuts inputs at the model's length (without it, layerwise windows a long input instead of refusing
+it); ``truncation_direction`` is ``Right`` (``Left`` is refused: layerwise keeps an input's start);
+``prompt_name`` picks a prompt from the model's ``config_sentence_transformers.json``; ``dimensions`` keeps the
+leading dimensions. Errors are ``{"error": ..., "error_type": ...}``. The :class:`~layerwise.EncodeSpec` fields ride
+in the body as extensions (``layers``, ``pool``, ``combine``, ...), and the ``X-Layerwise-Spec`` response header says
+which resolved spec was used.
+
+Example::
+
+    >>> from huggingface_hub import InferenceClient                                  # doctest: +SKIP
+    >>> InferenceClient(model="http://127.0.0.1:8000").feature_extraction("I love Paris").shape  # doctest: +SKIP
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import numpy as np
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from ..version import __version__
+from .errors import error_response
+from .openai import SpecExtension
+from .service import SPEC_HEADER, RequestError, Service, cut_dimensions, finite
+
+log = logging.getLogger("layerwise.serve")
+Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+
+
+class TEIError(BaseModel):
+    error: str
+    error_type: str
+
+
+ERRORS: dict[int | str, dict] = {code: {"model": TEIError, "description": what} for code, what in (
+    (413, "The body is over max_body_bytes."),
+    (422, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, an unknown "
+          "prompt name, a token id outside the vocabulary."),
+    (424, "An internal error (the server log has the details)."))}
+
+
+class EmbedRequest(SpecExtension):
+    """Body of ``POST /embed`` and ``POST /`` (TEI's, plus the extension fields). Unknown fields: 422."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: Inputs = Field(..., description="A text, a list of texts, or the model's token ids.")
+    normalize: bool = Field(True, description="L2-normalise the vectors (TEI's default: true).")
+    truncate: Optional[bool] = Field(False, description="Cut inputs at the model's length.")
+    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    prompt_name: Optional[str] = Field(None, description="A prompt of the model's sentence-transformers config.")
+    dimensions: Optional[int] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
+
+
+class EmbedAllRequest(SpecExtension):
+    """Body of ``POST /embed_all``: token vectors (TEI's, plus the extension fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: Inputs
+    truncate: Optional[bool] = False
+    truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
+    prompt_name: Optional[str] = None
+
+
+class TokenizeRequest(BaseModel):
+    """Body of ``POST /tokenize``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: Union[StrictStr, list[StrictStr]]
+    add_special_tokens: bool = True
+    prompt_name: Optional[str] = None
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: Optional[int] = None
+    stop: Optional[int] = None
+
+
+class Info(BaseModel):
+    model_id: str
+    model_sha: Optional[str] = None
+    model_dtype: str
+    model_type: dict
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: Optional[int] = None
+    max_client_batch_size: int
+    tokenization_workers: int
+    version: str
+    layerwise: dict
+
+
+def prompts(model_dir: str) -> dict[str, str]:
+    """The named prompts of a sentence-transformers model directory (``config_sentence_transformers.json``)."""
+    path = Path(model_dir) / "config_sentence_transformers.json"
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
+def tei_router(service: Service) -> APIRouter:
+    """The TEI routes over ``service`` (see the module docstring)."""
+    router = APIRouter(tags=["TEI-compatible"])
+    ex = service.ex
+    named = prompts(str(ex.loaded.name))
+
+    def prompt_of(name: str | None, given: str | None) -> str | None:
+        if name is None:
+            return given
+        if name not in named:
+            raise RequestError(422, f"prompt_name {name!r} is not a prompt of this model; it has "
+                                    f"{sorted(named) or 'none'} (config_sentence_transformers.json)", "prompt_name")
+        return named[name] + (given or "")
+
+    def inputs(value: object, prompt: str | None) -> tuple[list, str]:
+        if isinstance(value, str):
+            return [value], "text"
+        items = list(value)  # type: ignore[call-overload]
+        kind = "ids" if items and all(isinstance(x, (int, list)) for x in items) else "text"
+        if kind == "ids" and items and isinstance(items[0], int):
+            items = [items]
+        if kind == "ids" and prompt:
+            raise RequestError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
+        return items, kind
+
+    def direction(value: str) -> None:
+        if value.lower() == "left":
+            raise RequestError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's "
+                                    "start; use Right", "truncation_direction")
+
+    async def embed(path: str, req: EmbedRequest) -> JSONResponse:
+        t0 = time.perf_counter()
+        try:
+            direction(req.truncation_direction)
+            prompt = prompt_of(req.prompt_name, req.prompt)
+            spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
+                                                    "prompt": prompt})
+            if spec.level != "sentence":
+                raise RequestError(422, "/embed gives one vector per input; token vectors: /embed_all")
+            items, kind = inputs(req.inputs, spec.prompt)
+            items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
+            rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
+            vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
+        except RequestError as exc:
+            service.metrics.request(str(exc.status), time.perf_counter() - t0)
+            return error_response(path, exc.status, exc.message, exc.param)
+        except Exception:
+            log.exception("embed failed")
+            service.metrics.request("424", time.perf_counter() - t0)
+            return error_response(path, 424, "internal error while encoding; see the server log")
+        service.metrics.request("200", time.perf_counter() - t0)
+        return JSONResponse(vectors.tolist(), headers={SPEC_HEADER: service.specs(spec)[2]})
+
+    @router.post("/embed", response_model=list[list[float]], responses=ERRORS)
+    async def embed_route(req: EmbedRequest) -> JSONResponse:
+        """Sentence vectors, one per input (TEI's ``/embed``)."""
+        return await embed("/embed", req)
+
+    @router.post("/", response_model=list[list[float]], responses=ERRORS)
+    async def predict_route(req: EmbedRequest) -> JSONResponse:
+        """TEI's predict route: the same as ``/embed`` (``huggingface_hub`` posts here)."""
+        return await embed("/", req)
+
+    @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS)
+    async def embed_all(req: EmbedAllRequest) -> JSONResponse:
+        """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
+        t0 = time.perf_counter()
+        try:
+            direction(req.truncation_direction)
+            prompt = prompt_of(req.prompt_name, req.prompt)
+            spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate, "prompt": prompt})
+            items, kind = inputs(req.inputs, spec.prompt)
+            items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
+            rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
+            body = [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
+        except RequestError as exc:
+            service.metrics.request(str(exc.status), time.perf_counter() - t0)
+            return error_response("/embed_all", exc.status, exc.message, exc.param)
+        except Exception:
+            log.exception("embed_all failed")
+            service.metrics.request("424", time.perf_counter() - t0)
+            return error_response("/embed_all", 424, "internal error while encoding; see the server log")
+        service.metrics.request("200", time.perf_counter() - t0)
+        return JSONResponse(body, headers={SPEC_HEADER: service.specs(spec)[2]})
+
+    @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS)
+    def tokenize(req: TokenizeRequest) -> JSONResponse:
+        """Each input's tokens: ``id``, ``text``, ``special``, character ``start``/``stop`` (TEI's ``/tokenize``)."""
+        try:
+            prompt = prompt_of(req.prompt_name, None) or ""
+            texts = [req.inputs] if isinstance(req.inputs, str) else list(req.inputs)
+            texts = service.check_items(texts, "text", prompt, "inputs")
+        except RequestError as exc:
+            return error_response("/tokenize", exc.status, exc.message, exc.param)
+        tok = ex.tokenizer
+        out = []
+        for text in texts:
+            enc = tok(prompt + text, add_special_tokens=req.add_special_tokens, return_offsets_mapping=True,
+                      return_special_tokens_mask=True, verbose=False)
+            pieces = tok.convert_ids_to_tokens(enc["input_ids"])
+            out.append([{"id": int(i), "text": piece, "special": bool(sp),
+                         "start": None if sp else int(a), "stop": None if sp else int(b)}
+                        for i, piece, sp, (a, b) in zip(enc["input_ids"], pieces, enc["special_tokens_mask"],
+                                                          enc["offset_mapping"])])
+        return JSONResponse(out)
+
+    @router.get("/info", response_model=Info, responses=ERRORS)
+    def info() -> dict:
+        """What TEI's ``/info`` says, plus the layerwise facts (layers, sites, aliases)."""
+        d = ex.describe()
+        return {"model_id": service.model_id, "model_sha": None, "model_dtype": d["compute_dtype"],
+                "model_type": {"embedding": {"pooling": "mean"}}, "max_concurrent_requests": 512,
+                "max_input_length": ex.max_length, "max_batch_tokens": service.limits.max_batch_tokens,
+                "max_batch_requests": None, "max_client_batch_size": service.limits.max_texts,
+                "tokenization_workers": 1, "version": __version__,
+                "layerwise": {"layers": d["layers"], "sites": list(d["sites"]), "aliases": service.aliases,
+                              "names": service.model_names()}}
+
+    return router
+
+
+__all__ = ["EmbedAllRequest", "EmbedRequest", "TokenizeRequest", "prompts", "tei_router"]
