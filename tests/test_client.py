@@ -76,14 +76,14 @@ def test_bare_string_texts_refused_before_any_request(no_network):
     with pytest.raises(InputError, match=r"texts is bytes \(b'I love Paris'\).*decode it and pass a list"):
         no_network.encode(b"I love Paris")
     with pytest.raises(InputError, match=r"texts must be a list of strings, got int"):
-        no_network.encode(3)  # type: ignore[arg-type]
+        no_network.encode(3)
     with pytest.raises(InputError, match=r"text 1 must be a string, got bytes: b'x' \(decode it"):
-        no_network.encode(["ok", b"x"])  # type: ignore[list-item]
+        no_network.encode(["ok", b"x"])
 
 
 def test_bare_string_or_flat_list_of_words_refused_before_any_request(no_network):
     with pytest.raises(InputError) as info:
-        no_network.encode_words("EU rejects")  # type: ignore[arg-type]
+        no_network.encode_words("EU rejects")
     msg = str(info.value)
     assert "words must be a list of word lists, got a single str ('EU rejects')" in msg
     assert "encode_words([['EU', 'rejects']])" in msg
@@ -95,12 +95,12 @@ def test_bare_string_or_flat_list_of_words_refused_before_any_request(no_network
     with pytest.raises(InputError, match=r"item 1 is a str \('b'\), not a list of words"):
         no_network.encode_words([["a"], "b"])
     with pytest.raises(InputError, match=r"word 1 of item 0 must be a string, got int: 1"):
-        no_network.encode_words([["a", 1]])  # type: ignore[list-item]
+        no_network.encode_words([["a", 1]])
 
 
 def test_options_that_cannot_be_json_refused_before_any_request(no_network):
     with pytest.raises(InputError, match=r"an option of type object .* cannot be sent to the service as JSON"):
-        no_network.encode(["a"], layers=object())  # type: ignore[arg-type]
+        no_network.encode(["a"], layers=object())
 
 
 def test_unreachable_service_is_a_service_error_with_status_0():
@@ -119,11 +119,11 @@ def test_importing_the_client_needs_no_numpy():
 def test_numpy_options_become_plain_json(monkeypatch):
     client = lw.Client("http://127.0.0.1:1")
     bodies = _sent(monkeypatch, client)
-    client.encode(np.array(["a", "b"]), layers=np.int64(-1))  # type: ignore[arg-type]
+    client.encode(np.array(["a", "b"]), layers=np.int64(-1))
     client.encode(["a"], layers=[np.int64(0), np.int32(2)], combine="weighted",
-                  weights=np.array([0.25, 0.75], dtype=np.float32))  # type: ignore[arg-type]
+                  weights=np.array([0.25, 0.75], dtype=np.float32))
     client.encode(["a"], layers="-2:", combine="weighted", weights=[np.float32(0.5), np.float16(0.5)])
-    client.encode_words(WORDS, layers=[np.int64(-1)], add_eos=True)  # type: ignore[list-item]
+    client.encode_words(WORDS, layers=[np.int64(-1)], add_eos=True)
     assert bodies[0]["texts"] == ["a", "b"] and bodies[0]["layers"] == -1
     assert bodies[1]["layers"] == [0, 2] and bodies[1]["weights"] == [0.25, 0.75]
     assert bodies[2]["weights"] == [0.5, 0.5]
@@ -175,11 +175,11 @@ def test_add_eos_changes_the_vectors_as_the_extractor_does(client, llama):
 
 def test_numpy_layers_and_weights_work_against_the_service(client, llama):
     _, ex = llama
-    _close(client.encode(TEXTS, layers=np.int64(-1)), ex.encode(TEXTS, layers=-1))  # type: ignore[arg-type]
+    _close(client.encode(TEXTS, layers=np.int64(-1)), ex.encode(TEXTS, layers=-1))
     layers = [np.int64(0), np.int64(2)]
     weights = np.array([0.25, 0.75], dtype=np.float32)
-    got = client.encode(TEXTS, layers=layers, combine="weighted", weights=weights)  # type: ignore[arg-type]
+    got = client.encode(TEXTS, layers=layers, combine="weighted", weights=weights)
     _close(got, ex.encode(TEXTS, layers=[0, 2], combine="weighted", weights=[0.25, 0.75]))
-    words = client.encode_words(WORDS, layers=np.arange(1, 3))  # type: ignore[arg-type]
+    words = client.encode_words(WORDS, layers=np.arange(1, 3))
     for g, w in zip(words, ex.encode_words(WORDS, layers=[1, 2])):
         _close(g, w)
