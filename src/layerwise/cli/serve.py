@@ -19,6 +19,8 @@ def serve(
     max_texts: int = typer.Option(256, "--max-texts", help="Most texts in one request (more: 422)."),
     max_text_chars: int = typer.Option(20000, "--max-text-chars", help="Longest text in characters (longer: 422)."),
     max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", help="Largest request body (larger: 413)."),
+    max_response_bytes: int = typer.Option(
+        64 << 20, "--max-response-bytes", help="Largest answer, estimated before any compute (larger: 413)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     alias: Optional[List[str]] = typer.Option(
         None, "--alias", help="NAME='layers=3;pool=mean': a model name that picks a spec (OpenAI clients set "
@@ -38,7 +40,7 @@ def serve(
         if not 1 <= port <= 65535:
             raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
-                        max_batch_tokens=max_batch_tokens)
+                        max_batch_tokens=max_batch_tokens, max_response_bytes=max_response_bytes)
         named = load_aliases(aliases_file) if aliases_file else {}
         for text in alias or []:
             name, fields = parse_alias(text)

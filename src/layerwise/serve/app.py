@@ -164,7 +164,8 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
             "levels": list(LEVELS), "max_length": ex.max_length, "names": service.model_names(),
             "aliases": service.aliases,
             "limits": {"max_texts": limits.max_texts, "max_text_chars": limits.max_text_chars,
-                       "max_body_bytes": limits.max_body_bytes, "max_batch_tokens": limits.max_batch_tokens},
+                       "max_body_bytes": limits.max_body_bytes, "max_batch_tokens": limits.max_batch_tokens,
+                       "max_response_bytes": limits.max_response_bytes},
         }
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -177,6 +178,7 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
         t0 = time.perf_counter()
         try:
             items, spec, kind = _validate(service, req)
+            service.check_response(spec, items, kind, binary=req.encoding == "base64")
             rows = await service.encode(spec, items, kind)
             layers, spec_dict, header = service.specs(spec)
             body = _response(ex, spec, req.encoding, items, rows, layers, spec_dict)

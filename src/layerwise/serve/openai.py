@@ -160,6 +160,7 @@ def openai_router(service: Service) -> APIRouter:
                 raise RequestError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
                                         f"is served by /v1/encode (and token vectors by /embed_all)", "level")
             items = service.check_items(items, kind, spec.prompt, "input")  # type: ignore[arg-type]
+            service.check_response(spec, items, kind, binary=req.encoding_format == "base64")  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
             vectors = finite(np.stack([v for v, _ in rows]))
             vectors = cut_dimensions(vectors, req.dimensions, spec.normalize)

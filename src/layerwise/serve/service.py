@@ -35,9 +35,10 @@ class Limits:
     max_text_chars: int = 20_000
     max_body_bytes: int = 4 << 20
     max_batch_tokens: int = 16384
+    max_response_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens"):
+        for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens", "max_response_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
@@ -170,6 +171,30 @@ class Service:
         except (ValueError, TypeError) as exc:
             raise RequestError(422, str(exc), field) from None
         return list(items)
+
+    def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False) -> None:
+        """Refuse, before any compute, a request whose answer would pass ``max_response_bytes``: the size is
+        estimated from the rows it asks for (texts: about 1 token per 3 characters plus the special tokens; word
+        lists: their words; token ids: their count) times ``D``, at 4 bytes per number (base64) or about 12 (JSON).
+
+        Raises:
+            RequestError: 413 with the estimate, the limit, and what to ask for instead.
+        """
+        width = int(np.prod(spec.feature_shape(self.ex.site_width(spec.site))))
+        if spec.level == "sentence":
+            rows = len(items)
+        elif kind == "ids":
+            rows = sum(len(ids) + 2 for ids in items)
+        elif kind == "words" or spec.level == "word":
+            rows = sum(len(w) if not isinstance(w, str) else len(w.split()) for w in items)
+        else:
+            rows = sum(len(spec.prompt) + len(t) for t in items) // 3 + 2 * len(items)
+        estimate = rows * width * (4 if binary else 12)
+        if estimate > self.limits.max_response_bytes:
+            raise RequestError(413, f"the answer would be about {estimate / 1e6:,.0f} MB ({rows:,} rows x {width:,} "
+                                    f"numbers), over the limit of {self.limits.max_response_bytes / 1e6:,.0f} MB "
+                                    f"(max_response_bytes): ask for fewer inputs or layers, a pooled level, or "
+                                    f"base64 encoding")
 
     # ---- encoding -----------------------------------------------------------------------------------------
     async def encode(self, spec: EncodeSpec, items: list, kind: Kind) -> list:

@@ -159,6 +159,7 @@ def tei_router(service: Service) -> APIRouter:
                 raise RequestError(422, "/embed gives one vector per input; token vectors: /embed_all")
             items, kind = inputs(req.inputs, spec.prompt)
             items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
+            service.check_response(spec, items, kind)  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
             vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
         except RequestError as exc:
@@ -191,6 +192,7 @@ def tei_router(service: Service) -> APIRouter:
             spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate, "prompt": prompt})
             items, kind = inputs(req.inputs, spec.prompt)
             items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
+            service.check_response(spec, items, kind)  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
             body = [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
         except RequestError as exc:
