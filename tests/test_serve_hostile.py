@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 
 from layerwise.serve import Limits, create_app
 
+from tiny import serving
+
 
 @pytest.fixture(scope="module")
 def client(tiny_extractors):
@@ -42,3 +44,32 @@ def test_the_prompt_counts_toward_max_text_chars(client):
     assert r.status_code == 422 and "with the prompt" in r.text and "max_text_chars" in r.text, r.text
     r = client.post("/v1/embeddings", json={"model": "bert", "input": "hi", "prompt": "x" * 100_000})
     assert r.status_code == 400 and "max_text_chars" in r.json()["error"]["message"], r.text
+
+
+def test_api_key_guards_every_route_but_health_in_each_protocols_shape(tiny_extractors):
+    app = create_app(tiny_extractors["bert"], api_key="s3cret", allowed_hosts=["testserver"])
+    with TestClient(app) as c:
+        assert c.get("/health").status_code == 200
+        r = c.post("/v1/embeddings", json={"model": "bert", "input": "hi"})
+        assert r.status_code == 401 and "Authorization: Bearer" in r.json()["error"]["message"]
+        r = c.post("/embed", json={"inputs": "hi"}, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "error_type" in r.json()
+        assert c.get("/v1/model").status_code == 401
+        ok = c.post("/embed", json={"inputs": "hi"}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and len(ok.json()) == 1
+        rebound = c.get("/health", headers={"Host": "evil.example"})  # DNS rebinding: a name we do not serve
+        assert rebound.status_code == 400
+
+
+@pytest.mark.slow
+def test_serve_warns_when_bound_beyond_loopback_without_a_key(tiny_dirs, tmp_path):
+    from layerwise.serve.security import default_allowed_hosts, is_loopback
+
+    log = tmp_path / "serve.log"
+    with serving(tiny_dirs["bert"], log, "--host", "0.0.0.0"):
+        pass
+    assert "warning: serving on 0.0.0.0 without an API key" in " ".join(log.read_text().split()), log.read_text()
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+    assert "localhost" in default_allowed_hosts("127.0.0.1", None) and default_allowed_hosts("0.0.0.0", None) == ["*"]

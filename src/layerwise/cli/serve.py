@@ -27,6 +27,12 @@ def serve(
         "model=NAME); repeatable."),
     aliases_file: Optional[str] = typer.Option(
         None, "--aliases", help="A JSON or TOML file of aliases: {name: {field: value}}."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", help="Require 'Authorization: Bearer KEY' on every route but /health (or set "
+        "LAYERWISE_API_KEY)."),
+    allowed_hosts: Optional[List[str]] = typer.Option(
+        None, "--allowed-hosts", help="Host: names to answer (repeatable; default: loopback names when bound to "
+        "loopback, any otherwise)."),
     *,
     model_options: ModelOptions,
 ) -> None:
@@ -35,6 +41,7 @@ def serve(
     from ..serve import Limits
     from ..serve import serve as run
     from ..serve.aliases import load_aliases, parse_alias
+    from ..serve.security import api_key_from, default_allowed_hosts, is_loopback
 
     with user_errors():
         if not 1 <= port <= 65535:
@@ -48,7 +55,13 @@ def serve(
         ex = extractor(model_options)
         from ..serve import create_app
 
-        app = create_app(ex, limits, aliases=named)  # a bad alias is said now, before the server starts
+        key = api_key_from(api_key)
+        hosts = default_allowed_hosts(host, allowed_hosts)
+        app = create_app(ex, limits, aliases=named, api_key=key, allowed_hosts=hosts)  # a bad alias fails now
+    if not is_loopback(host) and not key:
+        err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
+                          f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "
+                          f"127.0.0.1", highlight=False, soft_wrap=True)
     err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
     for name, fields in named.items():
         err_console.print(f"alias {name}: {fields}", highlight=False)

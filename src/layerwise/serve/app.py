@@ -20,6 +20,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level, OutputDtype
@@ -30,6 +31,7 @@ from ..model.options import ModelOptions
 from ..version import __version__
 from .errors import error_response, install_error_shapes
 from .openai import openai_router
+from .security import ApiKey
 from .service import SPEC_HEADER, Kind, Limits, RequestError, Service, finite
 from .tei import tei_router
 
@@ -117,7 +119,8 @@ class _BodyLimit:
 
 
 def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = None,
-               explorer: Explorer | None = None, aliases: dict[str, dict[str, Any]] | None = None) -> FastAPI:
+               explorer: Explorer | None = None, aliases: dict[str, dict[str, Any]] | None = None, *,
+               api_key: str | None = None, allowed_hosts: list[str] | None = None) -> FastAPI:
     """A FastAPI app serving ``model`` (call :func:`layerwise.serve.serve` to run it with uvicorn): layerwise's own
     ``/v1/encode``, the OpenAI routes (``/v1/embeddings``, ``/v1/models``), the TEI routes (``/embed``, ``/``,
     ``/embed_all``, ``/tokenize``, ``/info``), and the layer explorer (``explorer``: default, the sentence view of
@@ -125,7 +128,9 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
 
     ``model``: a :class:`~layerwise.ModelOptions` (or a directory / hub id), or an already loaded
     :class:`~layerwise.Extractor`. ``aliases``: model name -> :class:`~layerwise.EncodeSpec` fields, picked by an
-    OpenAI request's ``model`` (see :mod:`layerwise.serve.aliases`).
+    OpenAI request's ``model`` (see :mod:`layerwise.serve.aliases`). ``api_key``: every route but ``/health``
+    needs ``Authorization: Bearer KEY``; ``allowed_hosts``: the ``Host:`` names answered (others: 400); see
+    :mod:`layerwise.serve.security`.
     """
     limits = limits or Limits()
     ex = Extractor.of(model)
@@ -143,6 +148,10 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
                   description="Hidden layers of a transformer as features, with dynamic batching. Speaks "
                               "layerwise's own API, OpenAI's embeddings API and text-embeddings-inference's API.")
     app.add_middleware(_BodyLimit, limit=limits.max_body_bytes)
+    if api_key:
+        app.add_middleware(ApiKey, key=api_key)
+    if allowed_hosts and "*" not in allowed_hosts:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     app.state.batcher, app.state.metrics, app.state.extractor = service.batcher, metrics, ex
     app.state.service = service
     install_error_shapes(app)
