@@ -92,16 +92,18 @@ class ExtractError(LayerwiseError):
 
 
 class ServiceError(LayerwiseError):
-    """The layerwise service answered with an error.
+    """The layerwise service answered (or, inside the service, answers) with an error.
 
     Attributes:
         status: the HTTP status code (0 when the service could not be reached).
         detail: the service's explanation.
+        param, code: the request field at fault and a machine-readable code, where known.
     """
 
-    def __init__(self, status: int, detail: str):
+    def __init__(self, status: int, detail: str, param: str | None = None, code: str | None = None):
         self.status = status
         self.detail = detail
+        self.param, self.code = param, code  # the request field at fault, a machine-readable code (OpenAI's)
         super().__init__(f"HTTP {status}: {detail}")
 
 

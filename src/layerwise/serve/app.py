@@ -24,6 +24,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level, OutputDtype
+from ..errors import ServiceError
 from ..explore.app import Explorer, explorer_router
 from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
@@ -32,7 +33,7 @@ from ..version import __version__
 from .errors import error_response, install_error_shapes
 from .openai import openai_router
 from .security import ApiKey
-from .service import SPEC_HEADER, Kind, Limits, RequestError, Service, finite
+from .service import SPEC_HEADER, Kind, Limits, Service, finite
 from .tei import tei_router
 
 log = logging.getLogger("layerwise.serve")
@@ -191,9 +192,9 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
             rows = await service.encode(spec, items, kind)
             layers, spec_dict, header = service.specs(spec)
             body = _response(ex, spec, req.encoding, items, rows, layers, spec_dict)
-        except RequestError as exc:
+        except ServiceError as exc:
             metrics.request(str(exc.status), time.perf_counter() - t0)
-            return JSONResponse({"detail": exc.message}, status_code=exc.status)
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status)
         except Exception:
             log.exception("encode failed")
             metrics.request("500", time.perf_counter() - t0)
@@ -229,11 +230,12 @@ def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows:
 
 
 def _validate(service: Service, req: EncodeRequest) -> tuple[list, EncodeSpec, Kind]:
-    """Items, the resolved spec (the batching key) and their kind; :class:`RequestError` (422) for anything invalid."""
+    """Items, the resolved spec (the batching key) and their kind; :class:`~layerwise.ServiceError` (422) for
+    anything invalid."""
     if (req.texts is None) == (req.words is None):
-        raise RequestError(422, "give exactly one of 'texts' (strings) or 'words' (lists of word strings)")
+        raise ServiceError(422, "give exactly one of 'texts' (strings) or 'words' (lists of word strings)")
     if req.words is not None and req.level != "word":
-        raise RequestError(422, f"'words' (pre-tokenised input) needs level 'word', got level {req.level!r}")
+        raise ServiceError(422, f"'words' (pre-tokenised input) needs level 'word', got level {req.level!r}")
     field = "texts" if req.texts is not None else "words"
     kind: Kind = "words" if req.level == "word" else "text"
     raw: list = req.texts if req.texts is not None else req.words  # type: ignore[assignment]

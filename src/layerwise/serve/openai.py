@@ -33,8 +33,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..errors import ServiceError
 from .errors import error_response
-from .service import SPEC_HEADER, RequestError, Service, cut_dimensions, finite
+from .service import SPEC_HEADER, Service, cut_dimensions, finite
 
 log = logging.getLogger("layerwise.serve")
 LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
@@ -110,11 +111,11 @@ class OpenAIErrorDetail(BaseModel):
     code: Optional[str] = None
 
 
-class OpenAIError(BaseModel):
+class OpenAIErrorBody(BaseModel):
     error: OpenAIErrorDetail
 
 
-ERRORS: dict[int | str, dict] = {code: {"model": OpenAIError, "description": what} for code, what in (
+ERRORS: dict[int | str, dict] = {code: {"model": OpenAIErrorBody, "description": what} for code, what in (
     (400, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, a token id "
           "outside the vocabulary."),
     (404, "The model name is neither the served model nor an alias."),
@@ -153,11 +154,11 @@ def openai_router(service: Service) -> APIRouter:
         try:
             items, kind = _inputs(req.input)
             if kind == "ids" and req.prompt:
-                raise RequestError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
+                raise ServiceError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
             spec = service.spec({"normalize": True}, service.alias_fields(req.model), req.spec_fields(),
                                 {"normalize": req.normalize, "truncate": req.truncate})
             if spec.level != "sentence":
-                raise RequestError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
+                raise ServiceError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
                                         f"is served by /v1/encode (and token vectors by /embed_all)", "level")
             items = service.check_items(items, kind, spec.prompt, "input")  # type: ignore[arg-type]
             service.check_response(spec, items, kind, binary=req.encoding_format == "base64")  # type: ignore[arg-type]
@@ -171,9 +172,9 @@ def openai_router(service: Service) -> APIRouter:
                         for i, v in enumerate(little)]
             else:
                 data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
-        except RequestError as exc:
+        except ServiceError as exc:
             service.metrics.request(str(400 if exc.status == 422 else exc.status), time.perf_counter() - t0)
-            return error_response(path, exc.status, exc.message, exc.param, exc.code)
+            return error_response(path, exc.status, exc.detail, exc.param, exc.code)
         except Exception:
             log.exception("embeddings failed")
             service.metrics.request("500", time.perf_counter() - t0)

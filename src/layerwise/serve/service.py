@@ -3,7 +3,7 @@ model name or alias, its fields), the input checks, and the encoding of a reques
 
 layerwise's own ``/v1/encode`` (:mod:`layerwise.serve.app`), the OpenAI routes (:mod:`layerwise.serve.openai`) and
 the TEI routes (:mod:`layerwise.serve.tei`) differ only in their bodies and error shapes: each turns a
-:class:`RequestError` into its own shape, so one check says the same thing in every protocol.
+:class:`~layerwise.ServiceError` into its own shape, so one check says the same thing in every protocol.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
-from ..errors import LayerwiseError
+from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
 from .batcher import Batcher
 from .metrics import Metrics
@@ -42,14 +42,6 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
-
-
-class RequestError(Exception):
-    """A request the service refuses: ``status`` (HTTP), ``message`` (what and how to fix), ``param`` (the field)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 class SpecCache:
@@ -106,7 +98,7 @@ class Service:
         """The spec fields ``model`` names: an alias's, ``{}`` for the model itself (or no name).
 
         Raises:
-            RequestError: 404, an unknown name (listing the valid ones).
+            ServiceError: 404, an unknown name (listing the valid ones).
         """
         if model is None:
             return {}
@@ -114,7 +106,7 @@ class Service:
             return dict(self.aliases[model])
         if model in self.model_names():
             return {}
-        raise RequestError(404, f"model {model!r} is not served here; the served names are: "
+        raise ServiceError(404, f"model {model!r} is not served here; the served names are: "
                                 f"{', '.join(self.model_names())} (aliases pick layers: layerwise serve --alias)",
                            "model", "model_not_found")
 
@@ -123,7 +115,7 @@ class Service:
         fields: later ones win; ``None`` values are left out).
 
         Raises:
-            RequestError: 422 with the library's message (valid values or range) for an invalid or inapplicable
+            ServiceError: 422 with the library's message (valid values or range) for an invalid or inapplicable
                 option.
         """
         fields: dict[str, Any] = {}
@@ -132,19 +124,19 @@ class Service:
         try:
             return EncodeSpec.from_dict(fields).resolve(self.ex)
         except (ValueError, TypeError) as exc:
-            raise RequestError(422, str(exc)) from None
+            raise ServiceError(422, str(exc)) from None
 
     # ---- inputs -------------------------------------------------------------------------------------------
     def check_items(self, items: Any, kind: Kind, prompt: str = "", field: str = "texts") -> list:
         """``items`` checked against the limits (the prompt counts toward every text's characters) and their types.
 
         Raises:
-            RequestError: 422 naming the item and the limit, or the wrong type.
+            ServiceError: 422 naming the item and the limit, or the wrong type.
         """
         if not isinstance(items, list) or not items:
-            raise RequestError(422, f"'{field}' is empty; give at least one input", field)
+            raise ServiceError(422, f"'{field}' is empty; give at least one input", field)
         if len(items) > self.limits.max_texts:
-            raise RequestError(422, f"{len(items)} texts in one request; the limit is {self.limits.max_texts} "
+            raise ServiceError(422, f"{len(items)} texts in one request; the limit is {self.limits.max_texts} "
                                     f"(max_texts)", field)
         cap = self.limits.max_text_chars
         for i, item in enumerate(items):
@@ -155,13 +147,13 @@ class Service:
                 n = len(prompt) + (len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item))
                 what = "characters" + (" with the prompt" if prompt else "")
             if n > cap:
-                raise RequestError(422, f"text {i} has {n} {what}; the limit is {cap} (max_text_chars)", field)
+                raise ServiceError(422, f"text {i} has {n} {what}; the limit is {cap} (max_text_chars)", field)
         if kind == "ids":
             vocab = len(self.ex.tokenizer)
             for i, ids in enumerate(items):
                 bad = next((x for x in ids if not 0 <= x < vocab), None)
                 if bad is not None:
-                    raise RequestError(400, f"token id {bad} in input {i} is outside the vocabulary of "
+                    raise ServiceError(400, f"token id {bad} in input {i} is outside the vocabulary of "
                                             f"{self.model_id!r} (0..{vocab - 1}); send text, or this model's own "
                                             f"token ids (if this is LangChain's OpenAIEmbeddings, pass "
                                             f"check_embedding_ctx_length=False: it sends tiktoken ids)", field)
@@ -169,7 +161,7 @@ class Service:
         try:
             check_texts(items, words=kind == "words")  # wrong types, lone surrogates: naming the index
         except (ValueError, TypeError) as exc:
-            raise RequestError(422, str(exc), field) from None
+            raise ServiceError(422, str(exc), field) from None
         return list(items)
 
     def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False) -> None:
@@ -178,7 +170,7 @@ class Service:
         lists: their words; token ids: their count) times ``D``, at 4 bytes per number (base64) or about 12 (JSON).
 
         Raises:
-            RequestError: 413 with the estimate, the limit, and what to ask for instead.
+            ServiceError: 413 with the estimate, the limit, and what to ask for instead.
         """
         width = int(np.prod(spec.feature_shape(self.ex.site_width(spec.site))))
         if spec.level == "sentence":
@@ -191,7 +183,7 @@ class Service:
             rows = sum(len(spec.prompt) + len(t) for t in items) // 3 + 2 * len(items)
         estimate = rows * width * (4 if binary else 12)
         if estimate > self.limits.max_response_bytes:
-            raise RequestError(413, f"the answer would be about {estimate / 1e6:,.0f} MB ({rows:,} rows x {width:,} "
+            raise ServiceError(413, f"the answer would be about {estimate / 1e6:,.0f} MB ({rows:,} rows x {width:,} "
                                     f"numbers), over the limit of {self.limits.max_response_bytes / 1e6:,.0f} MB "
                                     f"(max_response_bytes): ask for fewer inputs or layers, a pooled level, or "
                                     f"base64 encoding")
@@ -224,12 +216,12 @@ def cut_dimensions(vectors: np.ndarray, dimensions: int | None, normalize: bool)
     """``[n, D]`` -> ``[n, dimensions]``: the leading dimensions kept, then L2-renormalised when ``normalize``.
 
     Raises:
-        RequestError: 422, ``dimensions`` larger than ``D``.
+        ServiceError: 422, ``dimensions`` larger than ``D``.
     """
     if dimensions is None:
         return vectors
     if dimensions > vectors.shape[-1]:
-        raise RequestError(422, f"dimensions={dimensions} is more than the {vectors.shape[-1]} this spec gives; "
+        raise ServiceError(422, f"dimensions={dimensions} is more than the {vectors.shape[-1]} this spec gives; "
                                 f"give 1..{vectors.shape[-1]}", "dimensions")
     cut = np.ascontiguousarray(vectors[..., :dimensions], dtype=np.float32)
     if normalize:
@@ -241,13 +233,13 @@ def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
     """``arr`` as a contiguous ``dtype`` array after checking it holds no inf or NaN.
 
     Raises:
-        RequestError: 422 saying where inf/NaN come from.
+        ServiceError: 422 saying where inf/NaN come from.
     """
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
     if not np.isfinite(out).all():
-        raise RequestError(422, f"the result holds inf or NaN values (huge or NaN weights, or {dtype} overflow); use "
+        raise ServiceError(422, f"the result holds inf or NaN values (huge or NaN weights, or {dtype} overflow); use "
                                 f"smaller weights or dtype float32")
     return out
 
-__all__ = ["Limits", "RequestError", "SPEC_HEADER", "Service", "SpecCache", "cut_dimensions", "finite"]
+__all__ = ["Limits", "SPEC_HEADER", "Service", "SpecCache", "cut_dimensions", "finite"]

@@ -30,21 +30,22 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..errors import ServiceError
 from ..version import __version__
 from .errors import error_response
 from .openai import SpecExtension
-from .service import SPEC_HEADER, RequestError, Service, cut_dimensions, finite
+from .service import SPEC_HEADER, Service, cut_dimensions, finite
 
 log = logging.getLogger("layerwise.serve")
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
-class TEIError(BaseModel):
+class TEIErrorBody(BaseModel):
     error: str
     error_type: str
 
 
-ERRORS: dict[int | str, dict] = {code: {"model": TEIError, "description": what} for code, what in (
+ERRORS: dict[int | str, dict] = {code: {"model": TEIErrorBody, "description": what} for code, what in (
     (413, "The body is over max_body_bytes."),
     (422, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, an unknown "
           "prompt name, a token id outside the vocabulary."),
@@ -128,7 +129,7 @@ def tei_router(service: Service) -> APIRouter:
         if name is None:
             return given
         if name not in named:
-            raise RequestError(422, f"prompt_name {name!r} is not a prompt of this model; it has "
+            raise ServiceError(422, f"prompt_name {name!r} is not a prompt of this model; it has "
                                     f"{sorted(named) or 'none'} (config_sentence_transformers.json)", "prompt_name")
         return named[name] + (given or "")
 
@@ -140,12 +141,12 @@ def tei_router(service: Service) -> APIRouter:
         if kind == "ids" and items and isinstance(items[0], int):
             items = [items]
         if kind == "ids" and prompt:
-            raise RequestError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
+            raise ServiceError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
         return items, kind
 
     def direction(value: str) -> None:
         if value.lower() == "left":
-            raise RequestError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's "
+            raise ServiceError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's "
                                     "start; use Right", "truncation_direction")
 
     async def embed(path: str, req: EmbedRequest) -> JSONResponse:
@@ -156,15 +157,15 @@ def tei_router(service: Service) -> APIRouter:
             spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
                                                     "prompt": prompt})
             if spec.level != "sentence":
-                raise RequestError(422, "/embed gives one vector per input; token vectors: /embed_all")
+                raise ServiceError(422, "/embed gives one vector per input; token vectors: /embed_all")
             items, kind = inputs(req.inputs, spec.prompt)
             items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
             service.check_response(spec, items, kind)  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
             vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
-        except RequestError as exc:
+        except ServiceError as exc:
             service.metrics.request(str(exc.status), time.perf_counter() - t0)
-            return error_response(path, exc.status, exc.message, exc.param)
+            return error_response(path, exc.status, exc.detail, exc.param)
         except Exception:
             log.exception("embed failed")
             service.metrics.request("424", time.perf_counter() - t0)
@@ -195,9 +196,9 @@ def tei_router(service: Service) -> APIRouter:
             service.check_response(spec, items, kind)  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
             body = [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
-        except RequestError as exc:
+        except ServiceError as exc:
             service.metrics.request(str(exc.status), time.perf_counter() - t0)
-            return error_response("/embed_all", exc.status, exc.message, exc.param)
+            return error_response("/embed_all", exc.status, exc.detail, exc.param)
         except Exception:
             log.exception("embed_all failed")
             service.metrics.request("424", time.perf_counter() - t0)
@@ -212,8 +213,8 @@ def tei_router(service: Service) -> APIRouter:
             prompt = prompt_of(req.prompt_name, None) or ""
             texts = [req.inputs] if isinstance(req.inputs, str) else list(req.inputs)
             texts = service.check_items(texts, "text", prompt, "inputs")
-        except RequestError as exc:
-            return error_response("/tokenize", exc.status, exc.message, exc.param)
+        except ServiceError as exc:
+            return error_response("/tokenize", exc.status, exc.detail, exc.param)
         tok = ex.tokenizer
         out = []
         for text in texts:
