@@ -71,6 +71,10 @@ class EncodeRequest(BaseModel):
         """The request's :class:`~layerwise.EncodeSpec` fields."""
         return self.model_dump(exclude={"texts", "words", "encoding"})
 
+    def spec(self) -> EncodeSpec:
+        """The request's :class:`~layerwise.EncodeSpec` (``SpecError`` for invalid or inapplicable options)."""
+        return EncodeSpec.from_dict(self.spec_fields())
+
 
 def _pack(arr: np.ndarray, dtype: str, encoding: str):
     arr = finite(arr, dtype)
