@@ -73,3 +73,77 @@ def test_serve_warns_when_bound_beyond_loopback_without_a_key(tiny_dirs, tmp_pat
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
     assert "localhost" in default_allowed_hosts("127.0.0.1", None) and default_allowed_hosts("0.0.0.0", None) == ["*"]
+
+
+def test_a_full_queue_is_429_with_retry_after_and_a_gone_clients_work_is_never_computed():
+    import asyncio
+    import threading
+
+    from layerwise.serve.batcher import Batcher, QueueFull
+
+    release = threading.Event()
+    seen: list[list] = []
+
+    def run(key, items):
+        seen.append(list(items))
+        release.wait(10)
+        return items
+
+    batcher = Batcher(run, max_queue_tokens=100)
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.submit("k", ["running"], 10))
+        while not seen:  # the worker has taken the first job and blocks in run
+            await asyncio.sleep(0.01)
+        gone = asyncio.ensure_future(batcher.submit("k", ["abandoned"], 60))
+        waiting = asyncio.ensure_future(batcher.submit("k", ["waits"], 30))
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull) as full:  # 90 queued + 20 > 100
+            await batcher.submit("k", ["refused"], 20)
+        assert full.value.retry_after >= 1
+        gone.cancel()  # the client went away while it waited
+        await asyncio.sleep(0.05)
+        release.set()
+        return await first, await waiting
+
+    try:
+        assert asyncio.run(scenario()) == (["running"], ["waits"])
+    finally:
+        batcher.close()
+    assert ["abandoned"] not in seen and all("abandoned" not in batch for batch in seen), seen
+    assert batcher.queued_tokens == 0
+
+
+def test_the_service_answers_429_and_drops_a_disconnected_request(tiny_extractors):
+    import asyncio
+    import threading
+
+    from layerwise.errors import ServiceError
+    from layerwise.serve.service import Service
+
+    service = Service(tiny_extractors["bert"], Limits(max_queue_tokens=10), threading.Lock())
+
+    class Gone:
+        async def is_disconnected(self):
+            return True
+
+    async def scenario():
+        spec = service.spec({})
+        with service.lock:  # the model is busy: the first request is taken and blocks, the next ones wait
+            first = asyncio.ensure_future(service.encode(spec, ["hello there"], "text"))
+            await asyncio.sleep(0.3)
+            second = asyncio.ensure_future(service.encode(spec, ["hello there"], "text"))  # 5 tokens queued
+            await asyncio.sleep(0.1)
+            with pytest.raises(ServiceError) as busy:
+                await service.encode(spec, ["a much longer text that costs more tokens"], "text")
+            assert busy.value.status == 429 and int(busy.value.headers["Retry-After"]) >= 1
+            with pytest.raises(ServiceError) as gone:
+                await service.encode(spec, ["x"], "text", Gone())
+            assert gone.value.status == 499
+        return await first, await second
+
+    try:
+        first, second = asyncio.run(asyncio.wait_for(scenario(), 60))
+        assert len(first) == len(second) == 1
+    finally:
+        service.batcher.close()

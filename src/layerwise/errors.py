@@ -100,10 +100,12 @@ class ServiceError(LayerwiseError):
         param, code: the request field at fault and a machine-readable code, where known.
     """
 
-    def __init__(self, status: int, detail: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, detail: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         self.status = status
         self.detail = detail
         self.param, self.code = param, code  # the request field at fault, a machine-readable code (OpenAI's)
+        self.headers = dict(headers or {})  # response headers the service sends with it (Retry-After)
         super().__init__(f"HTTP {status}: {detail}")
 
 

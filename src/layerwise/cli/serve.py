@@ -21,6 +21,8 @@ def serve(
     max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", help="Largest request body (larger: 413)."),
     max_response_bytes: int = typer.Option(
         64 << 20, "--max-response-bytes", help="Largest answer, estimated before any compute (larger: 413)."),
+    max_queue_tokens: int = typer.Option(
+        262144, "--max-queue-tokens", help="Most estimated tokens waiting; more: 429 with Retry-After."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     alias: Optional[List[str]] = typer.Option(
         None, "--alias", help="NAME='layers=3;pool=mean': a model name that picks a spec (OpenAI clients set "
@@ -47,7 +49,8 @@ def serve(
         if not 1 <= port <= 65535:
             raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
-                        max_batch_tokens=max_batch_tokens, max_response_bytes=max_response_bytes)
+                        max_batch_tokens=max_batch_tokens, max_response_bytes=max_response_bytes,
+                        max_queue_tokens=max_queue_tokens)
         named = load_aliases(aliases_file) if aliases_file else {}
         for text in alias or []:
             name, fields = parse_alias(text)

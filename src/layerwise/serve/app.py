@@ -193,12 +193,12 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
         try:
             items, spec, kind = _validate(service, req)
             service.check_response(spec, items, kind, binary=req.encoding == "base64")
-            rows = await service.encode(spec, items, kind)
+            rows = await service.encode(spec, items, kind, request)
             layers, spec_dict, header = service.specs(spec)
             body = _response(ex, spec, req.encoding, items, rows, layers, spec_dict)
         except ServiceError as exc:
             metrics.request(str(exc.status), time.perf_counter() - t0)
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
         except Exception:
             log.exception("encode failed")
             metrics.request("500", time.perf_counter() - t0)

@@ -35,13 +35,30 @@ class Job(Generic[K]):
     enqueued: float = field(default_factory=time.perf_counter)
 
 
+class QueueFull(Exception):
+    """The queue holds ``max_queue_tokens`` already: ``queued`` tokens wait, ``retry_after`` seconds is a fair wait."""
+
+    def __init__(self, queued: int, limit: int, retry_after: int):
+        super().__init__(f"{queued} tokens are queued (limit {limit})")
+        self.queued, self.limit, self.retry_after = queued, limit, retry_after
+
+
 class Batcher(Generic[K]):
-    """Queue + worker thread. ``run(key, items) -> list`` is the blocking model call for one merged batch."""
+    """Queue + worker thread. ``run(key, items) -> list`` is the blocking model call for one merged batch.
+
+    The queue is bounded: a request that would take the queued work past ``max_queue_tokens`` (estimated tokens)
+    raises :class:`QueueFull` at once instead of waiting. A request whose caller has gone (its future cancelled) is
+    dropped before it reaches the model.
+    """
 
     def __init__(self, run: Callable[[K, list], list], *, max_batch_tokens: int = 16384, max_batch_texts: int = 512,
-                 on_batch: Callable[[int, int, int, float], None] | None = None):
+                 on_batch: Callable[[int, int, int, float], None] | None = None,
+                 max_queue_tokens: int | None = None):
         self._run = run
         self.max_tokens, self.max_texts = max_batch_tokens, max_batch_texts
+        self.max_queue_tokens = max_queue_tokens
+        self.queued_tokens = 0  # estimated tokens waiting (not yet taken by the worker)
+        self.tokens_per_second = 0.0  # the worker's recent rate, for Retry-After
         self._on_batch = on_batch
         self._queue: deque[Job[K]] = deque()
         self._cv = threading.Condition()
@@ -50,10 +67,20 @@ class Batcher(Generic[K]):
         self._thread.start()
 
     async def submit(self, key: K, items: list, cost: int) -> Any:
+        """Queue ``items`` and wait for their results.
+
+        Raises:
+            QueueFull: the queued work would pass ``max_queue_tokens`` (a lone request always gets in).
+        """
         loop = asyncio.get_running_loop()
         job = Job(key, items, cost, loop.create_future(), loop)
         with self._cv:
+            limit = self.max_queue_tokens
+            if limit is not None and self._queue and self.queued_tokens + cost > limit:
+                rate = self.tokens_per_second or 1000.0
+                raise QueueFull(self.queued_tokens, limit, max(1, int(self.queued_tokens / rate) + 1))
             self._queue.append(job)
+            self.queued_tokens += cost
             self._cv.notify()
         return await job.future
 
@@ -64,7 +91,13 @@ class Batcher(Generic[K]):
         self._thread.join(timeout=10)
 
     def _take(self) -> list[Job[K]]:
-        """The oldest job and every queued job compatible with it that fits the batch budget."""
+        """The oldest job and every queued job compatible with it that fits the batch budget (jobs whose caller
+        has gone are dropped here, before any compute)."""
+        for job in [j for j in self._queue if j.future.cancelled()]:
+            self._queue.remove(job)
+            self.queued_tokens -= job.cost
+        if not self._queue:
+            return []
         first = self._queue.popleft()
         batch, tokens, texts = [first], first.cost, len(first.items)
         rest: deque[Job[K]] = deque()
@@ -78,6 +111,7 @@ class Batcher(Generic[K]):
             else:
                 rest.append(job)
         self._queue.extendleft(reversed(rest))
+        self.queued_tokens -= sum(j.cost for j in batch)
         return batch
 
     def _loop(self) -> None:
@@ -88,6 +122,8 @@ class Batcher(Generic[K]):
                 if self._stop:
                     return
                 batch = self._take()
+            if not batch:
+                continue
             items = [item for job in batch for item in job.items]
             t0 = time.perf_counter()
             results: list = []
@@ -97,6 +133,8 @@ class Batcher(Generic[K]):
             except Exception as exc:  # handed to every request of the batch; the worker keeps serving
                 error = exc
             seconds = time.perf_counter() - t0
+            cost = sum(j.cost for j in batch)
+            self.tokens_per_second = cost / seconds if seconds > 0 else self.tokens_per_second
             if self._on_batch is not None:
                 self._on_batch(len(batch), len(items), sum(j.cost for j in batch), seconds)
             # one wake-up of each event loop per batch (not one per request): it resolves all of that loop's futures

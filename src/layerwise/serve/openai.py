@@ -29,7 +29,7 @@ import time
 from typing import Literal, Optional, Union
 
 import numpy as np
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -148,7 +148,7 @@ def openai_router(service: Service) -> APIRouter:
                                for name in service.model_names()])
 
     @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS)
-    async def embeddings(req: EmbeddingsRequest) -> JSONResponse:
+    async def embeddings(req: EmbeddingsRequest, request: Request) -> JSONResponse:
         """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
         t0 = time.perf_counter()
         try:
@@ -162,7 +162,7 @@ def openai_router(service: Service) -> APIRouter:
                                         f"is served by /v1/encode (and token vectors by /embed_all)", "level")
             items = service.check_items(items, kind, spec.prompt, "input")  # type: ignore[arg-type]
             service.check_response(spec, items, kind, binary=req.encoding_format == "base64")  # type: ignore[arg-type]
-            rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
+            rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
             vectors = finite(np.stack([v for v, _ in rows]))
             vectors = cut_dimensions(vectors, req.dimensions, spec.normalize)
             tokens = sum(len(t.ids) for _, t in rows)
@@ -174,7 +174,7 @@ def openai_router(service: Service) -> APIRouter:
                 data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
         except ServiceError as exc:
             service.metrics.request(str(400 if exc.status == 422 else exc.status), time.perf_counter() - t0)
-            return error_response(path, exc.status, exc.detail, exc.param, exc.code)
+            return error_response(path, exc.status, exc.detail, exc.param, exc.code, exc.headers)
         except Exception:
             log.exception("embeddings failed")
             service.metrics.request("500", time.perf_counter() - t0)

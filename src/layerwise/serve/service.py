@@ -8,6 +8,7 @@ the TEI routes (:mod:`layerwise.serve.tei`) differ only in their bodies and erro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -20,7 +21,7 @@ from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
-from .batcher import Batcher
+from .batcher import Batcher, QueueFull
 from .metrics import Metrics
 
 Kind = Literal["text", "words", "ids"]
@@ -36,9 +37,11 @@ class Limits:
     max_body_bytes: int = 4 << 20
     max_batch_tokens: int = 16384
     max_response_bytes: int = 64 << 20
+    max_queue_tokens: int = 262144
 
     def __post_init__(self) -> None:
-        for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens", "max_response_bytes"):
+        for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens", "max_response_bytes",
+                     "max_queue_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
@@ -78,7 +81,7 @@ class Service:
         self.ex, self.limits, self.lock = ex, limits, lock
         self.metrics = Metrics()
         self.batcher: Batcher = Batcher(self._run, max_batch_tokens=limits.max_batch_tokens,
-                                        on_batch=self.metrics.batch)
+                                        on_batch=self.metrics.batch, max_queue_tokens=limits.max_queue_tokens)
         self.specs = SpecCache()
         self.model_id = ex.loaded.name
         self.aliases = dict(aliases or {})
@@ -189,14 +192,32 @@ class Service:
                                     f"base64 encoding")
 
     # ---- encoding -----------------------------------------------------------------------------------------
-    async def encode(self, spec: EncodeSpec, items: list, kind: Kind) -> list:
+    async def encode(self, spec: EncodeSpec, items: list, kind: Kind, request: Any = None) -> list:
         """``[(vector ndarray [*D] or [n, *D], Tokenized)]`` for ``items``, merged with other requests of the same
-        spec and kind by the batcher."""
+        spec and kind by the batcher. With the Starlette ``request``, a client that goes away while it waits is
+        noticed (every 0.2 s) and its work dropped before it reaches the model.
+
+        Raises:
+            ServiceError: 429 with ``Retry-After`` when the queue is full (``max_queue_tokens``); 499 when the
+                client went away.
+        """
         if kind == "ids":
             cost = sum(len(ids) + 2 for ids in items)
         else:
             cost = sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
-        return await self.batcher.submit((spec, kind), items, cost)
+        task = asyncio.ensure_future(self.batcher.submit((spec, kind), items, cost))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.2 if request is not None else None)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    task.cancel()
+                    raise ServiceError(499, "the client went away; its request was dropped")
+        except QueueFull as exc:
+            raise ServiceError(429, f"the service is busy: {exc.queued:,} tokens are queued (max_queue_tokens "
+                                    f"{exc.limit:,}); retry after {exc.retry_after} s", code="overloaded",
+                               headers={"Retry-After": str(exc.retry_after)}) from None
 
     def _run(self, key: tuple[EncodeSpec, Kind], items: list) -> list:
         """The worker's model call for one merged batch."""

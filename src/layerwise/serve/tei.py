@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal, Optional, Union
 
 import numpy as np
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -149,7 +149,7 @@ def tei_router(service: Service) -> APIRouter:
             raise ServiceError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's "
                                     "start; use Right", "truncation_direction")
 
-    async def embed(path: str, req: EmbedRequest) -> JSONResponse:
+    async def embed(path: str, req: EmbedRequest, request: Request) -> JSONResponse:
         t0 = time.perf_counter()
         try:
             direction(req.truncation_direction)
@@ -161,11 +161,11 @@ def tei_router(service: Service) -> APIRouter:
             items, kind = inputs(req.inputs, spec.prompt)
             items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
             service.check_response(spec, items, kind)  # type: ignore[arg-type]
-            rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
+            rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
             vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
         except ServiceError as exc:
             service.metrics.request(str(exc.status), time.perf_counter() - t0)
-            return error_response(path, exc.status, exc.detail, exc.param)
+            return error_response(path, exc.status, exc.detail, exc.param, headers=exc.headers)
         except Exception:
             log.exception("embed failed")
             service.metrics.request("424", time.perf_counter() - t0)
@@ -174,17 +174,17 @@ def tei_router(service: Service) -> APIRouter:
         return JSONResponse(vectors.tolist(), headers={SPEC_HEADER: service.specs(spec)[2]})
 
     @router.post("/embed", response_model=list[list[float]], responses=ERRORS)
-    async def embed_route(req: EmbedRequest) -> JSONResponse:
+    async def embed_route(req: EmbedRequest, request: Request) -> JSONResponse:
         """Sentence vectors, one per input (TEI's ``/embed``)."""
-        return await embed("/embed", req)
+        return await embed("/embed", req, request)
 
     @router.post("/", response_model=list[list[float]], responses=ERRORS)
-    async def predict_route(req: EmbedRequest) -> JSONResponse:
+    async def predict_route(req: EmbedRequest, request: Request) -> JSONResponse:
         """TEI's predict route: the same as ``/embed`` (``huggingface_hub`` posts here)."""
-        return await embed("/", req)
+        return await embed("/", req, request)
 
     @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS)
-    async def embed_all(req: EmbedAllRequest) -> JSONResponse:
+    async def embed_all(req: EmbedAllRequest, request: Request) -> JSONResponse:
         """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
         t0 = time.perf_counter()
         try:
@@ -194,11 +194,11 @@ def tei_router(service: Service) -> APIRouter:
             items, kind = inputs(req.inputs, spec.prompt)
             items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
             service.check_response(spec, items, kind)  # type: ignore[arg-type]
-            rows = await service.encode(spec, items, kind)  # type: ignore[arg-type]
+            rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
             body = [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
         except ServiceError as exc:
             service.metrics.request(str(exc.status), time.perf_counter() - t0)
-            return error_response("/embed_all", exc.status, exc.detail, exc.param)
+            return error_response("/embed_all", exc.status, exc.detail, exc.param, headers=exc.headers)
         except Exception:
             log.exception("embed_all failed")
             service.metrics.request("424", time.perf_counter() - t0)
