@@ -55,7 +55,7 @@ def site(tmp_path_factory, tiny_dirs, tiny_extractors):
     lw.probe.run(root / "toy.tsv", root / "toy.tsv", config=lw.probe.ProbeConfig(task="sentence", epochs=2),
                  model=ex, output=probe_dir, log=lambda line: None, progress=False)
     with exploring(root / "server.log", str(root / "store"), "--labels", "label", "--model",
-                   str(tiny_dirs["bert"])) as base:
+                   str(tiny_dirs["bert"]), "--probe", str(probe_dir)) as base:
         yield base, probe_dir
 
 
@@ -144,15 +144,19 @@ def test_sentence_view_heatmap(page, tmp_path):
 
 
 def test_probe_view(page, site, tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
     pg = page
-    _, probe_dir = site
+    base, probe_dir = site
+    for wrong in ("/explorer/api/probe?path=" + str(probe_dir), "/explorer/api/probe/1", "/explorer/api/probe/-1"):
+        with pytest.raises(urllib.error.HTTPError) as info:  # clients never send paths; only the named directories
+            urllib.request.urlopen(base + wrong)
+        assert info.value.code in (404, 422), wrong
+    named = json.loads(urllib.request.urlopen(base + "/explorer/api/probe/0").read())
+    assert named["name"] == probe_dir.name and "path" not in named  # no absolute path of the directory
     pg.click("#tab-probe")
-    pg.fill("#probe-path", str(tmp_path))
-    pg.click("#probe-open")
-    pg.wait_for_selector("#probe-error:not([hidden])")
-    assert "not a layerwise probe output directory" in pg.inner_text("#probe-error")
-    pg.fill("#probe-path", str(probe_dir))
-    pg.click("#probe-open")
     pg.wait_for_selector("body[data-probe-shown='1']")
     results = lw.explore.read_probe_dir(probe_dir)
     assert pg.eval_on_selector_all("#probe-table tr.probe-row", "rs => rs.length") == len(results["rows"])

@@ -29,6 +29,8 @@ def serve(
         "model=NAME); repeatable."),
     aliases_file: Optional[str] = typer.Option(
         None, "--aliases", help="A JSON or TOML file of aliases: {name: {field: value}}."),
+    probe: Optional[List[str]] = typer.Option(
+        None, "--probe", help="A layerwise probe output directory the explorer page shows (repeatable)."),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", help="Require 'Authorization: Bearer KEY' on every route but /health (or set "
         "LAYERWISE_API_KEY)."),
@@ -60,7 +62,13 @@ def serve(
 
         key = api_key_from(api_key)
         hosts = default_allowed_hosts(host, allowed_hosts)
-        app = create_app(ex, limits, aliases=named, api_key=key, allowed_hosts=hosts)  # a bad alias fails now
+        from ..explore import Explorer
+        from ..explore.probe_dir import read_probe_dir
+
+        for folder in probe or []:
+            read_probe_dir(folder)  # a wrong directory is said now, not in the browser
+        explorer = Explorer(extractor=ex, probe_dirs=list(probe or []))
+        app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts)  # bad alias: now
     if not is_loopback(host) and not key:
         err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
                           f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "

@@ -10,7 +10,8 @@ works offline). The API under ``/explorer/api``:
                             layer and method, then cached)
 ``GET  scores``             every layer view's scores (for the per-layer curve)
 ``POST sentence``           ``{"text", "site"}``: :func:`~layerwise.explore.sentence.sentence_view`
-``GET  probe?path=``        a ``layerwise probe`` output directory (:func:`~layerwise.explore.probe_dir.read_probe_dir`)
+``GET  probe/{i}``          probe directory ``i`` of those named at start (``--probe``; clients never send paths;
+                            :func:`~layerwise.explore.probe_dir.read_probe_dir`)
 =========================== =========================================================================================
 
 Errors are JSON ``{"detail": ...}`` with status 400 (bad input, with what was wrong) or 404 (nothing loaded).
@@ -22,6 +23,7 @@ import math
 import threading
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,7 +65,20 @@ class Explorer:
         ex = self.extractor
         model = None if ex is None else {"name": ex.loaded.name, "sites": list(ex.sites), "num_layers": ex.num_layers}
         return {"corpus": None if self.corpus is None else self.corpus.info(), "model": model,
-                "probe_dirs": self.probe_dirs, "methods": available_methods()}
+                "probe_dirs": [{"index": i, "name": Path(d).resolve().name} for i, d in enumerate(self.probe_dirs)],
+                "methods": available_methods()}
+
+    def probe(self, index: int) -> dict:
+        """Probe directory ``index`` of :attr:`probe_dirs` (named at start), read for the probe view.
+
+        Raises:
+            LookupError: no such index (naming how many there are).
+        """
+        if not 0 <= index < len(self.probe_dirs):
+            n = len(self.probe_dirs)
+            raise LookupError(f"no probe directory {index}: this explorer was started with {n} (0..{n - 1})"
+                              if n else "no probe directory: start the explorer with --probe DIR")
+        return read_probe_dir(self.probe_dirs[index])
 
     def layer(self, k: int, method: str = "pca") -> dict:
         """Layer view ``k``: ``{"k", "name", "points" [n][2], "method", "explained", "scores"}`` (cached)."""
@@ -149,9 +164,9 @@ def explorer_router(explorer: Explorer) -> APIRouter:
     def sentence(req: SentenceRequest) -> dict:
         return _answer(lambda: explorer.sentence(req.text, req.site))
 
-    @router.get("/explorer/api/probe")
-    def probe(path: str) -> dict:
-        return _answer(lambda: read_probe_dir(path))
+    @router.get("/explorer/api/probe/{index}")
+    def probe(index: int) -> dict:
+        return _answer(lambda: explorer.probe(index))
 
     return router
 

@@ -36,7 +36,7 @@ def read_probe_dir(path: str | os.PathLike) -> dict:
     rows = data["rows"]
     layers = [r for r in rows if r.get("kind") == "layer"]
     return {
-        "path": os.fspath(folder.resolve()), "title": data["task_title"], "metric": data["metric_name"],
+        "name": folder.resolve().name, "title": data["task_title"], "metric": data["metric_name"],
         "restarts": data.get("restarts", 1), "rows": rows, "cka": data["cka"],
         "cka_labels": ["emb" if r["layers"][0] == 0 else str(r["layers"][0]) for r in layers]
         if len(layers) == len(data["cka"]) else [str(i) for i in range(len(data["cka"]))],

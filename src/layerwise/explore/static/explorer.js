@@ -285,17 +285,16 @@ function initSentence() {
 }
 
 // ----------------------------------------------------------------------------------------------- probe view
-async function openProbe(path) {
+async function openProbe(index) {
   $("probe-error").hidden = true;
   let p;
   try {
-    p = await api("probe?path=" + encodeURIComponent(path));
+    p = await api("probe/" + index);
   } catch (err) {
     $("probe-error").textContent = err.message;
     $("probe-error").hidden = false;
     return;
   }
-  $("probe-path").value = p.path;
   $("probe-body").hidden = false;
   $("probe-title").textContent = p.title;
   const singles = p.rows.filter((r) => r.kind === "layer");
@@ -325,7 +324,7 @@ async function openProbe(path) {
   }
   const prov = p.provenance || {};
   $("probe-provenance").textContent = `model ${prov.model || "?"}; train ${prov.train || "?"}; dev ${prov.dev || "?"}; ` +
-    `probe ${(p.options || {}).probe || "?"}; ${p.restarts} restart(s); ${p.path}`;
+    `probe ${(p.options || {}).probe || "?"}; ${p.restarts} restart(s); ${p.name}`;
   document.body.dataset.probeShown = "1";
 }
 
@@ -350,14 +349,15 @@ function initProbe() {
   const holder = $("probe-dirs");
   dirs.forEach((d) => {
     const b = document.createElement("button");
-    b.textContent = d.split("/").filter(Boolean).pop();
-    b.title = d;
+    b.textContent = d.name;
     b.className = "probe-dir";
-    b.addEventListener("click", () => openProbe(d));
+    b.addEventListener("click", () => openProbe(d.index));
     holder.appendChild(b);
   });
-  $("probe-open").addEventListener("click", () => openProbe($("probe-path").value));
-  if (dirs.length) openProbe(dirs[0]);
+  if (!dirs.length) {
+    $("probe-error").textContent = "no probe directory: start with --probe DIR (layerwise explore or serve)";
+    $("probe-error").hidden = false;
+  } else openProbe(dirs[0].index);
 }
 
 // ------------------------------------------------------------------------------------------------------ start
