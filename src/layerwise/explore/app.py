@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException
@@ -42,6 +42,19 @@ if TYPE_CHECKING:
     from ..extractor import Extractor
 
 STATIC = {"explorer.js": "text/javascript", "explorer.css": "text/css"}  # the page's files and their types
+
+
+class ErrorBody(BaseModel):
+    """An error: ``detail`` says what was wrong and how to fix it (FastAPI's list for a malformed body)."""
+
+    detail: Union[str, list[dict[str, Any]]]
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "An invalid value (the message names it and the valid ones)."},
+    401: {"model": ErrorBody, "description": "Missing or wrong API key (the service's --api-key)."},
+    404: {"model": ErrorBody, "description": "Nothing of that kind is loaded, or no such index."},
+}
 
 
 @dataclass
@@ -124,7 +137,7 @@ def _finite(v: float) -> float | None:
 class SentenceRequest(BaseModel):
     """``POST /explorer/api/sentence``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
     text: str
     site: str = "block"
 
@@ -138,8 +151,9 @@ def explorer_router(explorer: Explorer) -> APIRouter:
     service's app)."""
     router = APIRouter()
 
-    @router.get("/", include_in_schema=False)
+    @router.get("/", response_class=HTMLResponse)
     def page() -> HTMLResponse:
+        """The explorer's page (the TEI predict route is POST on the same path)."""
         return HTMLResponse(_static("index.html").read_text(encoding="utf-8"))
 
     @router.get("/explorer/static/{name}", include_in_schema=False)
@@ -148,23 +162,23 @@ def explorer_router(explorer: Explorer) -> APIRouter:
             raise HTTPException(404, f"no static file {name!r}")
         return Response(_static(name).read_bytes(), media_type=STATIC[name])
 
-    @router.get("/explorer/api/info")
+    @router.get("/explorer/api/info", responses=ERRORS)
     def info() -> dict:
         return explorer.info()
 
-    @router.get("/explorer/api/layer/{k}")
+    @router.get("/explorer/api/layer/{k}", responses=ERRORS)
     def layer(k: int, method: str = "pca") -> dict:
         return _answer(lambda: explorer.layer(k, method))
 
-    @router.get("/explorer/api/scores")
+    @router.get("/explorer/api/scores", responses=ERRORS)
     def scores() -> dict:
         return _answer(explorer.scores)
 
-    @router.post("/explorer/api/sentence")
+    @router.post("/explorer/api/sentence", responses=ERRORS)
     def sentence(req: SentenceRequest) -> dict:
         return _answer(lambda: explorer.sentence(req.text, req.site))
 
-    @router.get("/explorer/api/probe/{index}")
+    @router.get("/explorer/api/probe/{index}", responses=ERRORS)
     def probe(index: int) -> dict:
         return _answer(lambda: explorer.probe(index))
 

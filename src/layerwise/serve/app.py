@@ -30,7 +30,7 @@ from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
 from ..model.options import ModelOptions
 from ..version import __version__
-from .errors import error_response, install_error_shapes
+from .errors import detail_responses, error_response, install_error_shapes
 from .openai import openai_router
 from .security import ApiKey
 from .service import SPEC_HEADER, Kind, Limits, Service, finite
@@ -45,7 +45,7 @@ class EncodeRequest(BaseModel):
     Give ``texts`` (any level) or ``words`` (pre-tokenised; level ``word``). Unknown fields are refused (422).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
     texts: Optional[list[str]] = Field(None, description="Texts to encode.")
     words: Optional[list[list[str]]] = Field(None, description="Pre-tokenised words (level 'word').")
@@ -168,7 +168,7 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/v1/model")
+    @app.get("/v1/model", responses=detail_responses(401))
     def model_info() -> dict:
         d = ex.describe()
         return {
@@ -182,12 +182,12 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
                        "max_response_bytes": limits.max_response_bytes},
         }
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, responses=detail_responses(401))
     def prometheus() -> PlainTextResponse:
         body, content_type = metrics.render()
         return PlainTextResponse(body, media_type=content_type)
 
-    @app.post("/v1/encode")
+    @app.post("/v1/encode", responses=detail_responses(400, 401, 413, 422, 429, 500))
     async def encode(req: EncodeRequest, request: Request):
         t0 = time.perf_counter()
         try:
@@ -209,6 +209,20 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
         return JSONResponse(body, headers={SPEC_HEADER: header})
 
     app.include_router(tei_router(service))  # last: it answers POST / (TEI's predict route)
+
+    def openapi() -> dict:
+        """FastAPI's document, with the names this server answers to as the enum of an OpenAI request's model."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            props = doc.get("components", {}).get("schemas", {}).get("EmbeddingsRequest", {}).get("properties", {})
+            if "model" in props:
+                props["model"]["enum"] = service.model_names()
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

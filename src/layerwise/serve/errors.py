@@ -17,11 +17,12 @@ unknown route) follow the same table.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 OPENAI_ROUTES = ("/v1/embeddings", "/v1/models")
@@ -30,6 +31,22 @@ _TEI_TYPES = {413: "Validation", 422: "Validation", 424: "Backend", 429: "Overlo
               500: "Backend", 400: "Validation", 404: "Validation", 405: "Validation", 401: "Validation"}
 _OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_exceeded",
                  500: "server_error", 503: "server_error"}
+
+
+class DetailBody(BaseModel):
+    """layerwise's own error body: ``detail`` is the message (or FastAPI's list of validation problems)."""
+
+    detail: Union[str, list[dict[str, Any]]]
+
+
+def detail_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for layerwise's own routes: each of ``codes`` with :class:`DetailBody`."""
+    what = {400: "A body that is not JSON, or an invalid value.", 401: "Missing or wrong API key (--api-key).",
+            404: "Nothing of that name is loaded.", 413: "The body, or the answer it asks for, is over the limit.",
+            422: "Invalid request (the message names the field, the value and the valid ones).",
+            429: "The queue is full (max_queue_tokens); retry after Retry-After seconds.",
+            500: "An internal error (the server log has the details)."}
+    return {code: {"model": DetailBody, "description": what.get(code, "Error.")} for code in codes}
 
 
 def protocol(path: str) -> str:
@@ -89,9 +106,19 @@ def install_error_shapes(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
+        headers = dict(exc.headers or {})
+        methods = allowed_methods(app, request) if exc.status_code == 405 else None
+        if methods:  # every method of every route at this path (Starlette names only one route's)
+            headers["Allow"] = ", ".join(methods)
         if protocol(path) == "layerwise":
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-        return error_response(path, exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+        return error_response(path, exc.status_code, str(exc.detail), headers=headers)
+
+
+def allowed_methods(app: FastAPI, request: Request) -> list[str] | None:
+    """The methods the app's OpenAPI document gives the request's path (``None`` for a path it does not list)."""
+    item = app.openapi().get("paths", {}).get(request.url.path)
+    return sorted(m.upper() for m in item) if item else None
 
 
 def jsonable(value: Any) -> Any:
@@ -104,4 +131,5 @@ def jsonable(value: Any) -> Any:
         return str(value)
 
 
-__all__ = ["OPENAI_ROUTES", "TEI_ROUTES", "error_body", "error_response", "install_error_shapes", "protocol"]
+__all__ = ["DetailBody", "OPENAI_ROUTES", "TEI_ROUTES", "allowed_methods", "detail_responses", "error_body",
+           "error_response", "install_error_shapes", "protocol"]

@@ -61,7 +61,7 @@ class SpecExtension(BaseModel):
 class EmbeddingsRequest(SpecExtension):
     """Body of ``POST /v1/embeddings`` (OpenAI's, plus the :class:`SpecExtension` fields). Unknown fields: 400."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
     input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]] = Field(
         ..., description="A text, a list of texts, a list of token ids, or a list of lists of token ids.")
@@ -118,7 +118,9 @@ class OpenAIErrorBody(BaseModel):
 ERRORS: dict[int | str, dict] = {code: {"model": OpenAIErrorBody, "description": what} for code, what in (
     (400, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, a token id "
           "outside the vocabulary."),
+    (401, "Missing or wrong API key (--api-key)."),
     (404, "The model name is neither the served model nor an alias."),
+    (429, "The queue is full (max_queue_tokens); retry after Retry-After seconds."),
     (413, "The body is over max_body_bytes."),
     (500, "An internal error (the server log has the details)."))}
 

@@ -156,7 +156,7 @@ class Service:
             for i, ids in enumerate(items):
                 bad = next((x for x in ids if not 0 <= x < vocab), None)
                 if bad is not None:
-                    raise ServiceError(400, f"token id {bad} in input {i} is outside the vocabulary of "
+                    raise ServiceError(422, f"token id {bad} in input {i} is outside the vocabulary of "
                                             f"{self.model_id!r} (0..{vocab - 1}); send text, or this model's own "
                                             f"token ids (if this is LangChain's OpenAIEmbeddings, pass "
                                             f"check_embedding_ctx_length=False: it sends tiktoken ids)", field)

@@ -46,7 +46,10 @@ class TEIErrorBody(BaseModel):
 
 
 ERRORS: dict[int | str, dict] = {code: {"model": TEIErrorBody, "description": what} for code, what in (
-    (413, "The body is over max_body_bytes."),
+    (400, "A body that is not JSON."),
+    (401, "Missing or wrong API key (--api-key)."),
+    (413, "The body, or the answer it asks for, is over the limit."),
+    (429, "The queue is full (max_queue_tokens); retry after Retry-After seconds."),
     (422, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, an unknown "
           "prompt name, a token id outside the vocabulary."),
     (424, "An internal error (the server log has the details)."))}
@@ -55,7 +58,7 @@ ERRORS: dict[int | str, dict] = {code: {"model": TEIErrorBody, "description": wh
 class EmbedRequest(SpecExtension):
     """Body of ``POST /embed`` and ``POST /`` (TEI's, plus the extension fields). Unknown fields: 422."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
     inputs: Inputs = Field(..., description="A text, a list of texts, or the model's token ids.")
     normalize: bool = Field(True, description="L2-normalise the vectors (TEI's default: true).")
@@ -68,7 +71,7 @@ class EmbedRequest(SpecExtension):
 class EmbedAllRequest(SpecExtension):
     """Body of ``POST /embed_all``: token vectors (TEI's, plus the extension fields)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
     inputs: Inputs
     truncate: Optional[bool] = False
@@ -79,7 +82,7 @@ class EmbedAllRequest(SpecExtension):
 class TokenizeRequest(BaseModel):
     """Body of ``POST /tokenize``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
     inputs: Union[StrictStr, list[StrictStr]]
     add_special_tokens: bool = True
