@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
@@ -33,7 +33,7 @@ from ..version import __version__
 from .errors import detail_responses, error_response, install_error_shapes
 from .openai import openai_router
 from .security import ApiKey
-from .service import SPEC_HEADER, Kind, Limits, Service, finite
+from .service import SPEC_HEADER, Kind, Limits, Service, finite, render
 from .tei import tei_router
 
 log = logging.getLogger("layerwise.serve")
@@ -195,7 +195,7 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
             service.check_response(spec, items, kind, binary=req.encoding == "base64")
             rows = await service.encode(spec, items, kind, request)
             layers, spec_dict, header = service.specs(spec)
-            body = _response(ex, spec, req.encoding, items, rows, layers, spec_dict)
+            content = await render(lambda: _response(ex, spec, req.encoding, items, rows, layers, spec_dict))
         except ServiceError as exc:
             metrics.request(str(exc.status), time.perf_counter() - t0)
             return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
@@ -204,9 +204,9 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
             metrics.request("500", time.perf_counter() - t0)
             return JSONResponse({"detail": "internal error while encoding; see the server log"}, status_code=500)
         metrics.request("200", time.perf_counter() - t0)
-        # a Response is sent as it is: FastAPI's jsonable_encoder would walk every float of the vectors first (the
-        # bytes are the same: JSONResponse renders with json.dumps, as FastAPI's default response does)
-        return JSONResponse(body, headers={SPEC_HEADER: header})
+        # rendered off the event loop (render); a Response is sent as it is: FastAPI's jsonable_encoder would walk
+        # every float of the vectors first
+        return Response(content, media_type="application/json", headers={SPEC_HEADER: header})
 
     app.include_router(tei_router(service))  # last: it answers POST / (TEI's predict route)
 

@@ -30,12 +30,12 @@ from typing import Literal, Optional, Union
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..errors import ServiceError
 from .errors import error_response
-from .service import SPEC_HEADER, Service, cut_dimensions, finite
+from .service import SPEC_HEADER, Service, cut_dimensions, finite, render
 
 log = logging.getLogger("layerwise.serve")
 LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
@@ -150,7 +150,7 @@ def openai_router(service: Service) -> APIRouter:
                                for name in service.model_names()])
 
     @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS)
-    async def embeddings(req: EmbeddingsRequest, request: Request) -> JSONResponse:
+    async def embeddings(req: EmbeddingsRequest, request: Request) -> Response:
         """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
         t0 = time.perf_counter()
         try:
@@ -168,12 +168,18 @@ def openai_router(service: Service) -> APIRouter:
             vectors = finite(np.stack([v for v, _ in rows]))
             vectors = cut_dimensions(vectors, req.dimensions, spec.normalize)
             tokens = sum(len(t.ids) for _, t in rows)
-            if req.encoding_format == "base64":
-                little = vectors.astype("<f4")
-                data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
-                        for i, v in enumerate(little)]
-            else:
-                data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+
+            def build() -> dict:
+                if req.encoding_format == "base64":
+                    data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
+                            for i, v in enumerate(vectors.astype("<f4"))]
+                else:
+                    data = [{"object": "embedding", "index": i, "embedding": v.tolist()}
+                            for i, v in enumerate(vectors)]
+                return {"object": "list", "data": data, "model": req.model,
+                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+            content = await render(build)
         except ServiceError as exc:
             service.metrics.request(str(400 if exc.status == 422 else exc.status), time.perf_counter() - t0)
             return error_response(path, exc.status, exc.detail, exc.param, exc.code, exc.headers)
@@ -182,9 +188,7 @@ def openai_router(service: Service) -> APIRouter:
             service.metrics.request("500", time.perf_counter() - t0)
             return error_response(path, 500, "internal error while encoding; see the server log")
         service.metrics.request("200", time.perf_counter() - t0)
-        body = {"object": "list", "data": data, "model": req.model,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return JSONResponse(body, headers={SPEC_HEADER: service.specs(spec)[2]})
+        return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
 
     return router
 

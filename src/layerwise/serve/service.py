@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -233,6 +233,18 @@ class Service:
         return out
 
 
+async def render(build: Callable[[], Any]) -> bytes:
+    """``build()`` rendered as JSON bytes (as Starlette's ``JSONResponse`` renders), in a worker thread: turning
+    thousands of vectors into text takes long enough that the event loop must not do it (``/health`` and every
+    other request would wait)."""
+    from starlette.concurrency import run_in_threadpool
+
+    def run() -> bytes:
+        return json.dumps(build(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+    return await run_in_threadpool(run)
+
+
 def cut_dimensions(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
     """``[n, D]`` -> ``[n, dimensions]``: the leading dimensions kept, then L2-renormalised when ``normalize``.
 
@@ -263,4 +275,4 @@ def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
                                 f"smaller weights or dtype float32")
     return out
 
-__all__ = ["Limits", "SPEC_HEADER", "Service", "SpecCache", "cut_dimensions", "finite"]
+__all__ = ["Limits", "SPEC_HEADER", "render", "Service", "SpecCache", "cut_dimensions", "finite"]

@@ -27,14 +27,14 @@ from typing import Literal, Optional, Union
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..errors import ServiceError
 from ..version import __version__
 from .errors import error_response
 from .openai import SpecExtension
-from .service import SPEC_HEADER, Service, cut_dimensions, finite
+from .service import SPEC_HEADER, Service, cut_dimensions, finite, render
 
 log = logging.getLogger("layerwise.serve")
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
@@ -152,7 +152,7 @@ def tei_router(service: Service) -> APIRouter:
             raise ServiceError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's "
                                     "start; use Right", "truncation_direction")
 
-    async def embed(path: str, req: EmbedRequest, request: Request) -> JSONResponse:
+    async def embed(path: str, req: EmbedRequest, request: Request) -> Response:
         t0 = time.perf_counter()
         try:
             direction(req.truncation_direction)
@@ -166,6 +166,7 @@ def tei_router(service: Service) -> APIRouter:
             service.check_response(spec, items, kind)  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
             vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
+            content = await render(vectors.tolist)
         except ServiceError as exc:
             service.metrics.request(str(exc.status), time.perf_counter() - t0)
             return error_response(path, exc.status, exc.detail, exc.param, headers=exc.headers)
@@ -174,20 +175,20 @@ def tei_router(service: Service) -> APIRouter:
             service.metrics.request("424", time.perf_counter() - t0)
             return error_response(path, 424, "internal error while encoding; see the server log")
         service.metrics.request("200", time.perf_counter() - t0)
-        return JSONResponse(vectors.tolist(), headers={SPEC_HEADER: service.specs(spec)[2]})
+        return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
 
     @router.post("/embed", response_model=list[list[float]], responses=ERRORS)
-    async def embed_route(req: EmbedRequest, request: Request) -> JSONResponse:
+    async def embed_route(req: EmbedRequest, request: Request) -> Response:
         """Sentence vectors, one per input (TEI's ``/embed``)."""
         return await embed("/embed", req, request)
 
     @router.post("/", response_model=list[list[float]], responses=ERRORS)
-    async def predict_route(req: EmbedRequest, request: Request) -> JSONResponse:
+    async def predict_route(req: EmbedRequest, request: Request) -> Response:
         """TEI's predict route: the same as ``/embed`` (``huggingface_hub`` posts here)."""
         return await embed("/", req, request)
 
     @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS)
-    async def embed_all(req: EmbedAllRequest, request: Request) -> JSONResponse:
+    async def embed_all(req: EmbedAllRequest, request: Request) -> Response:
         """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
         t0 = time.perf_counter()
         try:
@@ -198,7 +199,7 @@ def tei_router(service: Service) -> APIRouter:
             items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
             service.check_response(spec, items, kind)  # type: ignore[arg-type]
             rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
-            body = [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
+            content = await render(lambda: [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows])
         except ServiceError as exc:
             service.metrics.request(str(exc.status), time.perf_counter() - t0)
             return error_response("/embed_all", exc.status, exc.detail, exc.param, headers=exc.headers)
@@ -207,7 +208,7 @@ def tei_router(service: Service) -> APIRouter:
             service.metrics.request("424", time.perf_counter() - t0)
             return error_response("/embed_all", 424, "internal error while encoding; see the server log")
         service.metrics.request("200", time.perf_counter() - t0)
-        return JSONResponse(body, headers={SPEC_HEADER: service.specs(spec)[2]})
+        return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
 
     @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS)
     def tokenize(req: TokenizeRequest) -> JSONResponse:
