@@ -165,6 +165,38 @@ def run_load(port: int, requests: list[list[str]], clients: int, options: dict) 
     return wall, latencies
 
 
+def run_openai(port: int, requests: list[list[str]], clients: int, options: dict) -> tuple[float, list[float]]:
+    """The same load through the official ``openai`` client (``AsyncOpenAI.embeddings.create`` on
+    ``/v1/embeddings``, base64 as the client asks by default, layers in ``extra_body``): what a user of the OpenAI
+    protocol sees, client overhead included. Returns (wall seconds, per-request latencies)."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    extra = {"layers": options["layers"], "pool": options["pool"], "normalize": False}
+    todo = iter(range(len(requests)))
+    latencies: list[float] = []
+
+    async def main() -> float:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
+                               http_client=httpx.AsyncClient(limits=limits, timeout=600)) as client:
+            async def worker() -> None:
+                for i in todo:
+                    t0 = time.perf_counter()
+                    got = await client.embeddings.create(model=MODEL_NAME[0], input=requests[i], extra_body=extra)
+                    np.asarray([d.embedding for d in got.data], dtype=np.float32)
+                    latencies.append(time.perf_counter() - t0)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(clients)))
+            return time.perf_counter() - t0
+
+    return asyncio.run(main()), latencies
+
+
+MODEL_NAME = ["bert"]  # the served name the OpenAI load asks for (set from the server's /v1/models)
+
+
 def _head(raw: bytes) -> tuple[int, int]:
     """(status, Content-Length) of a response head."""
     lines = raw.decode("latin-1").split("\r\n")
@@ -201,6 +233,9 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", default="-1")
     ap.add_argument("--pool", default="mean")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--protocol", default="layerwise", choices=["layerwise", "openai"],
+                    help="layerwise: POST /v1/encode from raw keep-alive connections; openai: the official AsyncOpenAI "
+                         "client on POST /v1/embeddings")
     ap.add_argument("--backend", default=None,
                     help="the Extractor's backend, for the server and the direct calls alike (default: its default)")
     args = ap.parse_args(argv)
@@ -231,15 +266,19 @@ def main(argv=None) -> None:
     modes: dict[str | int, Mode] = {name: Mode() for name in ("per request", "one call", *clients)}
     port = free_port()
     proc = start_server(args, port)
+    load = run_load
+    if args.protocol == "openai":
+        MODEL_NAME[0] = json.loads(get(port, "/v1/models")[1])["data"][0]["id"]
+        load = run_openai
     try:
-        run_load(port, requests[: min(64, len(requests))], 4, options)  # warm-up (both sides)
+        load(port, requests[: min(64, len(requests))], 4, options)  # warm-up (both sides)
         ex.encode(texts[:64], layers=layers, pool=args.pool)
         for _ in range(args.repeat):  # each round: per request, the servers, one call (each ratio's pair adjacent)
             modes["per request"].add(*per_request())
             for c in clients:
                 b0, r0 = metric(port, "layerwise_batches_total"), metric(port, "layerwise_batch_requests_sum")
                 cpu0 = time.process_time()
-                wall, lat = run_load(port, requests, c, options)
+                wall, lat = load(port, requests, c, options)
                 modes[c].client_cpu.append((time.process_time() - cpu0) / len(requests))
                 merged = (metric(port, "layerwise_batch_requests_sum") - r0) / max(
                     metric(port, "layerwise_batches_total") - b0, 1)
@@ -252,7 +291,8 @@ def main(argv=None) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
 
-    print(f"\nlayerwise serve load on {ex!r}: {args.requests} requests x {k} texts ({source}), {len(texts)} texts, "
+    print(f"\nlayerwise serve load ({args.protocol} protocol) on {ex!r}: {args.requests} requests x {k} texts "
+          f"({source}), {len(texts)} texts, "
           f"{n_tokens:,} tokens, layers={layers!r}, pool={args.pool}, {torch.get_num_threads()} torch threads, "
           f"best of {args.repeat} alternating rounds\n")
     print("| mode | best wall s | texts/s | tokens/s | p50 ms | p99 ms | requests / model call | ratio (best) "
