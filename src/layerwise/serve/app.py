@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import logging
-import time
+import dataclasses
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
@@ -33,10 +32,8 @@ from ..version import __version__
 from .errors import detail_responses, error_response, install_error_shapes
 from .openai import openai_router
 from .security import ApiKey
-from .service import SPEC_HEADER, Kind, Limits, Service, finite, render
+from .service import Kind, Limits, Service, finite, render
 from .tei import tei_router
-
-log = logging.getLogger("layerwise.serve")
 
 
 class EncodeRequest(BaseModel):
@@ -170,17 +167,7 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
 
     @app.get("/v1/model", responses=detail_responses(401))
     def model_info() -> dict:
-        d = ex.describe()
-        return {
-            **d, "sites": list(d["sites"]), "table_families": list(SUPPORTED_MODEL_TYPES),
-            "layers": f"{d['layers']} (0 = embeddings; negatives count from the end)",
-            "combine": list(FIXED_COMBINES), "pools": list(FIXED_POOLS), "subword": list(WORD_POOL_MODES),
-            "levels": list(LEVELS), "max_length": ex.max_length, "names": service.model_names(),
-            "aliases": service.aliases,
-            "limits": {"max_texts": limits.max_texts, "max_text_chars": limits.max_text_chars,
-                       "max_body_bytes": limits.max_body_bytes, "max_batch_tokens": limits.max_batch_tokens,
-                       "max_response_bytes": limits.max_response_bytes},
-        }
+        return describe_service(service)
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=detail_responses(401))
     def prometheus() -> PlainTextResponse:
@@ -188,42 +175,49 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
         return PlainTextResponse(body, media_type=content_type)
 
     @app.post("/v1/encode", responses=detail_responses(400, 401, 413, 422, 429, 500))
-    async def encode(req: EncodeRequest, request: Request):
-        t0 = time.perf_counter()
-        try:
+    async def encode(req: EncodeRequest, request: Request) -> Response:
+        async def work() -> tuple[bytes, EncodeSpec]:
             items, spec, kind = _validate(service, req)
             service.check_response(spec, items, kind, binary=req.encoding == "base64")
             rows = await service.encode(spec, items, kind, request)
-            layers, spec_dict, header = service.specs(spec)
-            content = await render(lambda: _response(ex, spec, req.encoding, items, rows, layers, spec_dict))
-        except ServiceError as exc:
-            metrics.request(str(exc.status), time.perf_counter() - t0)
-            return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
-        except Exception:
-            log.exception("encode failed")
-            metrics.request("500", time.perf_counter() - t0)
-            return JSONResponse({"detail": "internal error while encoding; see the server log"}, status_code=500)
-        metrics.request("200", time.perf_counter() - t0)
-        # rendered off the event loop (render); a Response is sent as it is: FastAPI's jsonable_encoder would walk
-        # every float of the vectors first
-        return Response(content, media_type="application/json", headers={SPEC_HEADER: header})
+            layers, spec_dict, _ = service.specs(spec)
+            # rendered off the event loop, and sent as it is: FastAPI's jsonable_encoder would walk every float
+            return await render(lambda: _response(ex, spec, req.encoding, items, rows, layers, spec_dict)), spec
+
+        return await service.answer("/v1/encode", work)
 
     app.include_router(tei_router(service))  # last: it answers POST / (TEI's predict route)
 
-    def openapi() -> dict:
-        """FastAPI's document, with the names this server answers to as the enum of an OpenAI request's model."""
-        if app.openapi_schema is None:
-            from fastapi.openapi.utils import get_openapi
-
-            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            props = doc.get("components", {}).get("schemas", {}).get("EmbeddingsRequest", {}).get("properties", {})
-            if "model" in props:
-                props["model"]["enum"] = service.model_names()
-            app.openapi_schema = doc
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = lambda: openapi_with_names(app, service)  # type: ignore[method-assign]
     return app
+
+
+def describe_service(service: Service) -> dict:
+    """``GET /v1/model``: the model (:func:`~layerwise.model.describe.describe`), the modes and levels it takes,
+    the names and aliases it answers to, and the limits."""
+    ex = service.ex
+    d = ex.describe()
+    return {
+        **d, "sites": list(d["sites"]), "table_families": list(SUPPORTED_MODEL_TYPES),
+        "layers": f"{d['layers']} (0 = embeddings; negatives count from the end)",
+        "combine": list(FIXED_COMBINES), "pools": list(FIXED_POOLS), "subword": list(WORD_POOL_MODES),
+        "levels": list(LEVELS), "max_length": ex.max_length, "names": service.model_names(),
+        "aliases": service.aliases, "limits": dataclasses.asdict(service.limits),
+    }
+
+
+def openapi_with_names(app: FastAPI, service: Service) -> dict:
+    """FastAPI's document (built once), with the names this server answers to as the enum of an OpenAI request's
+    ``model``."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        props = doc.get("components", {}).get("schemas", {}).get("EmbeddingsRequest", {}).get("properties", {})
+        if "model" in props:
+            props["model"]["enum"] = service.model_names()
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows: list, layers: list[int],

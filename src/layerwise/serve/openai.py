@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import base64
-import logging
 import time
 from typing import Literal, Optional, Union
 
@@ -33,11 +32,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..encoding.spec import EncodeSpec
 from ..errors import ServiceError
-from .errors import error_response
-from .service import SPEC_HEADER, Service, cut_dimensions, finite, render
+from .service import Service, cut_dimensions, finite, render
 
-log = logging.getLogger("layerwise.serve")
 LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
 
 
@@ -125,18 +123,6 @@ ERRORS: dict[int | str, dict] = {code: {"model": OpenAIErrorBody, "description":
     (500, "An internal error (the server log has the details)."))}
 
 
-def _inputs(value: object) -> tuple[list, str]:
-    """``(items, kind)``: texts or token-id lists."""
-    if isinstance(value, str):
-        return [value], "text"
-    items = list(value)  # type: ignore[call-overload]
-    if items and all(isinstance(x, int) for x in items):
-        return [items], "ids"
-    if items and all(isinstance(x, list) for x in items):
-        return items, "ids"
-    return items, "text"
-
-
 def openai_router(service: Service) -> APIRouter:
     """The OpenAI routes over ``service`` (see the module docstring)."""
     router = APIRouter(tags=["OpenAI-compatible"])
@@ -152,21 +138,16 @@ def openai_router(service: Service) -> APIRouter:
     @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS)
     async def embeddings(req: EmbeddingsRequest, request: Request) -> Response:
         """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
-        t0 = time.perf_counter()
-        try:
-            items, kind = _inputs(req.input)
-            if kind == "ids" and req.prompt:
-                raise ServiceError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
+
+        async def work() -> tuple[bytes, EncodeSpec]:
             spec = service.spec({"normalize": True}, service.alias_fields(req.model), req.spec_fields(),
                                 {"normalize": req.normalize, "truncate": req.truncate})
             if spec.level != "sentence":
                 raise ServiceError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
                                         f"is served by /v1/encode (and token vectors by /embed_all)", "level")
-            items = service.check_items(items, kind, spec.prompt, "input")  # type: ignore[arg-type]
-            service.check_response(spec, items, kind, binary=req.encoding_format == "base64")  # type: ignore[arg-type]
-            rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
-            vectors = finite(np.stack([v for v, _ in rows]))
-            vectors = cut_dimensions(vectors, req.dimensions, spec.normalize)
+            items, kind = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64")
+            rows = await service.encode(spec, items, kind, request)
+            vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
             tokens = sum(len(t.ids) for _, t in rows)
 
             def build() -> dict:
@@ -179,16 +160,9 @@ def openai_router(service: Service) -> APIRouter:
                 return {"object": "list", "data": data, "model": req.model,
                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-            content = await render(build)
-        except ServiceError as exc:
-            service.metrics.request(str(400 if exc.status == 422 else exc.status), time.perf_counter() - t0)
-            return error_response(path, exc.status, exc.detail, exc.param, exc.code, exc.headers)
-        except Exception:
-            log.exception("embeddings failed")
-            service.metrics.request("500", time.perf_counter() - t0)
-            return error_response(path, 500, "internal error while encoding; see the server log")
-        service.metrics.request("200", time.perf_counter() - t0)
-        return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
+            return await render(build), spec
+
+        return await service.answer(path, work)
 
     return router
 

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal
 
 import numpy as np
+from fastapi.responses import Response
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
 from .batcher import Batcher, QueueFull
+from .errors import error_response
 from .metrics import Metrics
 
 Kind = Literal["text", "words", "ids"]
+log = logging.getLogger("layerwise.serve")
 SPEC_HEADER = "X-Layerwise-Spec"  # every encoding response says which resolved spec it used (JSON)
 
 
@@ -178,18 +182,44 @@ class Service:
         width = int(np.prod(spec.feature_shape(self.ex.site_width(spec.site))))
         if spec.level == "sentence":
             rows = len(items)
-        elif kind == "ids":
-            rows = sum(len(ids) + 2 for ids in items)
         elif kind == "words" or spec.level == "word":
             rows = sum(len(w) if not isinstance(w, str) else len(w.split()) for w in items)
         else:
-            rows = sum(len(spec.prompt) + len(t) for t in items) // 3 + 2 * len(items)
+            rows = estimate_tokens(items, kind) + len(items) * (len(spec.prompt) // 3)
         estimate = rows * width * (4 if binary else 12)
         if estimate > self.limits.max_response_bytes:
             raise ServiceError(413, f"the answer would be about {estimate / 1e6:,.0f} MB ({rows:,} rows x {width:,} "
                                     f"numbers), over the limit of {self.limits.max_response_bytes / 1e6:,.0f} MB "
                                     f"(max_response_bytes): ask for fewer inputs or layers, a pooled level, or "
                                     f"base64 encoding")
+
+    def prepare(self, spec: EncodeSpec, value: Any, field: str, binary: bool = False) -> tuple[list, Kind]:
+        """An OpenAI or TEI ``input(s)`` value as checked items and their kind (see :func:`split_inputs`,
+        :meth:`check_items`, :meth:`check_response`)."""
+        items, kind = split_inputs(value, spec.prompt)
+        items = self.check_items(items, kind, spec.prompt, field)
+        self.check_response(spec, items, kind, binary)
+        return items, kind
+
+    async def answer(self, path: str, work: Callable[[], Awaitable[tuple[bytes, EncodeSpec]]],
+                     internal: int = 500) -> Response:
+        """Run one encoding request's ``work`` (returning its rendered JSON and resolved spec) and answer it: the
+        ``X-Layerwise-Spec`` header on success, a :class:`~layerwise.ServiceError` in the route's protocol shape,
+        anything else as ``internal`` (500; TEI says 424) with the traceback in the server log; the request is
+        counted in the metrics with its status."""
+        t0 = time.perf_counter()
+        response: Response
+        try:
+            content, spec = await work()
+        except ServiceError as exc:
+            response = error_response(path, exc.status, exc.detail, exc.param, exc.code, exc.headers)
+        except Exception:
+            log.exception("%s failed", path)
+            response = error_response(path, internal, "internal error while encoding; see the server log")
+        else:
+            response = Response(content, media_type="application/json", headers={SPEC_HEADER: self.specs(spec)[2]})
+        self.metrics.request(str(response.status_code), time.perf_counter() - t0)
+        return response
 
     # ---- encoding -----------------------------------------------------------------------------------------
     async def encode(self, spec: EncodeSpec, items: list, kind: Kind, request: Any = None) -> list:
@@ -201,11 +231,7 @@ class Service:
             ServiceError: 429 with ``Retry-After`` when the queue is full (``max_queue_tokens``); 499 when the
                 client went away.
         """
-        if kind == "ids":
-            cost = sum(len(ids) + 2 for ids in items)
-        else:
-            cost = sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
-        task = asyncio.ensure_future(self.batcher.submit((spec, kind), items, cost))
+        task = asyncio.ensure_future(self.batcher.submit((spec, kind), items, estimate_tokens(items, kind)))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.2 if request is not None else None)
@@ -231,6 +257,34 @@ class Service:
                 out = [(res.features.numpy(), res.tokens) for res in self.ex.stream(items, spec)]
         self.metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
         return out
+
+
+def estimate_tokens(items: list, kind: Kind) -> int:
+    """Tokens ``items`` will take, before tokenising: token ids and the special tokens, else about one token per 3
+    characters (a word list: its words and their separators) and the special tokens."""
+    if kind == "ids":
+        return sum(len(ids) + 2 for ids in items)
+    return sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
+
+
+def split_inputs(value: Any, prompt: str = "") -> tuple[list, Kind]:
+    """OpenAI's ``input`` and TEI's ``inputs``: a text, a list of texts, a list of token ids or a list of lists of
+    ids, as ``(items, kind)``.
+
+    Raises:
+        ServiceError: 422, a prompt with token ids.
+    """
+    if isinstance(value, str):
+        return [value], "text"
+    items = list(value)
+    kind: Kind = "text"
+    if items and all(isinstance(x, int) for x in items):
+        items, kind = [items], "ids"
+    elif items and all(isinstance(x, list) for x in items):
+        kind = "ids"
+    if kind == "ids" and prompt:
+        raise ServiceError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
+    return items, kind
 
 
 async def render(build: Callable[[], Any]) -> bytes:
@@ -275,4 +329,5 @@ def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
                                 f"smaller weights or dtype float32")
     return out
 
-__all__ = ["Limits", "SPEC_HEADER", "render", "Service", "SpecCache", "cut_dimensions", "finite"]
+__all__ = ["Limits", "SPEC_HEADER", "Service", "SpecCache", "cut_dimensions", "estimate_tokens", "finite", "render",
+           "split_inputs"]

@@ -20,8 +20,6 @@ Example::
 from __future__ import annotations
 
 import json
-import logging
-import time
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -30,13 +28,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..encoding.spec import EncodeSpec
 from ..errors import ServiceError
 from ..version import __version__
 from .errors import error_response
 from .openai import SpecExtension
-from .service import SPEC_HEADER, Service, cut_dimensions, finite, render
+from .service import Service, cut_dimensions, finite, render
 
-log = logging.getLogger("layerwise.serve")
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
@@ -122,60 +120,46 @@ def prompts(model_dir: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
+def prompt_of(named: dict[str, str], name: str | None, given: str | None) -> str | None:
+    """The prompt of a TEI request: the model's prompt ``name`` (then ``given``, the extension field), or ``given``.
+
+    Raises:
+        ServiceError: 422, a name the model's ``config_sentence_transformers.json`` does not have.
+    """
+    if name is None:
+        return given
+    if name not in named:
+        raise ServiceError(422, f"prompt_name {name!r} is not a prompt of this model; it has "
+                                f"{sorted(named) or 'none'} (config_sentence_transformers.json)", "prompt_name")
+    return named[name] + (given or "")
+
+
+def check_direction(value: str) -> None:
+    """TEI's ``truncation_direction``: ``Right`` only (layerwise keeps an input's start)."""
+    if value.lower() == "left":
+        raise ServiceError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's start; "
+                                "use Right", "truncation_direction")
+
+
 def tei_router(service: Service) -> APIRouter:
     """The TEI routes over ``service`` (see the module docstring)."""
     router = APIRouter(tags=["TEI-compatible"])
     ex = service.ex
     named = prompts(str(ex.loaded.name))
 
-    def prompt_of(name: str | None, given: str | None) -> str | None:
-        if name is None:
-            return given
-        if name not in named:
-            raise ServiceError(422, f"prompt_name {name!r} is not a prompt of this model; it has "
-                                    f"{sorted(named) or 'none'} (config_sentence_transformers.json)", "prompt_name")
-        return named[name] + (given or "")
-
-    def inputs(value: object, prompt: str | None) -> tuple[list, str]:
-        if isinstance(value, str):
-            return [value], "text"
-        items = list(value)  # type: ignore[call-overload]
-        kind = "ids" if items and all(isinstance(x, (int, list)) for x in items) else "text"
-        if kind == "ids" and items and isinstance(items[0], int):
-            items = [items]
-        if kind == "ids" and prompt:
-            raise ServiceError(422, "a prompt goes before text; with token ids, put its ids first", "prompt")
-        return items, kind
-
-    def direction(value: str) -> None:
-        if value.lower() == "left":
-            raise ServiceError(422, "truncation_direction 'Left' is not supported: layerwise keeps an input's "
-                                    "start; use Right", "truncation_direction")
-
     async def embed(path: str, req: EmbedRequest, request: Request) -> Response:
-        t0 = time.perf_counter()
-        try:
-            direction(req.truncation_direction)
-            prompt = prompt_of(req.prompt_name, req.prompt)
+        async def work() -> tuple[bytes, EncodeSpec]:
+            check_direction(req.truncation_direction)
             spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
-                                                    "prompt": prompt})
+                                                    "prompt": prompt_of(named, req.prompt_name, req.prompt)})
             if spec.level != "sentence":
                 raise ServiceError(422, "/embed gives one vector per input; token vectors: /embed_all")
-            items, kind = inputs(req.inputs, spec.prompt)
-            items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
-            service.check_response(spec, items, kind)  # type: ignore[arg-type]
-            rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
+            items, kind = service.prepare(spec, req.inputs, "inputs")
+            rows = await service.encode(spec, items, kind, request)
             vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
-            content = await render(vectors.tolist)
-        except ServiceError as exc:
-            service.metrics.request(str(exc.status), time.perf_counter() - t0)
-            return error_response(path, exc.status, exc.detail, exc.param, headers=exc.headers)
-        except Exception:
-            log.exception("embed failed")
-            service.metrics.request("424", time.perf_counter() - t0)
-            return error_response(path, 424, "internal error while encoding; see the server log")
-        service.metrics.request("200", time.perf_counter() - t0)
-        return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
+            return await render(vectors.tolist), spec
+
+        return await service.answer(path, work, internal=424)
 
     @router.post("/embed", response_model=list[list[float]], responses=ERRORS)
     async def embed_route(req: EmbedRequest, request: Request) -> Response:
@@ -190,31 +174,22 @@ def tei_router(service: Service) -> APIRouter:
     @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS)
     async def embed_all(req: EmbedAllRequest, request: Request) -> Response:
         """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
-        t0 = time.perf_counter()
-        try:
-            direction(req.truncation_direction)
-            prompt = prompt_of(req.prompt_name, req.prompt)
-            spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate, "prompt": prompt})
-            items, kind = inputs(req.inputs, spec.prompt)
-            items = service.check_items(items, kind, spec.prompt, "inputs")  # type: ignore[arg-type]
-            service.check_response(spec, items, kind)  # type: ignore[arg-type]
-            rows = await service.encode(spec, items, kind, request)  # type: ignore[arg-type]
-            content = await render(lambda: [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows])
-        except ServiceError as exc:
-            service.metrics.request(str(exc.status), time.perf_counter() - t0)
-            return error_response("/embed_all", exc.status, exc.detail, exc.param, headers=exc.headers)
-        except Exception:
-            log.exception("embed_all failed")
-            service.metrics.request("424", time.perf_counter() - t0)
-            return error_response("/embed_all", 424, "internal error while encoding; see the server log")
-        service.metrics.request("200", time.perf_counter() - t0)
-        return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
+
+        async def work() -> tuple[bytes, EncodeSpec]:
+            check_direction(req.truncation_direction)
+            spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate,
+                                                    "prompt": prompt_of(named, req.prompt_name, req.prompt)})
+            items, kind = service.prepare(spec, req.inputs, "inputs")
+            rows = await service.encode(spec, items, kind, request)
+            return await render(lambda: [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]), spec
+
+        return await service.answer("/embed_all", work, internal=424)
 
     @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS)
     def tokenize(req: TokenizeRequest) -> JSONResponse:
         """Each input's tokens: ``id``, ``text``, ``special``, character ``start``/``stop`` (TEI's ``/tokenize``)."""
         try:
-            prompt = prompt_of(req.prompt_name, None) or ""
+            prompt = prompt_of(named, req.prompt_name, None) or ""
             texts = [req.inputs] if isinstance(req.inputs, str) else list(req.inputs)
             texts = service.check_items(texts, "text", prompt, "inputs")
         except ServiceError as exc:
@@ -246,4 +221,5 @@ def tei_router(service: Service) -> APIRouter:
     return router
 
 
-__all__ = ["EmbedAllRequest", "EmbedRequest", "TokenizeRequest", "prompts", "tei_router"]
+__all__ = ["EmbedAllRequest", "EmbedRequest", "TokenizeRequest", "check_direction", "prompt_of", "prompts",
+           "tei_router"]
