@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -130,8 +130,9 @@ def run(
     check_output(out, overwrite)
     t0 = time.perf_counter()
     ex = Extractor.of(model)
+    paths = {"train": train, "dev": dev, "test": test}
     splits: dict[str, ProbeSplit] = {}
-    for name, path in (("train", train), ("dev", dev), ("test", test)):
+    for name, path in paths.items():
         if path is not None:
             say(f"features: {name} ({os.fspath(path)})")
             splits[name] = split_features(ex, path, out / "features" / name, task=cfg.task, fmt=fmt, column=column,
@@ -153,11 +154,7 @@ def run(
         options={"probe": cfg.probe, "crf": cfg.crf, "hidden": cfg.hidden, "epochs": cfg.epochs, "lr": cfg.lr,
                  "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
                  "column": column},
-        provenance={"model": ex.loaded.name, "num_layers": ex.num_layers, "hidden_size": ex.hidden_size,
-                    "train": os.fspath(train), "dev": os.fspath(dev), "test": os.fspath(test) if test else None,
-                    "train_rows": len(splits["train"]), "dev_rows": len(splits["dev"]),
-                    **({"test_rows": len(splits["test"])} if "test" in splits else {}),
-                    "layerwise_version": __version__, "labels": labels},
+        provenance=_provenance(ex, paths, splits, labels),
         seconds=0.0, extract_seconds=round(extract_seconds, 1), unseen_labels=unseen,
     )
     results.seconds = round(time.perf_counter() - t0, 1)
@@ -166,6 +163,14 @@ def run(
 
     Console(stderr=True).print(terminal_table(results))
     return results
+
+
+def _provenance(ex: Extractor, paths: dict[str, Any], splits: dict[str, ProbeSplit], labels: list[str]) -> dict:
+    """Where the results came from: the model, the input files, their row counts, the labels, the version."""
+    return {"model": ex.loaded.name, "num_layers": ex.num_layers, "hidden_size": ex.hidden_size,
+            **{name: os.fspath(path) if path else None for name, path in paths.items()},
+            **{f"{name}_rows": len(split) for name, split in splits.items()},
+            "layerwise_version": __version__, "labels": labels}
 
 
 def unseen_labels(labels: list[str], splits: dict[str, ProbeSplit]) -> dict[str, dict[str, int]]:
