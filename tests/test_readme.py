@@ -47,3 +47,12 @@ def test_openai_and_tei_client_examples_run_as_written(tmp_path, monkeypatch):
             promised = [line.split("#", 1)[1].split(":")[0].strip() for line in code.splitlines()
                         if line.startswith("print(") and "#" in line]
             assert out.getvalue().split("\n")[: len(promised)] == promised, (code, out.getvalue())
+
+
+def test_output_precisions_example_runs_as_written():
+    (code,) = blocks(section("Output precisions"), "python")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    promised = [line.split("#", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
+    assert out.getvalue().strip().split("\n") == promised

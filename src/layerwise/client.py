@@ -25,11 +25,15 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only
     import numpy as np
 
 
+_DTYPES = {"float16": "float16", "int8": "int8", "uint8": "uint8", "binary": "int8", "ubinary": "uint8"}
+
+
 def _unpack(obj: Any) -> "np.ndarray":
+    """A ``/v1/encode`` array: base64 values of the precision named by ``dtype``, or JSON numbers (float32)."""
     import numpy as np
 
     if isinstance(obj, dict):
-        dtype = np.dtype(np.float16 if obj["dtype"] == "float16" else np.float32).newbyteorder("<")
+        dtype = np.dtype(_DTYPES.get(obj["dtype"], np.float32)).newbyteorder("<")
         flat = np.frombuffer(base64.b64decode(obj["base64"]), dtype=dtype)
         return flat.reshape(obj["shape"]).astype(dtype.newbyteorder("="))
     return np.asarray(obj, dtype=np.float32)
@@ -164,14 +168,17 @@ class Client:
         prompt: str = "",
         add_eos: bool = False,
         output_dtype: str = "float32",
+        dimensions: int | None = None,
+        calibration: Any = None,
     ) -> Any:
         """Encode ``texts`` (a list of strings) with the fields of an ``EncodeSpec``.
 
         Args:
             texts: a list of strings; a bare string is refused (it would be encoded character by character).
             layers, site, combine, weights, pool, level, subword, skip_special_tokens, truncate, normalize, prompt,
-                add_eos, output_dtype: as in :class:`~layerwise.EncodeSpec` (``pool`` default ``mean``,
-                ``subword`` ``first``). numpy ints and floats are accepted (``layers=np.int64(-1)``).
+                add_eos, output_dtype, dimensions: as in :class:`~layerwise.EncodeSpec` (``pool`` default
+                ``mean``, ``subword`` ``first``). numpy ints and floats are accepted (``layers=np.int64(-1)``).
+            calibration: ``int8``/``uint8`` ranges ``(min, max)`` (``spec.calibration`` of a calibrated spec).
 
         Returns:
             Sentence level: ``[n, D]``; token/word level: a list of ``[n_i, D]`` arrays.
@@ -186,7 +193,9 @@ class Client:
         # options at their defaults are left out, so a service of an older layerwise still takes the request
         optional = {"weights": weights, "pool": pool, "subword": subword,
                     "skip_special_tokens": skip_special_tokens or None, "normalize": normalize or None,
-                    "prompt": prompt or None, "add_eos": add_eos or None}
+                    "prompt": prompt or None, "add_eos": add_eos or None, "dimensions": dimensions,
+                    "calibration": None if calibration is None else {"min": list(calibration[0]),
+                                                                     "max": list(calibration[1])}}
         body.update({k: v for k, v in optional.items() if v is not None})
         out = self._call("POST", "/v1/encode", body)
         if level == "sentence":

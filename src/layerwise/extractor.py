@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
@@ -32,6 +33,7 @@ from torch import nn
 
 from .encoding.combine import combine as combine_layers
 from .encoding.layers import LayerSpec
+from .encoding.precision import Ranges, finisher
 from .encoding.reduce import Encoded, make_reducer
 from .encoding.spec import EncodeSpec
 from .encoding.stack import LayerStack
@@ -49,7 +51,6 @@ RETURN_TENSORS = ("np", "pt")
 CPU_BATCH_TOKENS = 1024  # measured best on CPU (cache-resident activations); see benchmarks/README.md
 GPU_BATCH_TOKENS = 16384
 CHUNK_RECORDS = 4096  # records tokenised and length-sorted together; bounds memory on large corpora
-_OUT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def _int(value: object, name: str) -> int:
@@ -366,7 +367,8 @@ class Extractor:
         spec = spec.resolve(self)
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
-        out_dtype = _OUT_DTYPES[spec.output_dtype]
+        finish = finisher(spec, self.site_width(spec.site))
+        sentences = spec.level == "sentence"
         done: dict[int, torch.Tensor] = {}
         following = 0
         for group in self._forward(toks, spec.layer_indices, spec.site, budget):
@@ -375,8 +377,10 @@ class Extractor:
             with torch.inference_mode():
                 x = combine_layers(group.states, spec.combine, weights=spec.weights, mask=mask)
                 vecs = reduce(x, mask, special, rows)
+                # dimensions, normalize and output_dtype: one call per batch of sentences, one per row otherwise
+                vecs = finish(torch.stack(list(vecs))).unbind(0) if sentences else [finish(v) for v in vecs]
             for r, i in enumerate(group.texts):
-                done[i] = vecs[r].to("cpu", out_dtype)
+                done[i] = vecs[r].to("cpu")
             while following in done:
                 yield Encoded(start + following, done.pop(following), toks[following])
                 following += 1
@@ -430,6 +434,9 @@ class Extractor:
         normalize: bool = False,
         prompt: str = "",
         add_eos: bool = False,
+        dimensions: int | None = None,
+        output_dtype: str = "float32",
+        calibration: Ranges | None = None,
         return_tensors: ReturnTensors = "np",
         batch_tokens: int | None = None,
         show_progress: bool = False,
@@ -450,22 +457,42 @@ class Extractor:
             prompt: text put before every text (an instruction such as ``"query: "``); its tokens are pooled too.
             add_eos: append the end-of-sequence token where the tokenizer does not (decoder embedding models
                 pool it with ``pool="last"``).
-            return_tensors: ``"np"`` (float32 numpy) or ``"pt"`` (float32 CPU torch tensors).
+            dimensions: keep the leading ``dimensions`` values (Matryoshka models; before ``normalize``).
+            output_dtype: ``float32 | float16 | int8 | uint8 | binary | ubinary`` (sentence-transformers'
+                ``precision``; see :mod:`layerwise.encoding.precision`). Float results come back as float32.
+            calibration: ``int8``/``uint8`` ranges (see :meth:`calibrate`).
+            return_tensors: ``"np"`` (numpy) or ``"pt"`` (CPU torch tensors).
             batch_tokens: token budget per forward batch (default: the Extractor's).
             show_progress: show a progress bar.
 
         Returns:
             ``[n_texts, D]`` (``stack``: ``[n_texts, K, width]``) or, with ``pool=None``, a list of
-            ``[n_tokens_i, D]``. ``D = K * width`` for ``concat``, ``width`` otherwise, doubled for ``mean_max``.
+            ``[n_tokens_i, D]``. ``D = K * width`` for ``concat``, ``width`` otherwise, doubled for ``mean_max``,
+            cut to ``dimensions``, and ``ceil(D / 8)`` bytes for ``binary``/``ubinary``.
         """
         texts = check_texts(texts)
         spec = EncodeSpec(
             layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
             level="token" if pool is None else "sentence", pool=pool, skip_special_tokens=skip_special_tokens,
-            truncate=truncate, normalize=normalize, prompt=prompt, add_eos=add_eos,
+            truncate=truncate, normalize=normalize, prompt=prompt, add_eos=add_eos, dimensions=dimensions,
+            output_dtype=output_dtype, calibration=calibration,
         )
         results = self._collect(texts, spec, return_tensors, batch_tokens, show_progress)
         return results if pool is None else _out(torch.stack(results), return_tensors)
+
+    def calibrate(self, texts: Sequence[str] | Sequence[Sequence[str]], spec: EncodeSpec) -> EncodeSpec:
+        """``spec`` (``output_dtype`` ``int8`` or ``uint8``) with the calibration ranges of ``texts``: each of the
+        ``D`` values' minimum and maximum over the float32 features of ``texts`` (every row: sentences, tokens or
+        words). Give a few hundred texts like the ones you will encode; values outside the ranges are clipped.
+
+        Raises:
+            SpecError: ``spec`` is not ``int8``/``uint8``, or ``texts`` give no row.
+        """
+        if spec.output_dtype not in ("int8", "uint8"):
+            raise SpecError(f"calibrate applies to output_dtype int8 or uint8, not {spec.output_dtype!r}")
+        float_spec = spec.replace(output_dtype="float32", calibration=None)
+        width = math.prod(float_spec.resolve(self).float_shape(self.site_width(float_spec.site)))
+        return spec.calibrated([r.features for r in self.stream(texts, float_spec)], width)
 
     def encode_words(
         self,
@@ -524,7 +551,10 @@ def _layers_for(layers: LayerSpec | None, combine: object) -> LayerSpec:
 
 
 def _out(t: torch.Tensor, return_tensors: str) -> Any:
-    return t if return_tensors == "pt" else t.float().numpy()
+    """float32 (numpy or torch) for float features; integer precisions keep their dtype."""
+    if t.is_floating_point():
+        t = t.float()
+    return t if return_tensors == "pt" else t.numpy()
 
 
 __all__ = ["CHUNK_RECORDS", "Extractor", "check_budget"]

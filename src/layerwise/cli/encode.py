@@ -5,11 +5,13 @@ from __future__ import annotations
 import io
 import json
 import sys
+from pathlib import Path
 from typing import IO, Any, List, Optional
 
 import numpy as np
 import typer
 
+from ..encoding.precision import apply_calibration
 from ..encoding.reduce import Encoded
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
@@ -19,7 +21,9 @@ from ..extractor import Extractor
 from ..model.options import ModelOptions
 from .options import (
     AddEosOpt,
+    CalibrationOpt,
     CombineOpt,
+    DimensionsOpt,
     LayersOpt,
     OutputDtypeOpt,
     PromptOpt,
@@ -86,6 +90,8 @@ def encode(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no model line on stderr."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     output_dtype: str = OutputDtypeOpt,
+    dimensions: Optional[int] = DimensionsOpt,
+    calibration: Optional[Path] = CalibrationOpt,
     prompt: str = PromptOpt,
     add_eos: bool = AddEosOpt,
     *,
@@ -109,11 +115,11 @@ def encode(
         spec = EncodeSpec(layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights),
                           level="token" if pool_mode is None else "sentence", pool=pool_mode,
                           skip_special_tokens=skip_special, truncate=truncate, normalize=normalize, prompt=prompt,
-                          add_eos=add_eos, output_dtype=output_dtype)
+                          add_eos=add_eos, output_dtype=output_dtype, dimensions=dimensions)
         if fmt == "npy" and pool_mode is None:
             raise LayerwiseError("--format npy needs one vector per text; use --pool mean|max|... or --format json")
         ex = extractor(model_options)
-        spec = spec.resolve(ex)
+        spec = apply_calibration(spec, calibration, ex.calibrate).resolve(ex)
         if not quiet:
             lm = ex.loaded
             err_console.print(f"{lm.name}: {len(texts)} text{'' if len(texts) == 1 else 's'}, device {lm.device}, "

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from ..encoding.precision import apply_calibration
 from ..errors import LayerwiseError
 from ..model.options import ModelOptions
+
+if TYPE_CHECKING:
+    from ..extractor import Extractor
 from .options import (
     AddEosOpt,
+    CalibrationOpt,
     CombineOpt,
+    DimensionsOpt,
     LayersOpt,
     OutputDtypeOpt,
     PromptOpt,
@@ -48,6 +55,8 @@ def extract(
         False, "--truncate", help="Cut long texts at the model maximum instead of windowing."
     ),
     output_dtype: str = OutputDtypeOpt,
+    dimensions: Optional[int] = DimensionsOpt,
+    calibration: Optional[Path] = CalibrationOpt,
     fmt: Optional[str] = typer.Option(
         None,
         "--format",
@@ -101,8 +110,16 @@ def extract(
         spec = EncodeSpec(
             layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights), level=level,
             pool=pool, subword=subword, skip_special_tokens=skip_special, truncate=truncate, output_dtype=output_dtype,
-            prompt=prompt, add_eos=add_eos,
+            prompt=prompt, add_eos=add_eos, dimensions=dimensions,
         )
+        loaded: list[Extractor] = []  # the model, loaded once: for calibration texts and for the local engine
+
+        def model() -> Extractor:
+            if not loaded:
+                loaded.append(extractor(model_options))
+            return loaded[0]
+
+        spec = apply_calibration(spec, calibration, lambda texts, s: model().calibrate(texts, s))
         reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
         detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
@@ -121,7 +138,7 @@ def extract(
                                   f"{done.records:,} records, {done.skipped:,} skipped in {done.seconds:.1f}s -> "
                                   f"{output}", highlight=False, soft_wrap=True)
             return
-        ex = extractor(model_options)
+        ex = model()
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
     for repair in summary.repairs:  # said even with --quiet: the store was damaged
         err_console.print(f"[yellow]repaired:[/yellow] {repair}", highlight=False, soft_wrap=True)

@@ -98,8 +98,16 @@ def model_flags(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 OutputDtypeOpt = typer.Option(
-    "float32", "--output-dtype", help="Dtype of the features returned or stored: float32 or float16 (the model runs in "
-    "--compute-dtype)."
+    "float32", "--output-dtype", help="Precision of the features returned or stored: float32, float16, int8, uint8 "
+    "(both need --calibration), binary or ubinary (sign bits, 8 to a byte). The model runs in --compute-dtype."
+)
+DimensionsOpt = typer.Option(
+    None, "--dimensions", min=1, help="Keep the leading N values of each vector (Matryoshka models), before "
+    "--normalize and --output-dtype."
+)
+CalibrationOpt = typer.Option(
+    None, "--calibration", help="--output-dtype int8/uint8: a text file (one text a line) whose features give each "
+    "value's range, or a JSON of {\"min\": [...], \"max\": [...]} (or a spec holding 'calibration')."
 )
 PromptOpt = typer.Option(
     "", "--prompt", help="Text put before every text (an instruction such as 'query: '); sentence/token level."

@@ -12,6 +12,8 @@ module             concept
 ``combine``        layers -> one tensor (concat, sum, mean, weighted, stack; ScalarMix, LayerAttention)
 ``pooling``        tokens -> a sentence vector, sub-tokens -> a word vector (masks honoured)
 ``reduce``         one record's result from combined states (:class:`Encoded`)
+``precision``      the last step: leading ``dimensions``, L2 norm, ``output_dtype`` (float16, int8/uint8 with
+                   calibration ranges, binary/ubinary packed bits); imports no torch at module level
 ``stack``          :class:`LayerStack`, raw states as a typed object
 =================  ===========================================================================================
 """

@@ -60,12 +60,12 @@ def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor
 
         return tokens
     mode = spec.pool if spec.pool is not None else "mean"  # a sentence-level spec always has one
-    skip, unit = spec.skip_special_tokens, spec.normalize
+    skip = spec.skip_special_tokens
 
     def sentences(
         x: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, rows: Sequence[Tokenized]
     ) -> Sequence[torch.Tensor]:
         out = pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
-        return (torch.nn.functional.normalize(out, dim=-1) if unit else out).unbind(0)
+        return out.unbind(0)
 
     return sentences

@@ -28,9 +28,15 @@ field                       valid values
                             tokens are part of the record (pooled, and listed at level ``token``)
 ``add_eos``                 append the tokenizer's end-of-sequence token to every record when the tokenizer does
                             not add it itself (decoder embedding models read the last token: ``pool="last"``)
-``output_dtype``            of the features returned and stored: ``float32 | float16`` (the model computes in its
-                            own ``compute_dtype``, a :class:`~layerwise.ModelOptions` field); ``dtype`` in
-                            JSON written by layerwise 0.x is read as ``output_dtype``
+``output_dtype``            of the features returned and stored: ``float32 | float16 | int8 | uint8 | binary |
+                            ubinary`` (the model computes in its own ``compute_dtype``, a
+                            :class:`~layerwise.ModelOptions` field; see :mod:`layerwise.encoding.precision`);
+                            ``dtype`` in JSON written by layerwise 0.x is read as ``output_dtype``
+``dimensions``              keep the leading ``dimensions`` values of the last axis (Matryoshka models), before
+                            ``normalize`` and ``output_dtype``; ``None`` keeps all
+``calibration``             ``int8``/``uint8`` only, and required there (when resolved): per-value
+                            ``(min, max)`` ranges of a calibration set (:meth:`EncodeSpec.calibrated`,
+                            ``Extractor.calibrate``)
 ==========================  ================================================================================
 
 Example::
@@ -46,6 +52,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, TypeGuard
@@ -56,7 +63,9 @@ if TYPE_CHECKING:
 from ..config_json import dump_json, fields_from, read_json_arg
 from ..errors import SpecError
 from .layers import LayerSpec, resolve_layers, validate_site
+from .precision import Ranges, calibration_ranges, check_calibration, packed_width, require_calibration
 from .vocab import (
+    CALIBRATED_DTYPES,
     COMBINE_MODES,
     LEARNED_POOLS,
     LEVELS,
@@ -124,6 +133,8 @@ class EncodeSpec:
     normalize: bool = False
     prompt: str = ""
     add_eos: bool = False
+    dimensions: int | None = None
+    calibration: Ranges | None = None  # stored as (min, max) tuples of floats (see check_calibration)
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen dataclass
@@ -135,6 +146,12 @@ class EncodeSpec:
             raise SpecError(f"unknown output_dtype {self.output_dtype!r}. Valid output dtypes are: "
                             f"{', '.join(OUTPUT_DTYPES)} (the model's own compute dtype is a model option: "
                             f"compute_dtype)")
+        if self.dimensions is not None and (
+            isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or self.dimensions < 1
+        ):
+            raise SpecError(f"dimensions must be a positive int (the leading values kept) or None, got "
+                            f"{self.dimensions!r}")
+        set_("calibration", check_calibration(self.calibration, self.output_dtype))
         validate_site(self.site)
         if not is_module(self.combine) and self.combine not in COMBINE_MODES:
             validate_combine(self.combine, 1)  # raises, listing the valid modes
@@ -248,14 +265,51 @@ class EncodeSpec:
                         "pool='pooler' applies the model's pooler, which takes hidden_size features; use one layer, "
                         "or combine='sum'|'mean'|'weighted' or a ScalarMix, at site 'block'/'attention'/'pre_ln'"
                     )
-        return dataclasses.replace(self, layers=layers, site=site)
+        out = dataclasses.replace(self, layers=layers, site=site)
+        if self.output_dtype in CALIBRATED_DTYPES and self.calibration is None:
+            raise require_calibration(self.output_dtype)
+        if self.dimensions is not None or self.calibration is not None:
+            full = list(out.pooled_shape(model.site_width(site)))
+            if self.dimensions is not None and self.dimensions > full[-1]:
+                raise SpecError(f"dimensions={self.dimensions} is more than the {full[-1]} values this spec gives "
+                                f"(shape {full}); give 1..{full[-1]}")
+            n = math.prod(out.float_shape(model.site_width(site)))
+            if self.calibration is not None and len(self.calibration[0]) != n:
+                raise SpecError(f"the calibration holds {len(self.calibration[0])} ranges but this spec gives {n} "
+                                f"values a row; calibrate again with this spec (layers, combine, pool, dimensions)")
+        return out
 
     def feature_shape(self, width: int) -> tuple[int, ...]:
-        """``D`` of one row (a sentence, token or word) for layers of ``width`` features; needs resolved layers.
+        """``D`` of one row (a sentence, token or word) as returned and stored, for layers of ``width`` features;
+        needs resolved layers.
 
         ``concat``: ``(K * width,)``; ``stack``: ``(K, width)``; other modes ``(width,)``; ``mean_max`` pools and
-        ``first_last`` sub-word pools double the last axis.
+        ``first_last`` sub-word pools double the last axis; ``dimensions`` cuts it; ``binary``/``ubinary`` pack it
+        to ``ceil(d / 8)`` bytes.
         """
+        shape = list(self.float_shape(width))
+        shape[-1] = packed_width(shape[-1], self.output_dtype)
+        return tuple(shape)
+
+    def float_shape(self, width: int) -> tuple[int, ...]:
+        """``D`` before ``output_dtype`` packs it: :meth:`feature_shape` of a float spec (the calibration's size)."""
+        shape = list(self.pooled_shape(width))
+        if self.dimensions is not None:
+            shape[-1] = min(shape[-1], self.dimensions)
+        return tuple(shape)
+
+    def calibrated(self, features: Any, width: int | None = None) -> "EncodeSpec":
+        """This ``int8``/``uint8`` spec with ``calibration`` ranges from float32 ``features`` of the same spec
+        (``[n, *D]``, or a list of arrays: see :func:`~layerwise.encoding.precision.calibration_ranges`, ``width`` =
+        ``prod(D)``): per value, the minimum and maximum over the rows.
+
+        Raises:
+            SpecError: the spec's ``output_dtype`` takes no calibration, or the features hold no row or inf/NaN.
+        """
+        return dataclasses.replace(self, calibration=calibration_ranges(features, width))
+
+    def pooled_shape(self, width: int) -> tuple[int, ...]:
+        """``D`` after combining and pooling, before ``dimensions`` cuts it (needs resolved layers)."""
         layers = self.layers
         if not _are_indices(layers):
             raise SpecError("feature_shape needs resolved layers: call spec.resolve(extractor) first")
@@ -278,6 +332,7 @@ class EncodeSpec:
         out = dataclasses.asdict(self)
         out["layers"] = list(self.layers) if isinstance(self.layers, tuple) else self.layers
         out["weights"] = None if self.weights is None else list(self.weights)
+        out["calibration"] = None if self.calibration is None else [list(row) for row in self.calibration]
         return out
 
     @classmethod

@@ -8,7 +8,8 @@ vocabulary             values
 :data:`COMBINE_MODES`  ``concat | sum | mean | weighted | stack`` (fixed) ``| scalar_mix | attention`` (learned)
 :data:`POOL_MODES`     ``cls | pooler | mean | max | mean_max | last`` (fixed) ``| attention`` (learned)
 :data:`WORD_POOL_MODES` ``first | last | mean | max | first_last`` (sub-tokens to a word)
-:data:`OUTPUT_DTYPES`  ``float32 | float16``: how features are returned and stored
+:data:`OUTPUT_DTYPES`  ``float32 | float16 | int8 | uint8 | binary | ubinary``: how features are returned and
+                       stored (see :mod:`layerwise.encoding.precision`)
 :data:`PADDING_SIDES`  ``right | left``: where a batch is padded (the states are the same)
 =====================  =================================================================================
 
@@ -29,8 +30,14 @@ from ..errors import SpecError
 Level = Literal["sentence", "token", "word"]
 LEVELS: tuple[str, ...] = get_args(Level)
 
-OutputDtype = Literal["float32", "float16"]
+OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 OUTPUT_DTYPES: tuple[str, ...] = get_args(OutputDtype)
+FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16")
+CALIBRATED_DTYPES: tuple[str, ...] = ("int8", "uint8")  # need per-value ranges from a calibration set
+PACKED_DTYPES: tuple[str, ...] = ("binary", "ubinary")  # sign bits, 8 to a byte
+# the numpy dtype that holds each output dtype (returned, stored, sent): packed bits are bytes
+VALUE_DTYPES: dict[str, str] = {"float32": "float32", "float16": "float16", "int8": "int8", "uint8": "uint8",
+                                "binary": "int8", "ubinary": "uint8"}
 
 Site = Literal["block", "raw", "attention", "intermediate", "pre_ln"]
 SITES: tuple[str, ...] = get_args(Site)
@@ -170,7 +177,8 @@ def validate_word_pool(mode: object) -> None:
 
 __all__ = [
     "COMBINE_MODES", "CombineMode", "FIXED_COMBINES", "FIXED_POOLS", "LEARNED_COMBINES", "LEARNED_POOLS", "LEVELS",
-    "Level", "OUTPUT_DTYPES", "OutputDtype", "PADDING_SIDES", "POOL_MODES", "PaddingSide", "PoolMode", "SITES", "Site",
+    "CALIBRATED_DTYPES", "FLOAT_DTYPES", "Level", "OUTPUT_DTYPES", "PACKED_DTYPES", "OutputDtype", "PADDING_SIDES",
+    "POOL_MODES", "PaddingSide", "PoolMode", "SITES", "Site", "VALUE_DTYPES",
     "WORD_POOL_MODES",
     "WordPoolMode", "check_choice", "check_weights", "combined_shape", "is_module", "validate_combine", "validate_pool",
     "validate_word_pool",

@@ -6,6 +6,8 @@ OpenAI request with ``model="minilm-mid"`` gets layer 3, mean-pooled. A request'
 
 In the ``NAME='k=v;k=v'`` form, values are read as JSON where they parse (``3``, ``true``, ``[0, 6]``, ``null``),
 comma lists of ints as lists (``layers=0,6``), anything else as text (``pool=mean``, ``layers=-4:``).
+``calibration=FILE`` gives an ``int8``/``uint8`` alias its ranges: a JSON of ranges, or texts (one a line) that the
+service encodes once at start (in an ``--aliases`` file, a relative path is relative to that file).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..encoding.precision import read_calibration
 from ..encoding.spec import EncodeSpec
 from ..errors import LayerwiseError, SpecError
 
@@ -55,11 +58,18 @@ def parse_alias(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def check_fields(name: str, fields: Any) -> dict[str, Any]:
-    """``fields`` after checking they make a valid :class:`~layerwise.EncodeSpec` (not yet against a model)."""
+    """``fields`` after checking they make a valid :class:`~layerwise.EncodeSpec` (not yet against a model).
+
+    ``calibration`` may name a file (texts, or ranges as JSON): it must exist; the service reads it at start.
+    """
     if not isinstance(fields, dict):
         raise SpecError(f"alias {name!r}: give a table of spec fields, got {fields!r}")
     try:
-        EncodeSpec.from_dict(fields)
+        given = dict(fields)
+        if isinstance(given.get("calibration"), str):
+            read_calibration(given["calibration"])  # a missing or malformed file is named now
+            given["calibration"] = None
+        EncodeSpec.from_dict(given)
     except (LayerwiseError, TypeError) as exc:
         raise SpecError(f"alias {name!r}: {exc}") from exc
     return dict(fields)
@@ -88,6 +98,8 @@ def load_aliases(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     for name, fields in data.items():
         if not _NAME.match(str(name)):
             raise SpecError(f"--aliases {os.fspath(path)!r}: alias name {name!r} is not letters, digits and ._:/-")
+        if isinstance(fields, dict) and isinstance(fields.get("calibration"), str):  # relative to the file
+            fields = {**fields, "calibration": str(p.parent / Path(fields["calibration"]).expanduser())}
         out[str(name)] = check_fields(str(name), fields)
     return out
 

@@ -29,8 +29,9 @@ from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
 from ..model.options import ModelOptions
 from ..version import __version__
+from .body import add_body_schemas, json_body, off_loop_if_large, request_body
 from .errors import detail_responses, error_response, install_error_shapes
-from .openai import openai_router
+from .openai import Calibration, openai_router
 from .security import ApiKey
 from .service import Kind, Limits, Service, finite, render
 from .tei import tei_router
@@ -59,7 +60,10 @@ class EncodeRequest(BaseModel):
     normalize: bool = Field(False, description="L2-normalise sentence vectors (level 'sentence' only).")
     output_dtype: OutputDtype = Field(
         "float32", validation_alias=AliasChoices("output_dtype", "dtype"),
-        description="Dtype of the returned features (float32 | float16; 'dtype' is its name before layerwise 0.2).")
+        description="Precision of the returned features: float32 | float16 | int8 | uint8 (both with calibration) | "
+                    "binary | ubinary (sign bits packed 8 to a byte); 'dtype' is its name before layerwise 0.2.")
+    dimensions: Optional[int] = Field(None, ge=1, description="Keep the leading values of the last axis.")
+    calibration: Optional[Calibration] = Field(None, description="int8/uint8: per-value ranges.")
     prompt: str = Field("", description="Text put before every text (an instruction), levels sentence/token.")
     add_eos: bool = Field(False, description="Append the tokenizer's end-of-sequence token (pool 'last' reads it).")
     encoding: Literal["json", "base64"] = "json"
@@ -74,11 +78,13 @@ class EncodeRequest(BaseModel):
 
 
 def _pack(arr: np.ndarray, dtype: str, encoding: str):
+    """One array as JSON numbers, or ``{"base64", "dtype", "shape"}`` (little-endian values of ``arr``'s dtype:
+    ``dtype`` names the precision; ``binary`` is int8, ``ubinary`` uint8)."""
     arr = finite(arr, dtype)
     if encoding == "base64":
         return {"base64": base64.b64encode(arr.astype(arr.dtype.newbyteorder("<")).tobytes()).decode("ascii"),
                 "dtype": dtype, "shape": list(arr.shape)}
-    return arr.astype(np.float32).tolist()
+    return arr.tolist() if arr.dtype.kind in "iu" else arr.astype(np.float32).tolist()
 
 
 class _BodyLimit:
@@ -174,11 +180,16 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
         body, content_type = metrics.render()
         return PlainTextResponse(body, media_type=content_type)
 
-    @app.post("/v1/encode", responses=detail_responses(400, 401, 413, 422, 429, 500))
-    async def encode(req: EncodeRequest, request: Request) -> Response:
-        async def work() -> tuple[bytes, EncodeSpec]:
+    @app.post("/v1/encode", responses=detail_responses(400, 401, 413, 422, 429, 500),
+              openapi_extra=request_body(EncodeRequest))
+    async def encode(request: Request, req: EncodeRequest = json_body(EncodeRequest)) -> Response:
+        def check() -> tuple[list, EncodeSpec, Kind]:
             items, spec, kind = _validate(service, req)
             service.check_response(spec, items, kind, binary=req.encoding == "base64")
+            return items, spec, kind
+
+        async def work() -> tuple[bytes, EncodeSpec]:
+            items, spec, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
             rows = await service.encode(spec, items, kind, request)
             layers, spec_dict, _ = service.specs(spec)
             # rendered off the event loop, and sent as it is: FastAPI's jsonable_encoder would walk every float
@@ -202,7 +213,7 @@ def describe_service(service: Service) -> dict:
         "layers": f"{d['layers']} (0 = embeddings; negatives count from the end)",
         "combine": list(FIXED_COMBINES), "pools": list(FIXED_POOLS), "subword": list(WORD_POOL_MODES),
         "levels": list(LEVELS), "max_length": ex.max_length, "names": service.model_names(),
-        "aliases": service.aliases, "limits": dataclasses.asdict(service.limits),
+        "aliases": service.described_aliases(), "limits": dataclasses.asdict(service.limits),
     }
 
 
@@ -212,7 +223,8 @@ def openapi_with_names(app: FastAPI, service: Service) -> dict:
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
-        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        doc = add_body_schemas(get_openapi(title=app.title, version=app.version, description=app.description,
+                                           routes=app.routes))
         props = doc.get("components", {}).get("schemas", {}).get("EmbeddingsRequest", {}).get("properties", {})
         if "model" in props:
             props["model"]["enum"] = service.model_names()

@@ -3,7 +3,8 @@ framework built on it (LangChain's ``OpenAIEmbeddings``, LlamaIndex, vector data
 
 ``input`` is a string, a list of strings, a list of token ids or a list of lists of ids (the model's own ids: an id
 outside its vocabulary is refused, with the hint for LangChain, which sends tiktoken ids unless told not to).
-``encoding_format`` is ``float`` or ``base64`` (little-endian float32, the ``openai`` client's default);
+``encoding_format`` is ``float`` or ``base64`` (little-endian float32, the ``openai`` client's default; with an
+integer ``output_dtype`` each value is its integer as a float32, so the client decodes it unchanged);
 ``dimensions`` keeps the leading dimensions (then renormalised); ``user`` is accepted and ignored.
 
 Which layers: the request's ``model`` may name an alias (``layerwise serve --alias NAME='layers=3;pool=mean'``),
@@ -33,10 +34,21 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..encoding.spec import EncodeSpec
+from ..encoding.vocab import OutputDtype
 from ..errors import ServiceError
-from .service import Service, cut_dimensions, finite, render
+from .body import json_body, off_loop_if_large, request_body
+from .service import OPENAI_DEFAULTS, Kind, Service, finite, render
 
 LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
+
+
+class Calibration(BaseModel):
+    """``int8``/``uint8`` ranges: each value's minimum and maximum over a calibration set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: list[float]
+    max: list[float]
 
 
 class SpecExtension(BaseModel):
@@ -50,10 +62,19 @@ class SpecExtension(BaseModel):
     skip_special_tokens: Optional[bool] = Field(None, description="Leave special tokens out of pooling (extension).")
     prompt: Optional[str] = Field(None, description="Text put before every input (extension).")
     add_eos: Optional[bool] = Field(None, description="Append the end-of-sequence token (extension).")
+    output_dtype: Optional[OutputDtype] = Field(
+        None, description="float32 | float16 | int8 | uint8 (with calibration) | binary | ubinary (sign bits packed "
+                          "8 to a byte) (extension).")
+    calibration: Optional[Calibration] = Field(
+        None, description="int8/uint8: per-value ranges {'min': [...], 'max': [...]} (extension; an alias can hold "
+                          "them).")
 
     def spec_fields(self) -> dict:
         """The extension fields given (``None`` for the others)."""
-        return {name: getattr(self, name) for name in SpecExtension.model_fields}
+        out = {name: getattr(self, name) for name in SpecExtension.model_fields}
+        if self.calibration is not None:
+            out["calibration"] = (self.calibration.min, self.calibration.max)
+        return out
 
 
 class EmbeddingsRequest(SpecExtension):
@@ -135,25 +156,31 @@ def openai_router(service: Service) -> APIRouter:
         return ModelList(data=[ModelCard(id=name, created=created, owned_by="layerwise")
                                for name in service.model_names()])
 
-    @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS)
-    async def embeddings(req: EmbeddingsRequest, request: Request) -> Response:
+    @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS,
+                 openapi_extra=request_body(EmbeddingsRequest))
+    async def embeddings(request: Request, req: EmbeddingsRequest = json_body(EmbeddingsRequest)) -> Response:
         """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
 
-        async def work() -> tuple[bytes, EncodeSpec]:
-            spec = service.spec({"normalize": True}, service.alias_fields(req.model), req.spec_fields(),
-                                {"normalize": req.normalize, "truncate": req.truncate})
+        def check() -> tuple[EncodeSpec, list, Kind]:
+            spec = service.spec(OPENAI_DEFAULTS, service.alias_fields(req.model), req.spec_fields(),
+                                {"normalize": req.normalize, "truncate": req.truncate, "dimensions": req.dimensions})
             if spec.level != "sentence":
                 raise ServiceError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
                                         f"is served by /v1/encode (and token vectors by /embed_all)", "level")
-            items, kind = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64")
+            items, kind = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64",
+                                          itemsize=4)
+            return spec, items, kind
+
+        async def work() -> tuple[bytes, EncodeSpec]:
+            spec, items, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
             rows = await service.encode(spec, items, kind, request)
-            vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
+            vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
             tokens = sum(len(t.ids) for _, t in rows)
 
             def build() -> dict:
-                if req.encoding_format == "base64":
+                if req.encoding_format == "base64":  # OpenAI's base64 is float32 (integer precisions: their values)
                     data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
-                            for i, v in enumerate(vectors.astype("<f4"))]
+                            for i, v in enumerate(vectors.reshape(len(vectors), -1).astype("<f4"))]
                 else:
                     data = [{"object": "embedding", "index": i, "embedding": v.tolist()}
                             for i, v in enumerate(vectors)]
@@ -167,4 +194,4 @@ def openai_router(service: Service) -> APIRouter:
     return router
 
 
-__all__ = ["EmbeddingsRequest", "EmbeddingsResponse", "SpecExtension", "openai_router"]
+__all__ = ["Calibration", "EmbeddingsRequest", "EmbeddingsResponse", "SpecExtension", "openai_router"]

@@ -9,6 +9,7 @@ the TEI routes (:mod:`layerwise.serve.tei`) differ only in their bodies and erro
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import threading
@@ -19,8 +20,10 @@ from typing import Any, Awaitable, Callable, Literal
 import numpy as np
 from fastapi.responses import Response
 
+from ..encoding.precision import NUMPY_DTYPES, read_calibration
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
+from ..encoding.vocab import FLOAT_DTYPES
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
 from .batcher import Batcher, QueueFull
@@ -51,6 +54,21 @@ class Limits:
                 raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
 
 
+OPENAI_DEFAULTS = {"normalize": True}  # OpenAI's embeddings are unit vectors (aliases are picked by OpenAI's model)
+
+
+@dataclass(frozen=True)
+class CalibrationTexts:
+    """An alias's ``calibration=FILE`` of texts: the ranges depend on the request's whole spec, so they are computed
+    per resolved spec (once) rather than at parse time."""
+
+    source: str
+    texts: tuple[str, ...]
+
+    def __repr__(self) -> str:
+        return f"<{len(self.texts)} calibration texts from {self.source}>"
+
+
 class SpecCache:
     """``(layers, spec.to_dict(), header JSON)`` per resolved spec, built once (at most ``size`` specs kept).
 
@@ -67,7 +85,11 @@ class SpecCache:
             if len(self._cache) >= self.size:
                 self._cache.pop(next(iter(self._cache)))
             d = spec.to_dict()
-            hit = self._cache[spec] = (list(spec.layer_indices), d, json.dumps(d, separators=(",", ":")))
+            head = dict(d)
+            if spec.calibration is not None:  # the ranges are 2 x D numbers: the header names them by digest
+                raw = json.dumps(d["calibration"], separators=(",", ":")).encode()
+                head["calibration"] = f"sha256:{hashlib.sha256(raw).hexdigest()} ({len(spec.calibration[0])} ranges)"
+            hit = self._cache[spec] = (list(spec.layer_indices), d, json.dumps(head, separators=(",", ":")))
         return hit
 
 
@@ -88,12 +110,40 @@ class Service:
                                         on_batch=self.metrics.batch, max_queue_tokens=limits.max_queue_tokens)
         self.specs = SpecCache()
         self.model_id = ex.loaded.name
-        self.aliases = dict(aliases or {})
+        self._ranges: dict[tuple[EncodeSpec, str], EncodeSpec] = {}
+        self.aliases = {name: self._calibrated(name, fields) for name, fields in (aliases or {}).items()}
         for name, fields in self.aliases.items():
             try:
-                EncodeSpec.from_dict(fields).resolve(ex)
+                self.spec(OPENAI_DEFAULTS, fields)
             except (LayerwiseError, TypeError) as exc:
                 raise LayerwiseError(f"alias {name!r} ({fields}) does not fit {self.model_id!r}: {exc}") from exc
+
+    def _calibrated(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """An alias's fields with ``calibration=FILE`` read: ranges as they are, texts kept as
+        :class:`CalibrationTexts` (encoded per resolved spec, once: see :meth:`spec`)."""
+        source = fields.get("calibration")
+        if not isinstance(source, str):
+            return dict(fields)
+        try:
+            got = read_calibration(source)
+        except LayerwiseError as exc:
+            raise LayerwiseError(f"alias {name!r}: calibration {source!r}: {exc}") from exc
+        if isinstance(got, list):
+            texts = CalibrationTexts(source, tuple(got))
+            return {**fields, "calibration": texts}  # calibrated for its own spec by the check in __init__
+        return {**fields, "calibration": [list(row) for row in got]}
+
+    def described_aliases(self) -> dict[str, dict[str, Any]]:
+        """The aliases as JSON (calibration ranges and texts said in a few words, not listed)."""
+        out = {}
+        for name, fields in self.aliases.items():
+            cal = fields.get("calibration")
+            if isinstance(cal, CalibrationTexts):
+                fields = {**fields, "calibration": f"{len(cal.texts)} texts from {cal.source}"}
+            elif cal is not None:
+                fields = {**fields, "calibration": f"{len(cal[0])} ranges"}
+            out[name] = fields
+        return out
 
     # ---- names --------------------------------------------------------------------------------------------
     def model_names(self) -> list[str]:
@@ -128,10 +178,24 @@ class Service:
         fields: dict[str, Any] = {}
         for layer in layers_of_fields:
             fields.update({k: v for k, v in layer.items() if v is not None})
+        texts = fields.pop("calibration") if isinstance(fields.get("calibration"), CalibrationTexts) else None
         try:
-            return EncodeSpec.from_dict(fields).resolve(self.ex)
+            if texts is None:
+                return EncodeSpec.from_dict(fields).resolve(self.ex)
+            return self._calibrate(EncodeSpec.from_dict(fields), texts).resolve(self.ex)
         except (ValueError, TypeError) as exc:
             raise ServiceError(422, str(exc)) from None
+
+    def _calibrate(self, spec: EncodeSpec, texts: CalibrationTexts) -> EncodeSpec:
+        """``spec`` with the ranges of an alias's calibration texts for exactly this spec (its layers, pool,
+        normalisation and dimensions), computed once per spec."""
+        key = (spec, texts.source)
+        if key not in self._ranges:
+            if len(self._ranges) >= 64:
+                self._ranges.pop(next(iter(self._ranges)))
+            with self.lock:
+                self._ranges[key] = self.ex.calibrate(list(texts.texts), spec)
+        return self._ranges[key]
 
     # ---- inputs -------------------------------------------------------------------------------------------
     def check_items(self, items: Any, kind: Kind, prompt: str = "", field: str = "texts") -> list:
@@ -171,10 +235,12 @@ class Service:
             raise ServiceError(422, str(exc), field) from None
         return list(items)
 
-    def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False) -> None:
+    def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False,
+                       itemsize: int | None = None) -> None:
         """Refuse, before any compute, a request whose answer would pass ``max_response_bytes``: the size is
         estimated from the rows it asks for (texts: about 1 token per 3 characters plus the special tokens; word
-        lists: their words; token ids: their count) times ``D``, at 4 bytes per number (base64) or about 12 (JSON).
+        lists: their words; token ids: their count) times ``D``, at the bytes of one value in base64 (OpenAI's
+        base64 is float32: ``itemsize=4``) or about 12 a float and 4 an integer in JSON.
 
         Raises:
             ServiceError: 413 with the estimate, the limit, and what to ask for instead.
@@ -186,19 +252,25 @@ class Service:
             rows = sum(len(w) if not isinstance(w, str) else len(w.split()) for w in items)
         else:
             rows = estimate_tokens(items, kind) + len(items) * (len(spec.prompt) // 3)
-        estimate = rows * width * (4 if binary else 12)
+        integer = spec.output_dtype not in FLOAT_DTYPES
+        if binary:
+            per = itemsize if itemsize is not None else np.dtype(NUMPY_DTYPES[spec.output_dtype]).itemsize
+        else:
+            per = 4 if integer else 12
+        estimate = rows * width * per * (4 / 3 if binary else 1)
         if estimate > self.limits.max_response_bytes:
             raise ServiceError(413, f"the answer would be about {estimate / 1e6:,.0f} MB ({rows:,} rows x {width:,} "
                                     f"numbers), over the limit of {self.limits.max_response_bytes / 1e6:,.0f} MB "
                                     f"(max_response_bytes): ask for fewer inputs or layers, a pooled level, or "
                                     f"base64 encoding")
 
-    def prepare(self, spec: EncodeSpec, value: Any, field: str, binary: bool = False) -> tuple[list, Kind]:
+    def prepare(self, spec: EncodeSpec, value: Any, field: str, binary: bool = False,
+                itemsize: int | None = None) -> tuple[list, Kind]:
         """An OpenAI or TEI ``input(s)`` value as checked items and their kind (see :func:`split_inputs`,
         :meth:`check_items`, :meth:`check_response`)."""
         items, kind = split_inputs(value, spec.prompt)
         items = self.check_items(items, kind, spec.prompt, field)
-        self.check_response(spec, items, kind, binary)
+        self.check_response(spec, items, kind, binary, itemsize)
         return items, kind
 
     async def answer(self, path: str, work: Callable[[], Awaitable[tuple[bytes, EncodeSpec]]],
@@ -244,6 +316,10 @@ class Service:
             raise ServiceError(429, f"the service is busy: {exc.queued:,} tokens are queued (max_queue_tokens "
                                     f"{exc.limit:,}); retry after {exc.retry_after} s", code="overloaded",
                                headers={"Retry-After": str(exc.retry_after)}) from None
+        except ServiceError:
+            raise
+        except LayerwiseError as exc:  # e.g. inf/NaN features for an integer output_dtype
+            raise ServiceError(422, str(exc)) from None
 
     def _run(self, key: tuple[EncodeSpec, Kind], items: list) -> list:
         """The worker's model call for one merged batch."""
@@ -299,29 +375,15 @@ async def render(build: Callable[[], Any]) -> bytes:
     return await run_in_threadpool(run)
 
 
-def cut_dimensions(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
-    """``[n, D]`` -> ``[n, dimensions]``: the leading dimensions kept, then L2-renormalised when ``normalize``.
-
-    Raises:
-        ServiceError: 422, ``dimensions`` larger than ``D``.
-    """
-    if dimensions is None:
-        return vectors
-    if dimensions > vectors.shape[-1]:
-        raise ServiceError(422, f"dimensions={dimensions} is more than the {vectors.shape[-1]} this spec gives; "
-                                f"give 1..{vectors.shape[-1]}", "dimensions")
-    cut = np.ascontiguousarray(vectors[..., :dimensions], dtype=np.float32)
-    if normalize:
-        cut /= np.maximum(np.linalg.norm(cut, axis=-1, keepdims=True), 1e-12)
-    return cut
-
-
 def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
-    """``arr`` as a contiguous ``dtype`` array after checking it holds no inf or NaN.
+    """``arr`` as a contiguous ``dtype`` array after checking it holds no inf or NaN (integer precisions, which
+    cannot hold them, come back as they are).
 
     Raises:
         ServiceError: 422 saying where inf/NaN come from.
     """
+    if arr.dtype.kind in "iu":
+        return np.ascontiguousarray(arr)
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
     if not np.isfinite(out).all():
@@ -329,5 +391,5 @@ def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
                                 f"smaller weights or dtype float32")
     return out
 
-__all__ = ["Limits", "SPEC_HEADER", "Service", "SpecCache", "cut_dimensions", "estimate_tokens", "finite", "render",
-           "split_inputs"]
+__all__ = ["CalibrationTexts", "Limits", "OPENAI_DEFAULTS", "SPEC_HEADER", "Service", "SpecCache", "estimate_tokens",
+           "finite", "render", "split_inputs"]

@@ -31,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ..encoding.spec import EncodeSpec
 from ..errors import ServiceError
 from ..version import __version__
+from .body import json_body, off_loop_if_large, request_body
 from .errors import error_response
 from .openai import SpecExtension
-from .service import Service, cut_dimensions, finite, render
+from .service import Kind, Service, finite, render
 
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
@@ -148,45 +149,58 @@ def tei_router(service: Service) -> APIRouter:
     named = prompts(str(ex.loaded.name))
 
     async def embed(path: str, req: EmbedRequest, request: Request) -> Response:
-        async def work() -> tuple[bytes, EncodeSpec]:
+        def check() -> tuple[EncodeSpec, list, Kind]:
             check_direction(req.truncation_direction)
             spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
-                                                    "prompt": prompt_of(named, req.prompt_name, req.prompt)})
+                                                    "prompt": prompt_of(named, req.prompt_name, req.prompt),
+                                                    "dimensions": req.dimensions})
             if spec.level != "sentence":
                 raise ServiceError(422, "/embed gives one vector per input; token vectors: /embed_all")
             items, kind = service.prepare(spec, req.inputs, "inputs")
+            return spec, items, kind
+
+        async def work() -> tuple[bytes, EncodeSpec]:
+            spec, items, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
             rows = await service.encode(spec, items, kind, request)
-            vectors = cut_dimensions(finite(np.stack([v for v, _ in rows])), req.dimensions, spec.normalize)
-            return await render(vectors.tolist), spec
+            vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
+            return await render(vectors.reshape(len(vectors), -1).tolist), spec
 
         return await service.answer(path, work, internal=424)
 
-    @router.post("/embed", response_model=list[list[float]], responses=ERRORS)
-    async def embed_route(req: EmbedRequest, request: Request) -> Response:
+    @router.post("/embed", response_model=list[list[float]], responses=ERRORS,
+                 openapi_extra=request_body(EmbedRequest))
+    async def embed_route(request: Request, req: EmbedRequest = json_body(EmbedRequest)) -> Response:
         """Sentence vectors, one per input (TEI's ``/embed``)."""
         return await embed("/embed", req, request)
 
-    @router.post("/", response_model=list[list[float]], responses=ERRORS)
-    async def predict_route(req: EmbedRequest, request: Request) -> Response:
+    @router.post("/", response_model=list[list[float]], responses=ERRORS,
+                 openapi_extra=request_body(EmbedRequest))
+    async def predict_route(request: Request, req: EmbedRequest = json_body(EmbedRequest)) -> Response:
         """TEI's predict route: the same as ``/embed`` (``huggingface_hub`` posts here)."""
         return await embed("/", req, request)
 
-    @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS)
-    async def embed_all(req: EmbedAllRequest, request: Request) -> Response:
+    @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS,
+                 openapi_extra=request_body(EmbedAllRequest))
+    async def embed_all(request: Request, req: EmbedAllRequest = json_body(EmbedAllRequest)) -> Response:
         """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
 
-        async def work() -> tuple[bytes, EncodeSpec]:
+        def check() -> tuple[EncodeSpec, list, Kind]:
             check_direction(req.truncation_direction)
             spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate,
                                                     "prompt": prompt_of(named, req.prompt_name, req.prompt)})
             items, kind = service.prepare(spec, req.inputs, "inputs")
+            return spec, items, kind
+
+        async def work() -> tuple[bytes, EncodeSpec]:
+            spec, items, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
             rows = await service.encode(spec, items, kind, request)
             return await render(lambda: [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]), spec
 
         return await service.answer("/embed_all", work, internal=424)
 
-    @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS)
-    def tokenize(req: TokenizeRequest) -> JSONResponse:
+    @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS,
+                 openapi_extra=request_body(TokenizeRequest))
+    def tokenize(req: TokenizeRequest = json_body(TokenizeRequest)) -> JSONResponse:
         """Each input's tokens: ``id``, ``text``, ``special``, character ``start``/``stop`` (TEI's ``/tokenize``)."""
         try:
             prompt = prompt_of(named, req.prompt_name, None) or ""
@@ -215,7 +229,7 @@ def tei_router(service: Service) -> APIRouter:
                 "max_input_length": ex.max_length, "max_batch_tokens": service.limits.max_batch_tokens,
                 "max_batch_requests": None, "max_client_batch_size": service.limits.max_texts,
                 "tokenization_workers": 1, "version": __version__,
-                "layerwise": {"layers": d["layers"], "sites": list(d["sites"]), "aliases": service.aliases,
+                "layerwise": {"layers": d["layers"], "sites": list(d["sites"]), "aliases": service.described_aliases(),
                               "names": service.model_names()}}
 
     return router

@@ -59,7 +59,7 @@ def _kept(store: FeatureStore) -> dict[str, Any]:
 def _value_type(store: FeatureStore) -> Any:
     import pyarrow as pa
 
-    return pa.float16() if store.dtype == np.float16 else pa.float32()
+    return pa.from_numpy_dtype(store.dtype)
 
 
 def feature_type(store: FeatureStore, form: Form) -> Any:

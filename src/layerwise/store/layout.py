@@ -49,18 +49,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..encoding.vocab import VALUE_DTYPES
 from ..errors import StoreCorruptError
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 3  # 3: every shard listed with its sha256 (format 2 listed sizes only; it still opens)
 READABLE_VERSIONS = (2, 3)
-STORE_DTYPES: dict[str, type[np.floating[Any]]] = {"float32": np.float32, "float16": np.float16}
+# output_dtype -> numpy dtype (binary: packed bits as int8)
+STORE_DTYPES: dict[str, Any] = {name: np.dtype(value).type for name, value in VALUE_DTYPES.items()}
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
 # the temporary files layerwise itself writes (``.NAME.tmp-PID``), and only those
 TEMP_RE = re.compile(r"^\.(shard-\d{6}\.safetensors|manifest\.json|errors\.jsonl)\.tmp-(\d+)$")
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64}
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64,
+              "I8": np.int8, "U8": np.uint8}
 _ST_NAMES = {np.dtype(v).name: k for k, v in _ST_DTYPES.items()}
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 RESTORE = "rerun the extract command to recompute it (a resume repairs the store), or restore the file from a copy"

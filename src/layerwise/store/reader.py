@@ -26,7 +26,7 @@ import numpy as np
 from ..encoding.spec import EncodeSpec
 from ..errors import StoreCorruptError, StoreError
 from .integrity import Expected, VerifyReport, open_shard, size_problems, unlisted_files, verify_store
-from .layout import ERRORS, RESTORE, ShardFile
+from .layout import ERRORS, RESTORE, STORE_DTYPES, ShardFile
 from .manifest import read_manifest
 
 
@@ -129,8 +129,8 @@ class FeatureStore:
 
     @property
     def dtype(self) -> np.dtype:
-        """The dtype of the features on disk."""
-        return np.dtype(self.spec.output_dtype)
+        """The dtype of the features on disk (``binary``: packed sign bits as int8, ``ubinary`` as uint8)."""
+        return np.dtype(STORE_DTYPES[self.spec.output_dtype])
 
     @property
     def model(self) -> dict:
