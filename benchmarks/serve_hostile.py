@@ -6,7 +6,8 @@ Run: ``./dev bench serve_hostile [--clients 64] [--seconds 40] [--rounds 3]``.
 Starts ``layerwise serve`` (the embedded default model) as a subprocess, as ``benchmarks/serve_load.py`` does. Each
 round has two phases of ``--seconds`` each, in turn: *load* (``--clients`` keep-alive clients sending 4 SST-2 sentences
 a request to ``/v1/encode``) and *load + hostile* (the same, plus one more client sending the hostile requests of
-issue #25 one after another, again and again). During both, a prober ``GET``s ``/health`` every 50 ms on its own
+issue #25 one after another, again and again, ``--pause`` seconds apart: 0 is a flood). During both, a prober
+``GET``s ``/health`` every 50 ms on its own
 connection. The hostile requests:
 
   layers x5000     ``{"texts": ["hi"], "layers": "all,all,...(5,000 times)"}`` (20 KB): froze the server 7.8 s
@@ -14,8 +15,8 @@ connection. The hostile requests:
   long prompt      a 100 KB ``prompt``: 20.7 s of compute
   abandoned        16 x 20,000-character texts, the connection closed right after sending (three in a row)
   probe path       ``GET /explorer/api/probe?path=/etc``
-  4 MiB ids        ``/v1/embeddings`` with a body of token ids just under ``--max-body-bytes`` (parsing cost)
-  garbage          4 MiB of invalid JSON
+  4 MiB ids        (``--set all``) ``/v1/embeddings`` with token ids just under ``--max-body-bytes`` (parsing)
+  garbage          (``--set all``) 4 MiB of invalid JSON
 
 Reported: each hostile request's status and time, the load's texts/s in both phases (and their ratio), the load's
 p50/p99 latency, and ``/health`` p50/p99/max per phase. The bound of issue #25 is ``/health`` p99 < 100 ms with the
@@ -41,8 +42,9 @@ from benchmarks.serve_load import _head, free_port, load_sentences, start_server
 RESULTS = Path(__file__).parent / "results" / "serve_hostile.json"
 
 
-def hostile_requests(port: int) -> list[tuple[str, bytes, bool]]:
-    """(name, raw HTTP request, close the connection right after sending)."""
+def hostile_requests(port: int, which: str = "issue") -> list[tuple[str, bytes, bool]]:
+    """(name, raw HTTP request, close the connection right after sending): the repros of issue #25 (``issue``), or
+    those and two 4 MiB bodies (``all``)."""
     def post(path: str, body: bytes) -> bytes:
         return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body
@@ -62,9 +64,10 @@ def hostile_requests(port: int) -> list[tuple[str, bytes, bool]]:
             for i in range(3)]
     out += [
         ("probe path", f"GET /explorer/api/probe?path=/etc HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode(), False),
-        ("4 MiB ids", post("/v1/embeddings", ids), False),
-        ("garbage", post("/v1/encode", b"{" * ((4 << 20) - 100)), False),
     ]
+    if which == "all":
+        out += [("4 MiB ids", post("/v1/embeddings", ids), False),
+                ("garbage", post("/v1/encode", b"{" * ((4 << 20) - 100)), False)]
     return out
 
 
@@ -83,13 +86,15 @@ async def exchange(port: int, wire: bytes, close: bool) -> tuple[int, float]:
         writer.close()
 
 
-def run_phase(port: int, sentences: list[str], clients: int, seconds: float, hostile: bool) -> dict:
+def run_phase(port: int, sentences: list[str], clients: int, seconds: float, hostile: bool, pause: float = 0.0,
+              which: str = "issue") -> dict:
     head = f"POST /v1/encode HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
     rng = random.Random(0)
     health: list[float] = []
     load_lat: list[float] = []
     hostile_log: list[dict] = []
     texts_done = [0]
+    refused: dict[int, int] = {}  # the load's own requests answered with another status than 200
     stop = threading.Event()
 
     def prober() -> None:  # its own thread and connection: what a load balancer's health check sees
@@ -117,17 +122,20 @@ def run_phase(port: int, sentences: list[str], clients: int, seconds: float, hos
                 if status == 200:
                     texts_done[0] += 4
                     load_lat.append(time.perf_counter() - t0)
+                else:
+                    refused[status] = refused.get(status, 0) + 1
         finally:
             writer.close()
 
     async def attacker() -> None:
-        reqs = hostile_requests(port)
+        reqs = hostile_requests(port, which)
         while not stop.is_set():
             for name, wire, close in reqs:
                 if stop.is_set():
                     break
                 status, took = await exchange(port, wire, close)
                 hostile_log.append({"request": name, "status": status, "s": round(took, 3)})
+                await asyncio.sleep(pause)
 
     async def main() -> float:
         t0 = time.perf_counter()
@@ -147,7 +155,7 @@ def run_phase(port: int, sentences: list[str], clients: int, seconds: float, hos
     return {"texts_per_s": round(texts_done[0] / wall, 1), "load_p50_ms": ms(load_lat, 50),
             "load_p99_ms": ms(load_lat, 99), "health_p50_ms": ms(health, 50), "health_p99_ms": ms(health, 99),
             "health_max_ms": round(max(health) * 1000, 1) if health else None, "health_probes": len(health),
-            "hostile": hostile_log}
+            "load_refused": {str(k): v for k, v in refused.items()}, "hostile": hostile_log}
 
 
 def main(argv=None) -> None:
@@ -155,6 +163,10 @@ def main(argv=None) -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--set", default="issue", choices=["issue", "all"],
+                    help="issue: the repros of issue #25; all: also a 4 MiB body of token ids and 4 MiB of bad JSON")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds between two hostile requests (0: a flood, one right after another)")
     ap.add_argument("--model", default="default")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--backend", default=None)
@@ -167,11 +179,12 @@ def main(argv=None) -> None:
         rounds = []
         for r in range(args.rounds):
             quiet = run_phase(port, sentences, args.clients, args.seconds, False)
-            loud = run_phase(port, sentences, args.clients, args.seconds, True)
+            loud = run_phase(port, sentences, args.clients, args.seconds, True, args.pause, args.set)
             rounds.append({"load": quiet, "load+hostile": loud})
             print(f"round {r + 1}: load {quiet['texts_per_s']} texts/s, health p99 {quiet['health_p99_ms']} ms | "
                   f"+hostile {loud['texts_per_s']} texts/s, health p50 {loud['health_p50_ms']} p99 "
-                  f"{loud['health_p99_ms']} max {loud['health_max_ms']} ms, {len(loud['hostile'])} hostile requests",
+                  f"{loud['health_p99_ms']} max {loud['health_max_ms']} ms, {len(loud['hostile'])} hostile requests; "
+                  f"load refused {quiet['load_refused']} | {loud['load_refused']}",
                   flush=True)
     finally:
         proc.terminate()
@@ -191,7 +204,8 @@ def main(argv=None) -> None:
     print(f"/health p99 with hostile requests, worst round: {worst} ms (bound 100 ms); load kept {ratio:.2f}x of "
           f"its pace")
     out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} CPUs", "clients": args.clients, "seconds": args.seconds, "sentences": source,
+           f"{os.cpu_count()} CPUs", "clients": args.clients, "seconds": args.seconds, "pause": args.pause,
+           "set": args.set, "sentences": source,
            "rounds": [{k: {kk: vv for kk, vv in v.items() if kk != "hostile"} for k, v in r.items()} for r in rounds],
            "hostile": summary, "health_p99_ms_worst": worst, "load_kept": round(ratio, 3)}
     RESULTS.parent.mkdir(exist_ok=True)

@@ -39,6 +39,22 @@ def test_an_answer_over_max_response_bytes_is_413_before_any_compute(client, rou
     assert time.perf_counter() - t0 < 2
 
 
+def test_a_large_body_is_parsed_off_the_loop_with_the_same_errors(client):
+    from layerwise.serve.body import INLINE_BYTES
+
+    texts = ["a fairly long sentence about nothing in particular " * 6] * 300  # about 95 KB: over INLINE_BYTES
+    body = {"model": "bert", "input": texts}
+    assert len(str(body)) > INLINE_BYTES
+    r = client.post("/v1/embeddings", json=body)
+    assert r.status_code == 400 and "300 texts in one request" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/embeddings", json={**body, "input": texts[:200], "encoding_format": "bits"})
+    assert r.status_code == 400 and "encoding_format" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/encode", content=b"[" * (INLINE_BYTES + 10), headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid", r.text
+    r = client.post("/v1/embeddings", json={**body, "input": texts[:100]})
+    assert r.status_code == 200 and len(r.json()["data"]) == 100
+
+
 def test_the_prompt_counts_toward_max_text_chars(client):
     r = client.post("/v1/encode", json={"texts": ["hi"], "prompt": "x" * 100_000})
     assert r.status_code == 422 and "with the prompt" in r.text and "max_text_chars" in r.text, r.text
@@ -123,9 +139,9 @@ def test_the_service_answers_429_and_drops_a_disconnected_request(tiny_extractor
 
     service = Service(tiny_extractors["bert"], Limits(max_queue_tokens=10), threading.Lock())
 
-    class Gone:
-        async def is_disconnected(self):
-            return True
+    class Gone:  # a Starlette request whose client has gone: its next ASGI message is the disconnect
+        async def receive(self):
+            return {"type": "http.disconnect"}
 
     async def scenario():
         spec = service.spec({})

@@ -168,7 +168,8 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
     app.include_router(openai_router(service))
 
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:
+        """Answered on the event loop itself: no worker thread (they may all be busy parsing or rendering)."""
         return {"status": "ok"}
 
     @app.get("/v1/model", responses=detail_responses(401))

@@ -75,6 +75,7 @@ class Batcher(Generic[K]):
         loop = asyncio.get_running_loop()
         job = Job(key, items, cost, loop.create_future(), loop)
         with self._cv:
+            self._drop_cancelled()
             limit = self.max_queue_tokens
             if limit is not None and self._queue and self.queued_tokens + cost > limit:
                 rate = self.tokens_per_second or 1000.0
@@ -82,7 +83,14 @@ class Batcher(Generic[K]):
             self._queue.append(job)
             self.queued_tokens += cost
             self._cv.notify()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the caller went away: its tokens leave the queue now, not when it is reached
+            with self._cv:
+                if job in self._queue:
+                    self._queue.remove(job)
+                    self.queued_tokens -= job.cost
+            raise
 
     def close(self) -> None:
         with self._cv:
@@ -90,12 +98,16 @@ class Batcher(Generic[K]):
             self._cv.notify_all()
         self._thread.join(timeout=10)
 
-    def _take(self) -> list[Job[K]]:
-        """The oldest job and every queued job compatible with it that fits the batch budget (jobs whose caller
-        has gone are dropped here, before any compute)."""
+    def _drop_cancelled(self) -> None:
+        """Jobs whose caller has gone leave the queue (call with the lock held)."""
         for job in [j for j in self._queue if j.future.cancelled()]:
             self._queue.remove(job)
             self.queued_tokens -= job.cost
+
+    def _take(self) -> list[Job[K]]:
+        """The oldest job and every queued job compatible with it that fits the batch budget (jobs whose caller
+        has gone are dropped here, before any compute)."""
+        self._drop_cancelled()
         if not self._queue:
             return []
         first = self._queue.popleft()

@@ -30,10 +30,11 @@ def _validate(model: type[BaseModel], raw: bytes) -> BaseModel:
     name the text holding it), then the model's validation; errors as FastAPI words them."""
     try:
         data = json.loads(raw) if raw else None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: "[[[[..." nested too deep
         pos = getattr(exc, "pos", 0)
+        why = "nested too deeply" if isinstance(exc, RecursionError) else getattr(exc, "msg", str(exc))
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body", pos), "msg": "JSON decode error",
-                                       "input": {}, "ctx": {"error": getattr(exc, "msg", str(exc))}}]) from None
+                                       "input": {}, "ctx": {"error": why}}]) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:

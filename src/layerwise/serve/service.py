@@ -297,21 +297,23 @@ class Service:
     async def encode(self, spec: EncodeSpec, items: list, kind: Kind, request: Any = None) -> list:
         """``[(vector ndarray [*D] or [n, *D], Tokenized)]`` for ``items``, merged with other requests of the same
         spec and kind by the batcher. With the Starlette ``request``, a client that goes away while it waits is
-        noticed (every 0.2 s) and its work dropped before it reaches the model.
+        noticed the moment its disconnect arrives (even one that arrived while its body was checked) and its work
+        leaves the queue before it reaches the model.
 
         Raises:
             ServiceError: 429 with ``Retry-After`` when the queue is full (``max_queue_tokens``); 499 when the
                 client went away.
         """
         task = asyncio.ensure_future(self.batcher.submit((spec, kind), items, estimate_tokens(items, kind)))
+        # the body has been read, so the next ASGI message is the client's disconnect: waiting for it notices a
+        # client that goes away at once (a poll would leave its job time to reach the model first)
+        gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.2 if request is not None else None)
-                if done:
-                    return task.result()
-                if await request.is_disconnected():
-                    task.cancel()
-                    raise ServiceError(499, "the client went away; its request was dropped")
+            done, _ = await asyncio.wait({task} | ({gone} if gone else set()), return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            task.cancel()
+            raise ServiceError(499, "the client went away; its request was dropped")
         except QueueFull as exc:
             raise ServiceError(429, f"the service is busy: {exc.queued:,} tokens are queued (max_queue_tokens "
                                     f"{exc.limit:,}); retry after {exc.retry_after} s", code="overloaded",
@@ -320,6 +322,9 @@ class Service:
             raise
         except LayerwiseError as exc:  # e.g. inf/NaN features for an integer output_dtype
             raise ServiceError(422, str(exc)) from None
+        finally:
+            if gone is not None:
+                gone.cancel()
 
     def _run(self, key: tuple[EncodeSpec, Kind], items: list) -> list:
         """The worker's model call for one merged batch."""
@@ -333,6 +338,12 @@ class Service:
                 out = [(res.features.numpy(), res.tokens) for res in self.ex.stream(items, spec)]
         self.metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
         return out
+
+
+async def _disconnected(request: Any) -> None:
+    """Return when the client of ``request`` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def estimate_tokens(items: list, kind: Kind) -> int:
