@@ -368,7 +368,6 @@ class Extractor:
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
         finish = finisher(spec, self.site_width(spec.site))
-        sentences = spec.level == "sentence"
         done: dict[int, torch.Tensor] = {}
         following = 0
         for group in self._forward(toks, spec.layer_indices, spec.site, budget):
@@ -377,10 +376,11 @@ class Extractor:
             with torch.inference_mode():
                 x = combine_layers(group.states, spec.combine, weights=spec.weights, mask=mask)
                 vecs = reduce(x, mask, special, rows)
-                # dimensions, normalize and output_dtype: one call per batch of sentences, one per row otherwise
-                vecs = finish(torch.stack(list(vecs))).unbind(0) if sentences else [finish(v) for v in vecs]
+                # dimensions, normalize and output_dtype: one call per batch of sentences ([b, *D]), one per row
+                # otherwise
+                rows_out = finish(vecs) if isinstance(vecs, torch.Tensor) else [finish(v) for v in vecs]
             for r, i in enumerate(group.texts):
-                done[i] = vecs[r].to("cpu")
+                done[i] = rows_out[r].to("cpu")
             while following in done:
                 yield Encoded(start + following, done.pop(following), toks[following])
                 following += 1

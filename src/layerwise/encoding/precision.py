@@ -74,7 +74,7 @@ def check_calibration(calibration: Any, output_dtype: str) -> Ranges | None:
     """``calibration`` as ``(lo, hi)`` tuples of finite floats of one length with ``lo <= hi``, or ``None`` (an
     ``int8``/``uint8`` spec without ranges is refused when resolved: :func:`require_calibration`).
 
-    Accepts ``(lo, hi)`` sequences, an array ``[2, D]`` or a dict ``{"min": [...], "max": [...]}``.
+    Accepts what :func:`parse_ranges` accepts.
 
     Raises:
         SpecError: ranges given for a precision that takes none, or malformed ranges (naming the first bad value).
@@ -84,6 +84,16 @@ def check_calibration(calibration: Any, output_dtype: str) -> Ranges | None:
     if output_dtype not in CALIBRATED_DTYPES:
         raise SpecError(f"calibration ranges apply to output_dtype int8 or uint8 only, not {output_dtype!r}; "
                         f"drop calibration or choose int8/uint8")
+    return parse_ranges(calibration)
+
+
+def parse_ranges(calibration: Any) -> Ranges:
+    """``(lo, hi)`` sequences, an array ``[2, D]`` or a dict ``{"min": [...], "max": [...]}`` as ``(lo, hi)`` tuples
+    of finite floats of one length with ``lo <= hi``.
+
+    Raises:
+        SpecError: malformed ranges (naming the first bad value).
+    """
     if isinstance(calibration, dict):
         if set(calibration) != {"min", "max"}:
             raise SpecError(f"calibration as a dict takes the keys 'min' and 'max', got {sorted(calibration)}")
@@ -147,7 +157,7 @@ def read_calibration(path: str | Path) -> Ranges | list[str]:
         arr = np.load(p, allow_pickle=False)
         if arr.ndim < 2 or arr.shape[0] != 2:
             raise SpecError(f"{p}: a .npy calibration is [2, D] (min row, max row), got shape {list(arr.shape)}")
-        return check_calibration(arr.reshape(2, -1), "int8")  # type: ignore[return-value]
+        return parse_ranges(arr.reshape(2, -1))
     if p.suffix == ".json":
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
@@ -155,7 +165,7 @@ def read_calibration(path: str | Path) -> Ranges | list[str]:
             raise SpecError(f"{p}: not valid JSON ({exc})") from None
         if isinstance(data, dict) and "calibration" in data:
             data = data["calibration"]
-        return check_calibration(data, "int8")  # type: ignore[return-value]
+        return parse_ranges(data)
     texts = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not texts:
         raise SpecError(f"calibration file {str(p)!r} holds no text; give one text a line")
@@ -272,5 +282,5 @@ def finisher(spec: EncodeSpec, width: int) -> Callable[[torch.Tensor], torch.Ten
 
 
 __all__ = ["NUMPY_DTYPES", "Ranges", "apply_calibration", "calibration_ranges", "check_calibration",
-           "dimension_cut", "finisher", "packed_width", "quantize_array", "quantizer", "read_calibration",
-           "require_calibration"]
+           "dimension_cut", "finisher", "packed_width", "parse_ranges", "quantize_array", "quantizer",
+           "read_calibration", "require_calibration"]

@@ -4,7 +4,7 @@ yields.
 
 :func:`make_reducer` turns a resolved :class:`~layerwise.EncodeSpec` into that step:
 ``reduce(x [b, T, *D], mask [b, T], special [b, T], rows) -> one tensor per row`` (``[*D]``, ``[n_tokens, *D]`` or
-``[n_words, *D]``).
+``[n_words, *D]``; sentences come as one ``[b, *D]`` tensor, whose rows are theirs).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from .spec import EncodeSpec
 from .tokenize import Tokenized
 
 # (combined token states [b, T, *D], mask [b, T], special [b, T], tokenised rows) -> one result per row
-Reducer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[Tokenized]], Sequence[torch.Tensor]]
+# (sentences: one [b, *D] tensor)
+Rows = Sequence[torch.Tensor] | torch.Tensor
+Reducer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[Tokenized]], Rows]
 
 
 @dataclass
@@ -64,8 +66,8 @@ def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor
 
     def sentences(
         x: torch.Tensor, mask: torch.Tensor, special: torch.Tensor, rows: Sequence[Tokenized]
-    ) -> Sequence[torch.Tensor]:
+    ) -> torch.Tensor:
         out = pool_tokens(x, mask, mode, special=special, skip_special_tokens=skip, pooler=pooler)
-        return out.unbind(0)
+        return out  # [b, *D]: one row per record, kept batched for the finishing step
 
     return sentences
