@@ -207,13 +207,20 @@ RESUME_DAMAGES = {**{d: v for d, v in DAMAGES.items() if "manifest" not in d and
                   "last shard bit-flipped": (lambda s, other: flip(s / S3, feature_byte(s / S3)), S3, "refuse")}
 
 
+def damaged(clean, tmp_path, level: str, entry) -> tuple[Path, object, str]:
+    """A fresh copy of the clean store at ``level`` with one damage of ``DAMAGES``/``RESUME_DAMAGES`` done to it:
+    ``(store, what the message names, expected outcome)``."""
+    make, named, outcome = entry
+    store = fresh(clean, level, tmp_path)
+    make(store, clean[0] / f"other-{level}")
+    return store, named, outcome
+
+
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_damage_is_refused_naming_the_file_or_read_correctly(clean, tmp_path, level, damage):
     root, corpus, ex = clean
-    make, named, outcome = DAMAGES[damage]
-    store = fresh(clean, level, tmp_path)
-    make(store, root / f"other-{level}")
+    store, named, outcome = damaged(clean, tmp_path, level, DAMAGES[damage])
     want = read_all(root / f"clean-{level}")
     before = {p.name: p.read_bytes() for p in store.iterdir()}
     runner = CliRunner()
@@ -267,9 +274,7 @@ def test_damage_is_refused_naming_the_file_or_read_correctly(clean, tmp_path, le
 @pytest.mark.parametrize("damage", list(RESUME_DAMAGES))
 def test_resume_repairs_shard_damage_to_equal_a_clean_run(clean, tmp_path, level, damage):
     root, corpus, ex = clean
-    make, named, outcome = RESUME_DAMAGES[damage]
-    store = fresh(clean, level, tmp_path)
-    make(store, root / f"other-{level}")
+    store, named, outcome = damaged(clean, tmp_path, level, RESUME_DAMAGES[damage])
     kept = {p.name: p.read_bytes() for p in store.iterdir() if p.name not in ("manifest.json", "errors.jsonl")}
     summary = extract(corpus, store, model=ex, level=level, **ARGS)
     if outcome == "refuse":
