@@ -1,20 +1,22 @@
-"""Local extraction vs the Ray engine with 1 and 2 encode workers, and the serial pieces of a Ray run.
+"""The Ray engine at this machine's real resources: local vs Ray, each stage's rate, and the planning time.
 
 Run: ``./dev bench distributed [--records 4000] [--repeats 2] [--data PATH]``. Input: the first ``--records``
 sentences of ``--data`` (default: SST-2 train from ``../shared/data/sst2`` when present, else generated sentences),
 embedded all-MiniLM-L6-v2, sentence level, the last layer mean-pooled, CPU fp32.
 
-Contestants alternate inside one process on one local Ray cluster (started once, not timed; its start is reported
-apart): ``local`` (``lw.extract``, torch threads = the machine's cores), ``ray-1`` (one encode actor with all cores
-but one as torch threads) and ``ray-2`` (two actors, ``cores // 2`` threads each, oversubscribing the read/tokenise/
-write tasks on a 2-core machine). Also timed: the serial pieces a cluster run cannot spread, the driver's count of
-the input, the single read task's rate (reading and pickling parts) and the merge. Prints a Markdown table and the
-numbers the README's estimate for 100M sentences uses.
+Ray starts with its defaults (this machine's CPUs, as a user's would), once, not timed (its start is reported).
+Contestants alternate inside one process: ``local`` (``lw.extract``, torch threads = the machine's cores) and
+``ray-auto`` (``num_workers="auto"``: the pool the cluster leaves room for). Each part store records what its split
+cost in each stage (``split`` in its manifest: read, tokenise, encode and write seconds), from which the rate of one
+task of each stage is printed. Planning is timed on a directory of 1,000 small files and on one 10 GB sparse file;
+opening the parts as one store (no merge) is timed too. Prints Markdown tables and the figures the README's
+estimate for 100M sentences uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -23,10 +25,9 @@ import time
 from pathlib import Path
 
 import layerwise as lw
-from layerwise.corpus.readers import ReadOptions
 from layerwise.corpus.sources import open_source
+from layerwise.corpus.splits import plan_splits
 from layerwise.extraction import ray as lray
-from layerwise.store import merge_stores
 
 WORDS = "the a film was good bad plot actor scene long short funny dull story music end start".split()
 
@@ -45,6 +46,42 @@ def corpus(path: Path, n: int, data: str | None) -> Path:
     return path
 
 
+def stage_rates(store: Path) -> dict[str, float]:
+    """Records per second of one task of each stage, over every part of a Ray run's output."""
+    seconds = {"read": 0.0, "tokenize": 0.0, "encode": 0.0, "write": 0.0}
+    records = 0
+    for part in sorted(store.glob("part-*")):
+        split = json.loads((part / "manifest.json").read_text())["split"]
+        records += int(split["records"])
+        for stage in seconds:
+            seconds[stage] += float(split[f"{stage}_seconds"])
+    return {stage: records / s if s > 0 else float("inf") for stage, s in seconds.items()}
+
+
+def planning(root: Path) -> tuple[float, float]:
+    """Seconds to plan a directory of 1,000 small files, and one 10 GB sparse file (best of 3 each)."""
+    folder = root / "many"
+    folder.mkdir()
+    for k in range(1000):
+        (folder / f"f{k:04d}.jsonl").write_text(json.dumps({"text": f"file {k}"}) + "\n")
+    big = root / "big.txt"
+    with open(big, "wb") as fh:
+        fh.write(b"a short line of text for the sample\n" * 2000)
+        fh.truncate(10 * 10**9)
+    out = []
+    for path in (folder, big):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            src = open_source(path)
+            plan_splits(src, src.files(), 10_000)
+            src.identity(lw.ReadOptions(), quick=True)
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    big.unlink()
+    return out[0], out[1]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=4000)
@@ -60,23 +97,24 @@ def main(argv=None) -> None:
     src = corpus(root / "corpus.txt", args.records, args.data)
     spec = lw.EncodeSpec()
     t0 = time.perf_counter()
-    ray.init(num_cpus=cores + 1, include_dashboard=False, log_to_driver=False)  # +1: room for the light stages
+    ray.init(include_dashboard=False, log_to_driver=False)  # Ray's defaults: the machine as a user has it
     ray_start = time.perf_counter() - t0
     torch.set_num_threads(cores)
     ex = lw.Extractor(device="cpu")
     tokens = sum(len(ids) for ids in ex.tokenizer(src.read_text().splitlines())["input_ids"])
+    workers: list[int] = []
 
     def local(out: Path) -> None:
         lw.extract(src, out, spec, model=ex)
 
-    def on_ray(workers: int, threads: int):
-        def run(out: Path) -> None:
-            lray.extract(src, out, spec, model=lw.ModelOptions(device="cpu"), num_workers=workers,
-                         cpus_per_worker=threads, part_records=args.part_records)
-        return run
+    def on_ray(out: Path) -> None:
+        workers.append(lray.extract(src, out, spec, model=lw.ModelOptions(device="cpu"),
+                                    part_records=args.part_records).workers)
 
-    runs = {"local": local, "ray-1": on_ray(1, max(1, cores - 1)), "ray-2": on_ray(2, max(1, cores // 2))}
+    runs = {"local": local, "ray-auto": on_ray}
     times: dict[str, list[float]] = {k: [] for k in runs}
+    rates: list[dict[str, float]] = []
+    open_s = float("inf")
     for i in range(args.repeats + 1):  # the first round warms up (model loads, Ray workers) and is not counted
         for name, run in runs.items():
             out = root / f"{name}-{i}"
@@ -84,40 +122,33 @@ def main(argv=None) -> None:
             run(out)
             if i:
                 times[name].append(time.perf_counter() - t0)
+            if name == "ray-auto":
+                rates.append(stage_rates(out))
+                t0 = time.perf_counter()
+                len(lw.open_store(out))
+                open_s = min(open_s, time.perf_counter() - t0)
             shutil.rmtree(out, ignore_errors=True)
-            shutil.rmtree(out.with_name(out.name + ".parts"), ignore_errors=True)
-    # the serial pieces: the driver's count, the one read task, the merge
-    source = open_source(src)
-    t0 = time.perf_counter()
-    lray._count_items(source, ReadOptions())
-    count_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    n_parts = sum(1 for _ in lray.read_parts({}, source, ReadOptions(), args.part_records,
-                                             set(range(10**6)), strict=False))
-    read_s = time.perf_counter() - t0
-    lray.extract(src, root / "m", spec, model=lw.ModelOptions(device="cpu"), num_workers=1,
-                 cpus_per_worker=max(1, cores - 1), part_records=args.part_records)
-    shutil.rmtree(root / "m")
-    t0 = time.perf_counter()
-    merge_stores([lray.part_path(root / "m", p) for p in range(n_parts)], root / "m2")
-    merge_s = time.perf_counter() - t0
+    plan_dir, plan_big = planning(root)
     ray.shutdown()
     shutil.rmtree(root, ignore_errors=True)
 
     n = args.records
     best = {k: min(v) for k, v in times.items()}
-    print(f"{n:,} sentences ({tokens:,} tokens), all-MiniLM-L6-v2, CPU fp32, {cores} cores, best of "
-          f"{args.repeats} alternating runs, parts of {args.part_records} records; Ray start {ray_start:.1f} s "
-          f"(not counted)\n")
-    print("| run | encode workers x threads | best s | records/s | vs local | overhead / record |")
-    print("|---|---|---|---|---|---|")
-    shapes = {"local": f"1 x {cores}", "ray-1": f"1 x {max(1, cores - 1)}", "ray-2": f"2 x {max(1, cores // 2)}"}
+    print(f"{n:,} sentences ({tokens:,} tokens), all-MiniLM-L6-v2, CPU fp32, {cores} cores, Ray's default resources, "
+          f"best of {args.repeats} alternating runs, parts of about {args.part_records} records; Ray start "
+          f"{ray_start:.1f} s (not counted)\n")
+    print("| run | encode workers x threads | best s | records/s | vs local |")
+    print("|---|---|---|---|---|")
+    shapes = {"local": f"1 x {cores}", "ray-auto": f"{workers[-1]} x 1"}
     for k, s in best.items():
-        over = (s - best["local"]) / n * 1e3
-        print(f"| {k} | {shapes[k]} | {s:.1f} | {n / s:,.0f} | {best['local'] / s:.2f}x | "
-              f"{'-' if k == 'local' else f'{over:+.2f} ms'} |")
-    print(f"\nserial pieces: driver count {n / count_s:,.0f} records/s, read task {n / read_s:,.0f} records/s, "
-          f"merge {n / merge_s:,.0f} records/s ({n_parts} parts)")
+        print(f"| {k} | {shapes[k]} | {s:.1f} | {n / s:,.0f} | {best['local'] / s:.2f}x |")
+    stage = {k: max(r[k] for r in rates) for k in rates[0]}
+    print("\n| stage (one task) | records/s |")
+    print("|---|---|")
+    for k, v in stage.items():
+        print(f"| {k} | {v:,.0f} |")
+    print(f"\nplanning: 1,000 files {plan_dir * 1e3:.0f} ms, one 10 GB file {plan_big * 1e3:.0f} ms; opening the "
+          f"parts as one store {open_s * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -31,15 +31,17 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 
 def input_sha256(path: str | os.PathLike) -> str:
-    """sha256 of an input: a file's bytes, or for a directory of parquet files each file's name and sha256 in name
-    order (renaming, adding or changing a file changes it)."""
-    from .corpus.readers import parquet_files
+    """sha256 of an input: a file's bytes, or for several files (a directory, a glob pattern) each file's name and
+    sha256 in name order (renaming, adding or changing a file changes it)."""
+    from pathlib import Path
 
-    if not os.path.isdir(path):
+    from .corpus.readers import corpus_files, is_glob
+
+    if not os.path.isdir(path) and not is_glob(path):
         return file_sha256(path)
     h = hashlib.sha256()
-    for f in parquet_files(path):
-        h.update(f"{f.name}\t{file_sha256(f)}\n".encode())
+    for f in corpus_files(path):
+        h.update(f"{Path(f).name}\t{file_sha256(f)}\n".encode())
     return h.hexdigest()
 
 

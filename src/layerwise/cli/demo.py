@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from importlib import resources
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -22,6 +21,8 @@ def sample_sentences() -> list[str]:
 @model_flags
 def demo(*, model_options: ModelOptions) -> None:
     """Encode the bundled sample sentences with every layer and print a per-layer summary."""
+    import torch
+
     console = Console()
     with user_errors():
         t0 = time.perf_counter()

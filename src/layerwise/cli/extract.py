@@ -80,12 +80,18 @@ def extract(
         0, "--shard-index", help="Which part this run extracts (0..N-1); join the parts with layerwise merge."
     ),
     engine: str = typer.Option("local", "--engine", help="local (this process) or ray (Ray cluster; layerwise[ray])."),
-    num_workers: int = typer.Option(2, "--num-workers", help="--engine ray: actors, each loading the model once."),
+    num_workers: str = typer.Option(
+        "auto", "--num-workers",
+        help="--engine ray: encode actors, each loading the model once; auto sizes the pool from the cluster.",
+    ),
     gpus_per_worker: float = typer.Option(0, "--gpus-per-worker", help="--engine ray: GPUs per actor."),
     cpus_per_worker: int = typer.Option(1, "--cpus-per-worker", help="--engine ray: CPUs (torch threads) per actor."),
     part_records: int = typer.Option(10_000, "--part-records",
                                      help="--engine ray: records per part, the unit of work and resume (keep it)."),
     address: Optional[str] = typer.Option(None, "--address", help="--engine ray: a running cluster (ray.init)."),
+    stall_timeout: float = typer.Option(
+        600, "--stall-timeout", help="--engine ray: end the run when no part finished for this many seconds."
+    ),
     shard_records: Optional[int] = typer.Option(
         None, "--shard-records", help="Records per shard (default: ~32 MB of features)."
     ),
@@ -130,11 +136,20 @@ def extract(
         if engine == "ray":
             from ..extraction import ray as lray
 
+            workers: int | str = num_workers
+            if num_workers != "auto":
+                try:
+                    workers = int(num_workers)
+                except ValueError:
+                    raise LayerwiseError(f"--num-workers {num_workers!r} is not a number; give a positive int, or "
+                                         f"auto (the pool sized from the cluster)") from None
             done = lray.extract(input, output, spec, model=model_options, reading=reading, options=options,
-                                num_workers=num_workers, cpus_per_worker=cpus_per_worker,
-                                gpus_per_worker=gpus_per_worker, part_records=part_records, address=address)
+                                num_workers=workers, cpus_per_worker=cpus_per_worker,
+                                gpus_per_worker=gpus_per_worker, part_records=part_records, address=address,
+                                stall_timeout=stall_timeout)
             if not quiet:
-                err_console.print(f"ray: {done.parts} parts ({done.already_complete} already complete), "
+                pool = f", {done.workers} encode worker{'' if done.workers == 1 else 's'}" if done.workers else ""
+                err_console.print(f"ray: {done.parts} parts ({done.already_complete} already complete{pool}), "
                                   f"{done.records:,} records, {done.skipped:,} skipped in {done.seconds:.1f}s -> "
                                   f"{output}", highlight=False, soft_wrap=True)
             return

@@ -1,4 +1,5 @@
-"""``layerwise merge PART... -o OUT``: join the part stores of a sharded extraction into one store."""
+"""``layerwise merge PART... -o OUT``: join the part stores of a sharded extraction into one store, or compact a
+store of parts (a Ray run) into one."""
 
 from __future__ import annotations
 

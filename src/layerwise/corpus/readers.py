@@ -55,12 +55,58 @@ _SUFFIXES = {
 TEXT_FIELD_GUESSES = ("text", "sentence")
 
 
+def is_glob(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a glob pattern (``corpus/*.jsonl``) rather than a file that exists."""
+    text = os.fspath(path)
+    return text != "-" and any(c in text for c in "*?[") and not os.path.exists(text)
+
+
+def corpus_files(path: str | os.PathLike, fmt: str | None = None) -> list[str]:
+    """The files of an input, in name order: the file itself; a directory's ``*.parquet`` files, else its files of
+    one corpus format (``fmt`` when given); the matches of a glob pattern.
+
+    Raises:
+        InputError: a directory or pattern without corpus files, or with files of several formats.
+    """
+    text = os.fspath(path)
+    if text == "-":
+        return [text]
+    if is_glob(text):
+        import glob
+
+        found = sorted(f for f in glob.glob(text) if os.path.isfile(f))
+        where = f"the pattern {text!r}"
+    elif Path(text).is_dir():
+        found = sorted(os.fspath(f) for f in Path(text).iterdir() if f.is_file() and not f.name.startswith("."))
+        where = f"the directory {text!r}"
+    else:
+        return [text]
+    kinds = {f: _SUFFIXES.get(Path(f).suffix.lower()) for f in found}
+    if "parquet" in kinds.values() and fmt not in (None, "parquet"):
+        raise InputError(f"input {text!r} is a directory of parquet files; it cannot be read as {fmt!r} (leave the "
+                         f"format out, or give format='parquet')")
+    if fmt is None:
+        formats = sorted({k for k in kinds.values() if k is not None})
+        if len(formats) > 1 and "parquet" not in formats:
+            raise InputError(f"{where} holds files of several formats ({', '.join(formats)}); give one format with "
+                             f"--format (format=), or a pattern such as {os.path.join(text, '*.' + formats[0])!r}")
+        fmt = "parquet" if "parquet" in formats else (formats[0] if formats else None)
+    files = [f for f, k in kinds.items() if k == fmt] or ([] if fmt in (None, "parquet") else found)
+    if not files:
+        raise InputError(
+            f"{where} holds no corpus files (.txt, .jsonl, .csv, .tsv, .parquet, .conll, .conllu); give one corpus "
+            f"file (or '-' for stdin), a directory of them, or a pattern, e.g. "
+            f"{os.path.join(text if not is_glob(text) else '.', 'corpus.txt')!r}"
+        )
+    return files
+
+
 def parquet_files(path: str | os.PathLike) -> list[Path]:
     """The parquet files of an input: the file itself, or a directory's ``*.parquet`` files in name order."""
     p = Path(path)
-    if not p.is_dir():
+    if not p.is_dir() and not is_glob(path):
         return [p]
-    files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".parquet" and f.is_file())
+    files = [Path(f) for f in corpus_files(path, "parquet")]
     if not files:
         raise InputError(
             f"input {os.fspath(path)!r} is a directory without .parquet files; give one corpus file (or '-' for "
@@ -70,17 +116,14 @@ def parquet_files(path: str | os.PathLike) -> list[Path]:
 
 
 def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
-    """The format of ``path`` (``format`` if given, ``txt`` for stdin ``-``, ``parquet`` for a directory of parquet
-    files); ``ValueError`` lists the valid ones."""
-    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and Path(path).is_dir():
-        parquet_files(path)  # a directory is an input only when it holds parquet files
-        if format not in (None, "parquet"):
-            raise InputError(f"input {os.fspath(path)!r} is a directory of parquet files; it cannot be read as "
-                             f"{format!r} (leave the format out, or give format='parquet')")
-        return "parquet"
+    """The format of ``path`` (``format`` if given, ``txt`` for stdin ``-``; a directory or glob pattern: the format
+    of its files, ``parquet`` when it holds parquet files); ``ValueError`` lists the valid ones."""
+    if format is not None and format not in FORMATS:
+        raise InputError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and (Path(path).is_dir() or is_glob(path)):
+        files = corpus_files(path, format)
+        return format or _SUFFIXES.get(Path(files[0]).suffix.lower()) or "txt"
     if format is not None:
-        if format not in FORMATS:
-            raise InputError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
         return format
     if os.fspath(path) == "-":
         return "txt"
@@ -236,6 +279,16 @@ def _read_parquet(path: str | os.PathLike, text_field: str | None, keep: Sequenc
                              keep)
 
 
+def read_row_groups(pf: Any, groups: Sequence[int], text_field: str | None, keep: Sequence[str],
+                    name: str) -> Iterator[Item]:
+    """The rows of some row groups of a ``pyarrow.parquet.ParquetFile``, numbered from 1 (a split of a parquet
+    input; ``name`` names the file in errors)."""
+    column = pick_column(pf.schema_arrow.names, text_field, keep, f"the parquet file {name!r}")
+    columns = [column, *[k for k in keep if k != column]]
+    batches = pf.iter_batches(row_groups=list(groups), columns=columns, batch_size=4096) if groups else iter(())
+    yield from _read_batches(batches, column, keep)
+
+
 def read_table(table: Any, text_field: str | None = None, keep: Sequence[str] = ()) -> Iterator[Item]:
     """Stream the rows of a ``pyarrow.Table`` as :class:`Record` / :class:`BadRecord`, numbered from 1.
 
@@ -285,9 +338,12 @@ def count_records(path: str | os.PathLike, fmt: str) -> int | None:
         import pyarrow.parquet as pq
 
         return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(path))
+    files = corpus_files(path, fmt)
+    if len(files) > 1:
+        return sum(count_records(f, fmt) or 0 for f in files)
     n = blocks = 0
     prev_blank = True
-    with open(path, "rb") as fh:
+    with open(files[0], "rb") as fh:
         for line in fh:
             blank = not line.strip()
             n += not blank
@@ -339,24 +395,70 @@ def read_records(
             raise InputError(f"input file {os.fspath(path)!r} does not exist")
         yield from _read_parquet(path, text_field, keep)
         return
-    fh = _open_binary(path, stdin)
+    files = corpus_files(path, fmt)
+    if len(files) > 1:  # several files read as one input: lines counted on across them
+        yield from _read_files(files, fmt, text_field, keep)
+        return
+    fh = _open_binary(files[0], stdin)
     try:
-        if fmt == "txt":
-            yield from _read_txt(fh, keep)
-        elif fmt == "jsonl":
-            yield from _read_jsonl(fh, text_field, keep)
-        elif fmt in ("csv", "tsv"):
-            yield from _read_delimited(fh, "\t" if fmt == "tsv" else ",", text_field, keep)
-        elif fmt == "conll":
-            yield from read_conll2003(fh, keep)
-        else:
-            yield from read_conllu(fh, keep)
+        yield from _dispatch(fh, fmt, text_field, keep)
     finally:
         if fh is not stdin and os.fspath(path) != "-":
             fh.close()
 
 
+def _dispatch(fh: Any, fmt: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+    if fmt == "txt":
+        yield from _read_txt(fh, keep)
+    elif fmt == "jsonl":
+        yield from _read_jsonl(fh, text_field, keep)
+    elif fmt in ("csv", "tsv"):
+        yield from _read_delimited(fh, "\t" if fmt == "tsv" else ",", text_field, keep)
+    elif fmt == "conll":
+        yield from read_conll2003(fh, keep)
+    else:
+        yield from read_conllu(fh, keep)
+
+
+class _CountingStream:
+    """A binary file read line by line, counting its lines (what the next file's line numbers start after)."""
+
+    def __init__(self, fh: IO[bytes]):
+        self.fh, self.lines = fh, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for line in self.fh:
+            self.lines += 1
+            yield line
+
+
+def _read_files(files: Sequence[str], fmt: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+    base = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            stream = _CountingStream(fh)
+            for item in _dispatch(stream, fmt, text_field, keep):
+                item.line += base
+                yield item
+        base += stream.lines
+
+
+def read_stream(fh: Any, fmt: str, reading: "ReadOptions") -> Iterator[Item]:
+    """The records of a binary stream of lines (one split of a file: :mod:`layerwise.corpus.splits`) in format
+    ``fmt``, read with ``reading``; lines numbered from 1 within the stream."""
+    keep = list(reading.keep)
+    if reading.context == "document":
+        inner = _dispatch(fh, fmt, reading.text_field, list(dict.fromkeys([*keep, "doc"])))
+        for item in with_document_context(inner):
+            if isinstance(item, Record) and "doc" not in keep:
+                item.fields.pop("doc", None)
+            yield item
+        return
+    yield from _dispatch(fh, fmt, reading.text_field, keep)
+
+
 __all__ = [
-    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "count_records",
-    "detect_format", "parquet_files", "pick_column", "read_records", "read_table", "with_document_context",
+    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "corpus_files",
+    "count_records", "detect_format", "is_glob", "parquet_files", "pick_column", "read_records", "read_row_groups",
+    "read_stream", "read_table", "with_document_context",
 ]

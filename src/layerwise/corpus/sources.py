@@ -16,13 +16,24 @@ datasets travel to Ray workers as file references).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 from ..errors import InputError
 from ..provenance import input_sha256, table_sha256
-from .readers import Item, ReadOptions, count_records, detect_format, pick_column, read_records, read_table
+from .readers import (
+    Item,
+    ReadOptions,
+    corpus_files,
+    count_records,
+    detect_format,
+    is_glob,
+    pick_column,
+    read_records,
+    read_table,
+)
 
 TABLE_FORMAT = "table"  # the manifest's input.format for tables in memory
 
@@ -75,9 +86,21 @@ class Source:
         """The ``pyarrow.Table`` of a table input."""
         return _as_table(self.data)
 
-    def identity(self, reading: ReadOptions) -> dict[str, Any]:
-        """The manifest's ``input`` section: how it was read, where from, and its content's sha256."""
+    def identity(self, reading: ReadOptions, *, quick: bool = False) -> dict[str, Any]:
+        """The manifest's ``input`` section: how it was read, where from, and its content's sha256.
+
+        ``quick``: files are named by their names, sizes and modification times (``files``, ``bytes``,
+        ``stat_sha256``) instead of a read of every byte, for a parallel run whose parts hash their own bytes.
+        """
         info: dict[str, Any] = {**reading.to_dict(), "format": self.fmt}
+        if quick and self.fmt != TABLE_FORMAT and not self.is_stdin:
+            h, total, files = hashlib.sha256(), 0, self.files()
+            for f in files:
+                st = os.stat(f)
+                total += st.st_size
+                h.update(f"{os.path.basename(f)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+            info.update(path=os.path.abspath(self.data), files=len(files), bytes=total, stat_sha256=h.hexdigest())
+            return info
         if self.fmt == TABLE_FORMAT:
             table = self.table()
             text = pick_column(table.column_names, reading.text_field, reading.keep, "the table")
@@ -98,6 +121,12 @@ class Source:
             return read_table(self.table(), reading.text_field, reading.keep)
         return read_records(self.data, self.fmt, text_field=reading.text_field, keep=reading.keep, stdin=stdin,
                             document_context=reading.context == "document")
+
+    def files(self) -> list[str]:
+        """The files read, in order (one for a file, a directory's or a pattern's files; none for a table)."""
+        if self.fmt == TABLE_FORMAT:
+            return []
+        return corpus_files(self.data, self.fmt)
 
     def count(self) -> int | None:
         """How many records (rows, lines, sentences) it has; ``None`` for stdin."""
@@ -123,7 +152,7 @@ def open_source(data: Any, reading: ReadOptions | None = None) -> Source:
         return Source(data, TABLE_FORMAT, f"a {type(data).__name__} of {table.num_rows:,} rows")
     path = os.fspath(data)
     fmt = detect_format(path, reading.format)
-    if path != "-" and not os.path.exists(path):
+    if path != "-" and not os.path.exists(path) and not is_glob(path):
         raise InputError(f"input file {path!r} does not exist")
     return Source(path, fmt, path)
 

@@ -1,58 +1,68 @@
-"""Extraction on a Ray cluster: read, tokenise, encode and write as Ray Data stages, into the local store format.
+"""Extraction on a Ray cluster: read, tokenise, encode and write as Ray Data stages, into one store of parts.
 
-``lw.ray.extract(input, output, spec, model=..., num_workers=2)`` (CLI ``layerwise extract ... --engine ray``):
+``lw.ray.extract(input, output, spec, model=..., num_workers="auto")`` (CLI ``layerwise extract ... --engine ray``):
 
-1. the driver loads the model on its CPU once to check the spec and build the store header (the same header a local
-   run writes), counts the input's records and splits them into parts of ``part_records`` consecutive records (part
-   ``p`` holds records ``p * part_records ...``; the split depends only on the input and ``part_records``, so a rerun
-   finds its finished parts again);
-2. stage ``read`` (one CPU task) streams the input once and emits one row per unfinished part (its records, bad ones
-   included);
-3. stage ``tokenize`` (CPU tasks, ``tokenize_cpus`` each) tokenises a part with the model's tokenizer
-   (:meth:`Extractor.text_tokenizer <layerwise.Extractor.text_tokenizer>`, shipped without the model);
-4. stage ``encode`` runs on an actor pool (``ActorPoolStrategy(size=num_workers)``, ``cpus_per_worker`` CPUs and
-   torch threads and ``gpus_per_worker`` GPUs per actor): each actor loads the model once and encodes parts by token
-   budget (:meth:`Extractor.encode_tokenized <layerwise.Extractor.encode_tokenized>`);
-5. the layerwise :class:`StoreSink` (a Ray ``Datasink``) writes each part as a part store ``OUTPUT.parts/part-NNNNN``
-   (shards, error log and manifest of the local format; written under a temporary name and renamed, so a part is
-   either absent or complete) and, once every part is written, merges them into ``output`` in input order
-   (:func:`layerwise.store.merge_stores`).
+1. before anything starts, the pool is sized from the cluster's resources (:mod:`layerwise.extraction.pool`): a
+   pool that would leave the read, tokenise and write stages no CPU is refused in the first second with the
+   numbers and the fix, and ``"auto"`` takes what the cluster offers;
+2. the input is planned into splits without reading it (:mod:`layerwise.corpus.splits`: per file, per parquet row
+   group, by byte ranges of one large txt/jsonl file), one part each; the plan depends only on the input and
+   ``part_records``, so a rerun finds its finished parts again;
+3. the driver loads the model on its CPU once to check the spec and build the store header;
+4. stage ``prepare`` (CPU tasks, ``tokenize_cpus`` each, in parallel) reads one split and tokenises its records with
+   the model's tokenizer (:meth:`Extractor.text_tokenizer <layerwise.Extractor.text_tokenizer>`, no model);
+5. stage ``encode`` runs on an actor pool (``num_workers`` actors, ``cpus_per_worker`` CPUs and torch threads and
+   ``gpus_per_worker`` GPUs each): each actor loads the model once from the run's
+   :class:`~layerwise.ModelOptions` and encodes parts by token budget;
+6. the layerwise :class:`StoreSink` (a Ray ``Datasink``) writes each part as a store ``OUTPUT/part-NNNNN`` (written
+   under a temporary name and renamed, so a part is absent or complete); once every part is written the driver
+   writes the top-level manifest that lists them (:mod:`layerwise.store.parts`). There is no merge:
+   :func:`~layerwise.store.open_store` reads the parts as one store, in input order.
 
-Rows carry whole parts (pickled), so Ray may re-block them freely; Ray Data's streaming executor applies
-backpressure between the stages. Faults: a dead encode actor is restarted by Ray and its part retried; a part written
-twice by a retried write is the same part (the rename keeps one). A driver that dies leaves finished parts on disk:
-the same call (or command) skips them and does the rest. The part stores are the source of truth for what is done;
-Ray's own checkpointing is not used. Leave at least one CPU outside the actor pool (``num_workers *
-cpus_per_worker <= CPUs - 1``) for the read task (:data:`IO_CPUS`), the tokenise tasks (``tokenize_cpus``), the write
-tasks (:data:`IO_CPUS`) and the driver: a pool that holds every CPU starves them and the run stalls.
+A stall watchdog ends a run in which no part finished for ``stall_timeout`` seconds, with what each stage has done
+and the cluster's free resources in the message; the finished parts stay and the same call resumes. Faults: a dead
+encode actor is restarted by Ray and its part retried; a part written twice by a retried write is the same part
+(the rename keeps one). A driver that dies leaves finished parts on disk: the same call (or command) skips them.
+The part stores are the source of truth for what is done; Ray's own checkpointing is not used.
 
 Needs ``pip install 'layerwise[ray]'``.
 """
 
 from __future__ import annotations
 
-import math
+import ctypes
+import json
 import os
 import pickle
 import shutil
+import signal
+import socket
+import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ..corpus.readers import BadRecord, ReadOptions
 from ..corpus.sources import Source, open_source
+from ..corpus.splits import Split, plan_splits, read_split
 from ..encoding.spec import EncodeSpec
 from ..errors import ExtractError, StoreError
 from ..extras import require
 from ..model.options import ModelOptions
-from ..store import MergeSummary, StoreWriter, merge_stores
+from ..store import StoreWriter
+from ..store.layout import MANIFEST, PART_RE
+from ..store.manifest import is_store_manifest, read_manifest
+from ..store.parts import is_parted, part_name, write_parts_manifest
+from ..store.writer import identity
 from .options import ExtractOptions
-from .shards import shard_tensors, store_header, tokenize_records
+from .pool import IO_CPUS, TOKENIZE_CPUS, cluster_resources, local_resources, size_pool
 
 DEFAULT_PART_RECORDS = 10_000
-IO_CPUS = 0.25  # CPUs the read task and each write task reserve: they mostly wait on files
+DEFAULT_STALL_TIMEOUT = 600.0
+PROGRESS = ".layerwise-progress"  # the stages' progress marks, inside the output while a run goes on
 
 
 def require_ray() -> Any:
@@ -62,20 +72,19 @@ def require_ray() -> Any:
 
 @dataclass
 class RaySummary:
-    """What a Ray extraction did: the parts (and how many were already complete), the merged store, the time."""
+    """What a Ray extraction did: the parts (and how many were already complete), the pool, the store, the time."""
 
     parts: int
     already_complete: int
     records: int
     skipped: int
     seconds: float
-    merge: MergeSummary
+    workers: int = 0
 
 
 def part_path(output: str | os.PathLike, part: int) -> Path:
-    """Where part ``part`` of a Ray extraction into ``output`` is written: ``OUTPUT.parts/part-NNNNN``."""
-    out = Path(output)
-    return out.with_name(out.name + ".parts") / f"part-{part:05d}"
+    """Where part ``part`` of a Ray extraction into ``output`` is written: ``OUTPUT/part-NNNNN``."""
+    return Path(output) / part_name(part)
 
 
 def _pack(obj: Any) -> bytes:
@@ -86,33 +95,48 @@ def _unpack(data: Any) -> Any:
     return pickle.loads(bytes(data))
 
 
+def _mark(progress: str | None, stage: str, part: int) -> None:
+    """Note that ``stage`` finished ``part`` (one line in this process's own file: no two writers share one)."""
+    if progress is None:
+        return
+    try:
+        with open(os.path.join(progress, f"{stage}-{socket.gethostname()}-{os.getpid()}"), "a") as fh:
+            fh.write(f"{part}\n")
+    except OSError:
+        pass  # progress marks only feed the stall message
+
+
 # ---- the stages (each runs in a Ray task or actor; rows are {"part": int, "data": pickled bytes}) ----------------
-def read_parts(row: dict[str, Any], source: Source, reading: ReadOptions, part_records: int, todo: set[int],
-               strict: bool) -> Iterator[dict[str, Any]]:
-    """Stage ``read``: stream the input once; one row per part in ``todo`` with its items (records and bad ones)."""
-    part, items = 0, []
-    for n, item in enumerate(source.records(reading), start=1):
-        if strict and isinstance(item, BadRecord):
-            raise ExtractError(f"bad record at line {item.line} of {source.name}: {item.reason} (--strict)")
-        if part in todo:
-            items.append(item)
-        if n % part_records == 0:
-            if part in todo:
-                yield {"part": part, "data": _pack(items)}
-            part, items = part + 1, []
-    if items and part in todo:
-        yield {"part": part, "data": _pack(items)}
-
-
-def tokenize_parts(batch: dict[str, Any], tokenizer: Any, spec: EncodeSpec) -> dict[str, list[Any]]:
-    """Stage ``tokenize``: a part's good records tokenised with the model's tokenizer (no model needed)."""
+def prepare_parts(batch: dict[str, Any], source: Source, reading: ReadOptions, tokenizer: Any, spec: EncodeSpec,
+                  strict: bool, progress: str | None) -> dict[str, list[Any]]:
+    """Stage ``prepare``: read each part's split (no other part's bytes) and tokenise its good records."""
     out: dict[str, list[Any]] = {"part": [], "data": []}
-    for part, data in zip(batch["part"], batch["data"]):
-        items = _unpack(data)
+    for part, split in zip(batch["part"], batch["split"]):
+        t0 = time.perf_counter()
+        reader = read_split(source, Split.from_dict(json.loads(split)), reading)
+        items = list(reader.items())
+        bad = next((i for i in items if isinstance(i, BadRecord)), None)
+        if strict and bad is not None:
+            raise ExtractError(f"bad record at line {bad.line} of part {int(part)} of {source.name}: {bad.reason} "
+                               f"(--strict; lines are counted from the part's first line)")
+        t1 = time.perf_counter()
         records = [i for i in items if not isinstance(i, BadRecord)]
+        from .shards import tokenize_records
+
+        toks = tokenize_records(tokenizer, spec, records)
+        facts = {"lines": reader.lines, "sha256": reader.sha256, "records": len(items),
+                 "read_seconds": t1 - t0, "tokenize_seconds": time.perf_counter() - t1}
+        _mark(progress, "prepared", int(part))
         out["part"].append(int(part))
-        out["data"].append(_pack((items, tokenize_records(tokenizer, spec, records))))
+        out["data"].append(_pack((items, toks, facts)))
     return out
+
+
+def _exit_when(marker: str, poll: float = 0.5) -> None:
+    """In an encode actor: end the process once the driver writes ``marker`` (its run has ended)."""
+    while not os.path.exists(marker):
+        time.sleep(poll)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class EncodeWorker:
@@ -125,27 +149,37 @@ class EncodeWorker:
 
         torch.set_num_threads(max(1, int(job["cpus_per_worker"])))
         self.job = job
+        if job.get("cancel"):  # a run that ends (a stall, an interrupt) frees this actor's CPUs and GPUs at once
+            threading.Thread(target=_exit_when, args=(job["cancel"],), daemon=True).start()
         self.ex = Extractor.from_options(ModelOptions.from_dict(job["model"]))
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         job = self.job
         out: dict[str, list[Any]] = {"part": [], "data": []}
         for part, data in zip(batch["part"], batch["data"]):
-            items, toks = _unpack(data)
+            items, toks, facts = _unpack(data)
+            t0 = time.perf_counter()
             records = [i for i in items if not isinstance(i, BadRecord)]
+            from .shards import shard_tensors
+
             budget = job["batch_tokens"] or self.ex.batch_tokens  # default: this worker's device's budget
             shard = shard_tensors(self.ex, job["spec"], records, job["keep"], budget, toks=toks) if records else None
             errors = [(i.line, i.reason) for i in items if isinstance(i, BadRecord)]
+            facts["encode_seconds"] = time.perf_counter() - t0
+            _mark(job["progress"], "encoded", int(part))
             if job.get("on_part") is not None:
                 job["on_part"](int(part))
             out["part"].append(int(part))
-            out["data"].append(_pack((shard, errors)))
+            out["data"].append(_pack((shard, errors, facts)))
         return out
 
 
-def write_part(path: Path, header: dict[str, Any], shard: Any, errors: list[tuple[int, str]]) -> None:
-    """One part store at ``path``, written beside it and renamed into place (a part is absent or complete)."""
+def write_part(path: Path, header: dict[str, Any], shard: Any, errors: list[tuple[int, str]],
+               facts: dict[str, Any] | None = None) -> None:
+    """One part store at ``path``, written beside it and renamed into place (a part is absent or complete); its
+    manifest records its split's ``facts`` (``split``: lines, sha256 of its bytes, each stage's seconds)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    t0 = time.perf_counter()
     writer = StoreWriter(tmp, header)
     writer.open()
     if shard is not None:
@@ -153,16 +187,16 @@ def write_part(path: Path, header: dict[str, Any], shard: Any, errors: list[tupl
         writer.write_shard(tensors, meta, tokens=tokens)
     for line, reason in errors:
         writer.log_error(line, reason)
+    writer.manifest["split"] = {**(facts or {}), "write_seconds": time.perf_counter() - t0}
     writer.write_manifest("complete", len(errors))
     try:
         os.replace(tmp, path)  # an empty directory left by an interrupted run is replaced
     except OSError:
-        if (path / "manifest.json").exists():  # a retried write found the same part already there
-            shutil.rmtree(tmp, ignore_errors=True)  # our own temporary directory
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # our own temporary directory
+        if not (path / MANIFEST).exists():
             raise StoreError(f"{str(path)!r} holds files that are not a layerwise part store: move them away and "
                              f"rerun (layerwise never deletes files it did not write)") from None
+        # else: a retried write found the same part already there
 
 
 def _datasink_base() -> type:
@@ -172,14 +206,13 @@ def _datasink_base() -> type:
 
 
 class StoreSink:
-    """A Ray Data ``Datasink`` writing each encoded part as a part store, then merging them into the output store.
+    """A Ray Data ``Datasink`` writing each encoded part as a part store of the output.
 
     Built by :func:`store_sink` (the class derives from ``ray.data.Datasink`` only when Ray is imported).
     """
 
-    def __init__(self, output: str, header: dict[str, Any], parts: int, overwrite: bool):
-        self.output, self.header, self.parts, self.overwrite = output, header, parts, overwrite
-        self.merged: MergeSummary | None = None
+    def __init__(self, output: str, header: dict[str, Any], parts: list[dict[str, Any]], progress: str | None):
+        self.output, self.header, self.parts, self.progress = output, header, parts, progress
 
     def write(self, blocks: Any, ctx: Any) -> int:
         """Write the parts in ``blocks`` (one row each); returns how many."""
@@ -191,49 +224,133 @@ class StoreSink:
             if table.num_rows == 0:
                 continue
             for part, data in zip(table.column("part").to_pylist(), table.column("data").to_pylist()):
-                shard, errors = _unpack(data)
-                header = {**self.header, "part": {"index": int(part), "of": self.parts}}
-                write_part(part_path(self.output, int(part)), header, shard, errors)
+                shard, errors, facts = _unpack(data)
+                header = {**self.header, "part": self.parts[int(part)]}
+                write_part(part_path(self.output, int(part)), header, shard, errors, facts)
+                _mark(self.progress, "written", int(part))
                 n += 1
         return n
 
-    def on_write_complete(self, write_result: Any) -> None:
-        """Every part is written: merge them into the output store."""
-        self.merged = merge_stores([part_path(self.output, p) for p in range(self.parts)], self.output,
-                                   overwrite=self.overwrite)
 
-
-def store_sink(output: str, header: dict[str, Any], parts: int, overwrite: bool) -> Any:
+def store_sink(output: str, header: dict[str, Any], parts: list[dict[str, Any]], progress: str | None) -> Any:
     """A :class:`StoreSink` that is a ``ray.data.Datasink``."""
     cls = type("LayerwiseStoreDatasink", (StoreSink, _datasink_base()), {})
-    return cls(output, header, parts, overwrite)
+    return cls(output, header, parts, progress)
 
 
 # ---- the driver ---------------------------------------------------------------------------------------------------
-def _count_items(source: Source, reading: ReadOptions) -> int:
-    """How many items (records and bad records) the input yields: the parts are cut from this count."""
-    if source.fmt in ("parquet", "table"):
-        counted = source.count()
-        if counted is not None:
-            return counted
-    return sum(1 for _ in source.records(reading))
+def _part_headers(splits: list[Split]) -> list[dict[str, Any]]:
+    """What each part store's header says about its part (compared on resume: another plan is another run)."""
+    return [{"index": i, "of": len(splits), **s.to_dict()} for i, s in enumerate(splits)]
 
 
-def _finished_parts(output: str, header: dict[str, Any], parts: int, overwrite: bool) -> set[int]:
+def _finished_parts(output: str, header: dict[str, Any], parts: list[dict[str, Any]], overwrite: bool) -> set[int]:
     """The parts already complete on disk; a part made with other options is refused unless ``overwrite``."""
     done = set()
-    for p in range(parts):
+    for p, part in enumerate(parts):
         path = part_path(output, p)
-        if not (path / "manifest.json").exists():
+        if not (path / MANIFEST).exists():
             continue
         try:
-            state = StoreWriter(path, {**header, "part": {"index": p, "of": parts}}).open(overwrite=overwrite)
+            state = StoreWriter(path, {**header, "part": part}).open(overwrite=overwrite)
         except StoreError as exc:
             raise ExtractError(f"{exc} (a part of an earlier Ray run into {output!r}; --overwrite redoes them)") \
                 from exc
         if state == "complete":
             done.add(p)
     return done
+
+
+def _open_output(out: str, header: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+    """The output's top-level manifest when it is this run's, finished (then there is nothing to do); refuses a
+    directory holding another store unless ``overwrite`` (then only layerwise's own manifest goes)."""
+    mfile = Path(out) / MANIFEST
+    if not mfile.exists():
+        return None
+    if not is_store_manifest(mfile):
+        raise ExtractError(f"{str(mfile)!r} is not a layerwise store's manifest: choose another output directory "
+                           f"(layerwise never replaces files it did not write)")
+    try:
+        m = read_manifest(out)
+    except StoreError:
+        m = None
+    if m is not None and is_parted(m) and identity(m) == identity(header):
+        return m
+    if not overwrite:
+        what = "another run's parts" if m is not None and is_parted(m) else "a store made another way"
+        raise ExtractError(f"{out!r} holds {what} (its manifest differs from this run's); choose another output "
+                           f"directory, or pass --overwrite (overwrite=True) to redo it")
+    if m is not None and not is_parted(m) and m["shards"]:
+        StoreWriter(out, header).open(overwrite=True)  # a plain store's own files go
+    mfile.unlink(missing_ok=True)
+    return None
+
+
+def _progress_counts(progress: str) -> dict[str, int]:
+    counts: dict[str, set[int]] = {}
+    try:
+        names = os.listdir(progress)
+    except OSError:
+        return {}
+    for name in names:
+        stage = name.split("-", 1)[0]
+        try:
+            with open(os.path.join(progress, name)) as fh:
+                counts.setdefault(stage, set()).update(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return {k: len(v) for k, v in counts.items()}
+
+
+def _count_done(out: str) -> int:
+    try:
+        return sum(1 for e in os.scandir(out) if PART_RE.match(e.name))
+    except OSError:
+        return 0
+
+
+class StallWatchdog(threading.Thread):
+    """Ends a run (an exception in the driver's thread) when no part has finished for ``timeout`` seconds; the
+    message (``message``) says what each stage has done and what the cluster has free."""
+
+    def __init__(self, ray: Any, out: str, progress: str, parts: int, workers: int, timeout: float):
+        super().__init__(daemon=True, name="layerwise-stall-watchdog")
+        self.ray, self.out, self.progress, self.parts, self.workers = ray, out, progress, parts, workers
+        self.timeout, self.driver = timeout, threading.get_ident()
+        self.done = threading.Event()
+        self.message: str | None = None
+
+    def run(self) -> None:
+        poll = max(0.05, min(5.0, self.timeout / 4))
+        seen, since = _count_done(self.out), time.monotonic()
+        while not self.done.wait(poll):
+            n = _count_done(self.out)
+            if n != seen:
+                seen, since = n, time.monotonic()
+            elif time.monotonic() - since > self.timeout:
+                self.message = self.describe(n)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.driver),
+                                                           ctypes.py_object(KeyboardInterrupt))
+                return
+
+    def describe(self, finished: int) -> str:
+        """The stall message: stages, pool, free resources, what to do."""
+        stages = _progress_counts(self.progress)
+        try:
+            free = self.ray.available_resources()
+            total = self.ray.cluster_resources()
+            room = (f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free"
+                    + (f", {free.get('GPU', 0):g} of {total.get('GPU', 0):g} GPUs" if total.get("GPU") else ""))
+        except Exception:  # noqa: BLE001 - the message is built even when Ray cannot answer
+            room = "Ray did not say what is free"
+        return (
+            f"no part finished for {self.timeout:g} s (stall_timeout, --stall-timeout): {finished:,} of "
+            f"{self.parts:,} parts are on disk. Stages: read and tokenised {stages.get('prepared', 0):,} parts, "
+            f"encoded {stages.get('encoded', 0):,} (pool of {self.workers}), written {stages.get('written', 0):,}; "
+            f"cluster: {room}. The finished parts are kept: rerun the same command to resume. If a stage holds no "
+            f"resources, run `ray status` (or open the Ray dashboard) to see what waits; give fewer --num-workers "
+            f"or a longer --stall-timeout for parts that take longer"
+        )
 
 
 def extract(
@@ -244,44 +361,49 @@ def extract(
     model: ModelOptions | str | os.PathLike | None = None,
     reading: ReadOptions | None = None,
     options: ExtractOptions | None = None,
-    num_workers: int = 2,
+    num_workers: int | str = "auto",
     cpus_per_worker: int = 1,
     gpus_per_worker: float = 0,
-    tokenize_cpus: float = 0.5,
+    tokenize_cpus: float = TOKENIZE_CPUS,
     part_records: int = DEFAULT_PART_RECORDS,
     address: str | None = None,
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     on_part: Callable[[int], None] | None = None,
 ) -> RaySummary:
     """Extract ``input`` into the store ``output`` on Ray (see the module docstring).
 
     Args:
-        input: a corpus file or parquet directory every node can read (a shared file system on a cluster), or a
-            ``datasets.Dataset`` / ``pyarrow.Table`` (shipped to the read task).
-        output: the merged store's directory; parts go to ``OUTPUT.parts/``.
+        input: a corpus file, a directory or glob pattern of corpus files, or a parquet directory every node can
+            read (a shared file system on a cluster), or a ``datasets.Dataset`` / ``pyarrow.Table`` (shipped to the
+            tasks).
+        output: the store's directory: its parts go to ``OUTPUT/part-NNNNN`` and its manifest lists them.
         spec, reading, options: as for :func:`layerwise.extract` (``batch_tokens``, ``strict`` and ``overwrite``
             apply; each part is one shard; ``max_records`` and ``num_shards`` are for local runs).
         model: the :class:`~layerwise.ModelOptions` each worker loads its model with (or just the directory / hub id;
             ``None``: the embedded default model). Every option reaches the workers; ``device`` is each worker's
             (default: CUDA when it has a GPU, else CPU); the driver checks the spec on its CPU.
-        num_workers: encode actors. cpus_per_worker: CPUs (and torch threads) per actor. gpus_per_worker: GPUs per
-            actor. tokenize_cpus: CPUs per tokenise task (fractional, so tokenise tasks fit beside the pool; equal to
-            ``cpus_per_worker`` on a CPU-only pool, Ray fuses tokenising into the encode actors).
-        part_records: records per part, the unit of work and of resume (keep it across reruns).
+        num_workers: encode actors, or ``"auto"`` (from the cluster: GPUs // gpus_per_worker, else the CPUs the
+            stages leave; see :mod:`layerwise.extraction.pool`). cpus_per_worker: CPUs (and torch threads) per
+            actor. gpus_per_worker: GPUs per actor. tokenize_cpus: CPUs per read-and-tokenise task.
+        part_records: about this many records per part, the unit of work and of resume (keep it across reruns).
         address: a running Ray cluster (``ray.init(address=...)``); default: the one already initialised, else a
             local one.
+        stall_timeout: seconds without a finished part after which the run ends with the stages' states.
         on_part: called in the encode actor after each part it encodes (tests).
 
     Returns:
-        A :class:`RaySummary`; the store at ``output`` reads like a local one (``lw.open_store``).
+        A :class:`RaySummary`; ``lw.open_store(output)`` reads the parts as one store in input order.
 
     Raises:
-        ValueError / ExtractError: bad counts or options, an Extractor instead of a model path (workers load their
-            own), stdin (Ray reads files), parts made with other options, Ray missing.
+        ExtractError: a pool the cluster cannot run (the message gives the numbers and the fix), bad counts or
+            options, an Extractor instead of a model path (workers load their own), stdin (Ray reads files), parts
+            made with other options, a stall; MissingExtraError: Ray missing.
     """
     from ..checks import positive_ints
-    from ..extractor import Extractor
 
-    positive_ints(num_workers=num_workers, cpus_per_worker=cpus_per_worker, part_records=part_records)
+    positive_ints(cpus_per_worker=cpus_per_worker, part_records=part_records)
+    if not (isinstance(stall_timeout, (int, float)) and stall_timeout > 0):
+        raise ExtractError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
     if model is not None and not isinstance(model, (ModelOptions, str, os.PathLike)):
         raise ExtractError("with Ray each worker loads the model itself: pass its ModelOptions (or its "
                            "directory or hub id), not an Extractor")
@@ -294,52 +416,91 @@ def extract(
     if source.is_stdin:
         raise ExtractError("--engine ray reads a file, a parquet directory or a dataset, not stdin: write it to a "
                            "file every node can read")
+    pool = dict(cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, tokenize_cpus=tokenize_cpus)
+    running = sys.modules.get("ray")
+    if address is None and not (running is not None and running.is_initialized()):
+        # a local cluster: refused before the seconds Ray (and the model) take to start
+        size_pool(num_workers, local_resources(), **pool)  # type: ignore[arg-type]
     ray = require_ray()
+    from ..extractor import Extractor
+    from .shards import store_header
+
     started = time.perf_counter()
+    splits = plan_splits(source, source.files(), part_records)
+    parts = _part_headers(splits)
     ex = Extractor.from_options(options_of_model.replace(device="cpu"))
     spec = spec.resolve(ex)
-    header = store_header(ex, spec, source, reading)
+    header = store_header(ex, spec, source, reading, quick_input=True)
     header["model_options"] = options_of_model.replace(backend=ex.options.backend).to_dict()  # the workers'
-    parts = max(1, math.ceil(_count_items(source, reading) / part_records))
     out = os.fspath(output)
+    top = _open_output(out, header, options.overwrite)
+    if top is not None:
+        c = top["counts"]
+        return RaySummary(parts=len(top["parts"]), already_complete=len(top["parts"]), records=c["records"],
+                          skipped=c.get("skipped", 0), seconds=time.perf_counter() - started)
     done = _finished_parts(out, header, parts, options.overwrite)
-    part_path(out, 0).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    job = {"model": options_of_model.to_dict(),
-           "cpus_per_worker": cpus_per_worker, "spec": spec, "keep": reading.keep,
-           "batch_tokens": options.batch_tokens,
-           "on_part": on_part}
-    sink = store_sink(out, header, parts, options.overwrite)
-    todo = set(range(parts)) - done
+    workers = size_pool(num_workers, cluster_resources(ray, address), **pool)  # type: ignore[arg-type]
+    todo = [p for p in range(len(parts)) if p not in done]
+    progress = os.path.join(out, PROGRESS)
+    os.makedirs(progress, exist_ok=True)
+    if todo:
+        _run(ray, source, reading, ex, spec, options, options_of_model, header, parts, todo, out, progress, workers,
+             dict(pool, stall_timeout=stall_timeout), on_part)
+    shutil.rmtree(progress, ignore_errors=True)  # our own marks
+    top = write_parts_manifest(out, header, [part_name(p) for p in range(len(parts))])
+    c = top["counts"]
+    return RaySummary(parts=len(parts), already_complete=len(done), records=c["records"], skipped=c["skipped"],
+                      seconds=time.perf_counter() - started, workers=workers)
+
+
+def _run(ray: Any, source: Source, reading: ReadOptions, ex: Any, spec: EncodeSpec, options: ExtractOptions,
+         model: ModelOptions, header: dict[str, Any], parts: list[dict[str, Any]], todo: list[int], out: str,
+         progress: str, workers: int, pool: dict[str, Any], on_part: Callable[[int], None] | None) -> None:
+    """The Ray Data pipeline over the parts in ``todo``, watched for stalls."""
+    cancel = os.path.join(progress, f"cancel-{uuid.uuid4().hex[:12]}")
+    job = {"model": model.to_dict(), "cpus_per_worker": pool["cpus_per_worker"], "spec": spec, "keep": reading.keep,
+           "batch_tokens": options.batch_tokens, "on_part": on_part, "progress": progress, "cancel": cancel}
+    sink = store_sink(out, header, parts, progress)
     context = ray.data.DataContext.get_current()  # (a dataset copies the context when it is made)
     block_size = context.target_max_block_size
     context.target_max_block_size = 1  # one part per block: each part is a task of its own for the actor pool
-    # from_items: the one read task's descriptor lives in the driver, so no read waits for a CPU the pool holds
-    ds = ray.data.from_items([{"read": 0}]).flat_map(
-        read_parts, fn_kwargs={"source": source, "reading": reading, "part_records": part_records, "todo": todo,
-                               "strict": options.strict}, num_cpus=IO_CPUS,
-    ).map_batches(
-        tokenize_parts, fn_kwargs={"tokenizer": ex.text_tokenizer(), "spec": spec}, batch_size=1,
-        num_cpus=tokenize_cpus,
+    rows = [{"part": p, "split": json.dumps({k: parts[p][k] for k in ("file", "path", "unit", "start", "end")})}
+            for p in todo]
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+        prepare_parts, fn_kwargs={"source": source, "reading": reading, "tokenizer": ex.text_tokenizer(),
+                                  "spec": spec, "strict": options.strict, "progress": progress},
+        batch_size=1, num_cpus=pool["tokenize_cpus"],
     ).map_batches(
         EncodeWorker, fn_constructor_kwargs={"job": job}, batch_size=1,
-        compute=ray.data.ActorPoolStrategy(size=num_workers), num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
+        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=pool["cpus_per_worker"],
+        num_gpus=pool["gpus_per_worker"],
     )  # Ray Data restarts a dead pool actor and retries its task by default (tested by killing one)
+    watchdog = StallWatchdog(ray, out, progress, len(parts), workers, pool["stall_timeout"])
+    watchdog.start()
+    finished = False
     try:
         ds.write_datasink(sink, ray_remote_args={"num_cpus": IO_CPUS})
-    except Exception as exc:  # a worker's ExtractError (strict) arrives wrapped by Ray: say it plainly
+        finished = True
+    except KeyboardInterrupt:
+        if watchdog.message is not None:
+            raise ExtractError(watchdog.message) from None
+        raise
+    except Exception as exc:  # a task's ExtractError / StoreError arrives wrapped by Ray: say it plainly
+        if watchdog.message is not None:
+            raise ExtractError(watchdog.message) from None
         cause = getattr(exc, "cause", None) or exc.__cause__
-        if isinstance(cause, ExtractError):
+        if isinstance(cause, (ExtractError, StoreError)):
             raise ExtractError(str(cause)) from exc
         raise
     finally:
+        watchdog.done.set()
         context.target_max_block_size = block_size
-    merged = sink.merged if sink.merged is not None else merge_stores(
-        [part_path(out, p) for p in range(parts)], out, overwrite=options.overwrite)
-    return RaySummary(parts=parts, already_complete=len(done), records=merged.records, skipped=merged.skipped,
-                      seconds=time.perf_counter() - started, merge=merged)
+        if not finished:  # the pool's actors end themselves (a stalled one may never return to Ray)
+            Path(cancel).touch()
 
 
-__all__ = ["DEFAULT_PART_RECORDS", "EncodeWorker", "RaySummary", "StoreSink", "extract", "part_path", "read_parts",
-           "require_ray", "store_sink", "tokenize_parts", "write_part"]
+__all__ = ["DEFAULT_PART_RECORDS", "DEFAULT_STALL_TIMEOUT", "EncodeWorker", "RaySummary", "StallWatchdog",
+           "StoreSink", "extract", "part_path", "prepare_parts", "require_ray", "store_sink", "write_part"]

@@ -19,10 +19,12 @@ from ..store import STORE_DTYPES
 from ..store.layout import shard_rows
 
 
-def store_header(ex: Extractor, spec: EncodeSpec, source: Source, reading: ReadOptions) -> dict[str, Any]:
+def store_header(ex: Extractor, spec: EncodeSpec, source: Source, reading: ReadOptions, *,
+                 quick_input: bool = False) -> dict[str, Any]:
     """What a store records about a run: the resolved spec, the model (its identity from
     :func:`~layerwise.model.describe.describe`, and the :class:`~layerwise.ModelOptions` it was loaded with), the
-    tokenizer, the input, the feature shape."""
+    tokenizer, the input (``quick_input``: by file names, sizes and times, not a read of every byte), the feature
+    shape."""
     tok = ex.tokenizer
     return {
         "spec": spec.to_dict(),
@@ -30,7 +32,7 @@ def store_header(ex: Extractor, spec: EncodeSpec, source: Source, reading: ReadO
         "model_options": ex.options.to_dict(),
         "tokenizer": {"class": type(tok).__name__, "vocab_size": len(tok), "max_length": ex.max_length,
                       "stride": ex.stride, "do_lower_case": getattr(tok, "do_lower_case", None)},
-        "input": source.identity(reading),
+        "input": source.identity(reading, quick=quick_input),
         "feature_shape": list(spec.feature_shape(ex.site_width(spec.site))),
     }
 

@@ -27,6 +27,7 @@ from ..encoding.spec import EncodeSpec
 from ..errors import StoreCorruptError
 from .layout import RESTORE, STORE_DTYPES, ShardFile, file_sha256, list_shards, shard_index
 from .manifest import read_manifest
+from .parts import is_parted, read_parts
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,19 @@ def verify_store(path: str | os.PathLike) -> VerifyReport:
         manifest = read_manifest(store)
     except StoreCorruptError as exc:
         report.problems.append(f"manifest.json: {exc}")
+        return report
+    if is_parted(manifest):  # a store of parts: every part whole, each verified as a store
+        try:
+            parts = read_parts(store, manifest)
+        except StoreCorruptError as exc:
+            report.problems.append(exc.problem or str(exc))
+            return report
+        for part in parts:
+            sub = verify_store(part.path)
+            report.shards += sub.shards
+            report.records += sub.records
+            report.problems += [f"{part.path.name}/{p}" for p in sub.problems]
+            report.notes += [f"{part.path.name}: {n}" for n in sub.notes]
         return report
     entries = manifest["shards"]
     report.shards, report.records = len(entries), sum(e["records"] for e in entries)

@@ -54,12 +54,13 @@ from ..errors import StoreCorruptError
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 3  # 3: every shard listed with its sha256 (format 2 listed sizes only; it still opens)
-READABLE_VERSIONS = (2, 3)
+READABLE_VERSIONS = (2, 3, 4)  # 4: a store of part stores (layerwise.store.parts)
 # output_dtype -> numpy dtype (binary: packed bits as int8)
 STORE_DTYPES: dict[str, Any] = {name: np.dtype(value).type for name, value in VALUE_DTYPES.items()}
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 SHARD_RE = re.compile(r"^shard-(\d{6})\.safetensors$")
+PART_RE = re.compile(r"^part-(\d{5})$")  # a part store inside a store of parts (layerwise.store.parts)
 # the temporary files layerwise itself writes (``.NAME.tmp-PID``), and only those
 TEMP_RE = re.compile(r"^\.(shard-\d{6}\.safetensors|manifest\.json|errors\.jsonl)\.tmp-(\d+)$")
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64,

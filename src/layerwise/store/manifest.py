@@ -24,7 +24,7 @@ from typing import Any
 
 from ..encoding.spec import EncodeSpec
 from ..errors import LayerwiseError, StoreCorruptError, StoreError
-from .layout import FORMAT, MANIFEST, READABLE_VERSIONS, SHARD_RE, read_json
+from .layout import FORMAT, MANIFEST, PART_RE, READABLE_VERSIONS, SHARD_RE, read_json
 
 STATUSES = ("running", "partial", "complete")
 FIX = ("restore manifest.json from a copy; without it the shards cannot be trusted: delete the store directory and "
@@ -120,8 +120,34 @@ def check_manifest(m: Any, mpath: Path) -> None:
     if counts is not None and not isinstance(counts, dict):
         raise bad("field 'counts'", f"is {counts!r}, not an object")
     listed = sum(e["records"] for e in m["shards"])
+    if version >= 4:
+        listed = check_parts_entries(m, bad)
     if counts and counts.get("records", listed) != listed:
         raise bad("field 'counts.records'", f"is {counts.get('records')!r}, but the shards list {listed} records")
 
 
-__all__ = ["FIX", "STATUSES", "check_manifest", "is_store_manifest", "read_manifest"]
+def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
+    """Check a format-4 manifest's ``parts`` list (``bad(field, what)`` builds the error); returns its records."""
+    parts = m.get("parts")
+    if not isinstance(parts, list):
+        raise bad("field 'parts'", f"is {parts!r}, not a list")
+    if m["shards"]:
+        raise bad("field 'shards'", "lists shards in a store of parts (its parts hold them)")
+    base = 0
+    for i, e in enumerate(parts):
+        where = f"parts[{i}]"
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not PART_RE.match(e["path"]):
+            raise bad(f"field '{where}'", f"is {e!r}, not a part entry")
+        for key in ("records", "rows", "tokens", "skipped", "lines", "line_base"):
+            if type(e.get(key)) is not int or e[key] < 0:
+                raise bad(f"field '{where}.{key}'", f"is {e.get(key)!r}, not an int >= 0")
+        if e["line_base"] != base:
+            raise bad(f"field '{where}.line_base'", f"is {e['line_base']}, but the parts before it cover {base} lines")
+        base += e["lines"]
+        if not isinstance(e.get("manifest_sha256"), str) or len(e["manifest_sha256"]) != 64:
+            raise bad(f"field '{where}.manifest_sha256'", f"is {e.get('manifest_sha256')!r}, not a sha256")
+    return sum(e["records"] for e in parts)
+
+
+
+__all__ = ["FIX", "STATUSES", "check_manifest", "check_parts_entries", "is_store_manifest", "read_manifest"]

@@ -1,6 +1,8 @@
 """Join the part stores of a sharded extraction into one store, in input order, after checking they belong together.
 
-``layerwise extract ... --num-shards N --shard-index I`` writes part ``I`` of ``N``: the records whose number in the
+It also compacts a store of parts (a Ray run, :mod:`layerwise.store.parts`) into one plain store:
+``merge_stores(["feats"], "feats-compact")``. ``layerwise extract ... --num-shards N --shard-index I`` writes part
+``I`` of ``N``: the records whose number in the
 input is ``I`` modulo ``N``, each part a complete store of its own whose manifest says ``"part": {"index": I, "of":
 N}``. :func:`merge_stores` takes every part and writes one ordinary store, as a plain run would have written it:
 
@@ -34,11 +36,12 @@ from ..errors import StoreCorruptError, StoreError
 from ..provenance import differences
 from .layout import ERRORS, STORE_DTYPES, atomic_write_bytes, shard_rows
 from .manifest import FIX, read_manifest
+from .parts import is_parted
 from .reader import FeatureStore
 from .writer import StoreWriter, identity
 
 MANIFEST_ONLY = ("format", "format_version", "id", "layerwise_version", "created", "updated", "status", "counts",
-                 "shards", "part")
+                 "shards", "part", "parts", "split")
 RECORDS_PER_SHARD = 4096
 
 
@@ -68,6 +71,11 @@ def check_parts(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
         raise StoreError("merge needs the part stores of one sharded run (layerwise extract --num-shards N ...)")
     found: dict[int, tuple[str, dict[str, Any]]] = {}
     total = None
+    if len(paths) == 1 and is_parted(read_manifest(paths[0])):  # a store of parts (a Ray run): compacted into one
+        manifest = read_manifest(paths[0])
+        if manifest.get("status") != "complete":
+            raise StoreError(f"{os.fspath(paths[0])!r} is {manifest.get('status')}: rerun its extract command")
+        return [manifest | {"path": os.fspath(paths[0])}]
     for path in paths:
         manifest = read_manifest(path)
         part = manifest.get("part")
@@ -106,7 +114,7 @@ def _records(store: FeatureStore, path: str) -> Iterator[tuple[int, dict[str, An
     level = store.spec.level
     names = store.columns
     columns = {name: store.column(name) for name in names}
-    shards = store.manifest["shards"]
+    shards = store.shard_entries
     shares: list[int] = []
     for s in shards:  # a shard's token count shared among its records (exact in total)
         q, r = divmod(int(s["tokens"]), int(s["records"]))

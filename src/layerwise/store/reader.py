@@ -28,10 +28,21 @@ from ..errors import StoreCorruptError, StoreError
 from .integrity import Expected, VerifyReport, open_shard, size_problems, unlisted_files, verify_store
 from .layout import ERRORS, RESTORE, STORE_DTYPES, ShardFile
 from .manifest import read_manifest
+from .parts import is_parted, read_parts
 
 
 class StoreWarning(UserWarning):
     """Something in a store directory that layerwise ignores (shard files its manifest does not list)."""
+
+
+class _Segment:
+    """One store directory whose shards a :class:`FeatureStore` reads (the store itself, or one of its parts), with
+    the base its records' lines are counted from."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], line_base: int):
+        self.path, self.manifest, self.line_base = path, manifest, line_base
+        self.entries: list[dict[str, Any]] = manifest["shards"]
+        self.expected = Expected.of(manifest)
 
 
 class FeatureStore:
@@ -76,32 +87,45 @@ class FeatureStore:
         self.spec = EncodeSpec.from_dict(self.manifest["spec"])
         self.level: str = self.spec.level
         self.feature_shape: tuple[int, ...] = tuple(self.manifest["feature_shape"])
-        self._entries: list[dict[str, Any]] = self.manifest["shards"]
-        self._expected = Expected.of(self.manifest)
-        problems = size_problems(self.path, self._entries)
-        if problems:
-            raise StoreCorruptError(
-                f"store {os.fspath(path)!r} is damaged: {'; '.join(problems[:5])}"
-                f"{f' (and {len(problems) - 5} more)' if len(problems) > 5 else ''}; {RESTORE}",
-                file=str(self.path / problems[0].split(":")[0]) if len(problems) == 1 else None,
-                problem="; ".join(problems))
-        stray = unlisted_files(self.path, self._entries)
-        if stray:
-            warnings.warn(StoreWarning(
-                f"store {os.fspath(path)!r}: {len(stray)} shard file(s) not listed in its manifest are ignored: "
-                f"{', '.join(stray[:5])}{' ...' if len(stray) > 5 else ''} (a copy, or left by a repaired run; "
-                f"delete them once you no longer need them)"), stacklevel=3)
+        # a plain store is one segment; a store of parts one per part (layerwise.store.parts), read in order
+        if is_parted(self.manifest):
+            self._segments = [_Segment(p.path, p.manifest, p.line_base) for p in read_parts(self.path, self.manifest)]
+        else:
+            self._segments = [_Segment(self.path, self.manifest, 0)]
+        self._entries: list[dict[str, Any]] = []
+        self._segment_of: list[int] = []
+        for k, seg in enumerate(self._segments):
+            self._check_sizes(seg, path)
+            self._entries += seg.entries
+            self._segment_of += [k] * len(seg.entries)
         if verify:
             self.verify(raise_on_damage=True)
         self._open: dict[int, ShardFile] = {}
         counts = [e["records"] for e in self._entries]
         self._starts = list(np.concatenate([[0], np.cumsum(counts)]).astype(int)) if counts else [0]
 
+    @staticmethod
+    def _check_sizes(seg: "_Segment", path: str | os.PathLike) -> None:
+        problems = size_problems(seg.path, seg.entries)
+        if problems:
+            raise StoreCorruptError(
+                f"store {os.fspath(path)!r} is damaged: {'; '.join(problems[:5])}"
+                f"{f' (and {len(problems) - 5} more)' if len(problems) > 5 else ''}; {RESTORE}",
+                file=str(seg.path / problems[0].split(":")[0]) if len(problems) == 1 else None,
+                problem="; ".join(problems))
+        stray = unlisted_files(seg.path, seg.entries)
+        if stray:
+            warnings.warn(StoreWarning(
+                f"store {os.fspath(seg.path)!r}: {len(stray)} shard file(s) not listed in its manifest are ignored: "
+                f"{', '.join(stray[:5])}{' ...' if len(stray) > 5 else ''} (a copy, or left by a repaired run; "
+                f"delete them once you no longer need them)"), stacklevel=4)
+
     def _shard(self, s: int) -> ShardFile:
-        """Listed shard ``s``, opened and checked against the manifest on first use."""
+        """Listed shard ``s``, opened and checked against its store's manifest on first use."""
         shard = self._open.get(s)
         if shard is None:
-            shard = self._open[s] = open_shard(self.path, self._entries[s], self._expected)
+            seg = self._segments[self._segment_of[s]]
+            shard = self._open[s] = open_shard(seg.path, self._entries[s], seg.expected)
         return shard
 
     def _all_shards(self) -> Iterator[ShardFile]:
@@ -136,6 +160,11 @@ class FeatureStore:
     def model(self) -> dict:
         """The model the features came from: ``name``, ``fingerprint`` (weights sha256), ``family``, ``num_layers``."""
         return dict(self.manifest["model"])
+
+    @property
+    def shard_entries(self) -> list[dict[str, Any]]:
+        """The manifest entries of every shard read, in order (a store of parts: its parts' shards)."""
+        return list(self._entries)
 
     @property
     def num_shards(self) -> int:
@@ -272,7 +301,8 @@ class FeatureStore:
         """``[records]``: the input line each record came from."""
         if not self._entries:
             return np.zeros(0, np.int64)
-        return np.concatenate([s.array("lines") for s in self._all_shards()])
+        bases = [self._segments[k].line_base for k in self._segment_of]
+        return np.concatenate([self._shard(s).array("lines") + bases[s] for s in range(len(self._entries))])
 
     @property
     def columns(self) -> list[str]:
@@ -337,20 +367,30 @@ class FeatureStore:
     @property
     def errors(self) -> list[dict]:
         """Records skipped during extraction: ``[{"line": ..., "reason": ...}, ...]``."""
-        path = self.path / ERRORS
-        if not path.exists():
-            return []
         out = []
-        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-            try:
-                entry = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError as exc:
-                raise StoreCorruptError(f"{str(path)!r} is damaged: line {number} is not JSON ({exc}); restore it "
-                                        f"from a copy or rerun the extract command", file=str(path),
-                                        problem=f"line {number} is not JSON") from exc
-            if entry is not None:
+        for seg in self._segments:
+            for entry in _read_errors(seg.path / ERRORS):
+                if seg.line_base and isinstance(entry.get("line"), int):
+                    entry["line"] += seg.line_base
                 out.append(entry)
         return out
+
+
+def _read_errors(path: Path) -> list[dict]:
+    """The entries of one ``errors.jsonl`` (none when it is absent)."""
+    if not path.exists():
+        return []
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            entry = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as exc:
+            raise StoreCorruptError(f"{str(path)!r} is damaged: line {number} is not JSON ({exc}); restore it "
+                                    f"from a copy or rerun the extract command", file=str(path),
+                                    problem=f"line {number} is not JSON") from exc
+        if entry is not None:
+            out.append(entry)
+    return out
 
 
 def open_store(path: str | os.PathLike, *, verify: bool = False) -> FeatureStore:
