@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import pickle
 import shutil
@@ -52,13 +53,13 @@ from ..encoding.spec import EncodeSpec
 from ..errors import ExtractError, StoreError
 from ..extras import require
 from ..model.options import ModelOptions
-from ..store import StoreWriter
+from ..store import STORE_DTYPES, StoreWriter
 from ..store.layout import MANIFEST, PART_RE
 from ..store.manifest import is_store_manifest, read_manifest
 from ..store.parts import is_parted, part_name, write_parts_manifest
 from ..store.writer import identity
 from .options import ExtractOptions
-from .pool import IO_CPUS, TOKENIZE_CPUS, cluster_resources, local_resources, size_pool
+from .pool import IO_CPUS, TOKENIZE_CPUS, check_object_store, cluster_resources, local_resources, size_pool
 
 DEFAULT_PART_RECORDS = 10_000
 DEFAULT_STALL_TIMEOUT = 600.0
@@ -442,7 +443,13 @@ def extract(
     Path(out).mkdir(parents=True, exist_ok=True)
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    workers = size_pool(num_workers, cluster_resources(ray, address), **pool)  # type: ignore[arg-type]
+    resources = cluster_resources(ray, address)
+    workers = size_pool(num_workers, resources, **pool)  # type: ignore[arg-type]
+    from .engine import TOKENS_PER_RECORD
+
+    rows = 1 if spec.level == "sentence" else TOKENS_PER_RECORD  # features of one part travel between the stages
+    width = math.prod(header["feature_shape"]) * STORE_DTYPES[spec.output_dtype]().itemsize
+    check_object_store(resources, part_records * rows * width)
     todo = [p for p in range(len(parts)) if p not in done]
     progress = os.path.join(out, PROGRESS)
     os.makedirs(progress, exist_ok=True)
