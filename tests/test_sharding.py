@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from layerwise.store import StoreError, merge_stores, open_store
+from layerwise.store import StoreError, link_parts, merge_stores, open_store
 
 from tiny import extract
 
@@ -65,6 +66,35 @@ def test_three_parts_merged_equal_a_plain_run(tiny_extractors, tmp_path, level):
     assert "part" not in merged.manifest and merged.complete
     if level == "token":
         assert all(np.array_equal(merged.token_ids(i), plain.token_ids(i)) for i in range(len(plain)))
+    # no merge: a store that lists the parts reads as the plain run, interleaved by line
+    linked_summary = link_parts(parts, tmp_path / "linked")
+    assert linked_summary.records == len(plain) and linked_summary.skipped == summary.skipped
+    linked = open_store(tmp_path / "linked")
+    _same(linked, plain)
+    assert linked.manifest["order"] == "lines" and linked.verify().ok
+    assert [p["path"] for p in linked.manifest["parts"]] == ["../part0", "../part1", "../part2"]
+    def records(chunks):  # chunks (arrays at sentence level, lists of arrays otherwise) as one list of records
+        return [r for chunk in chunks for r in chunk]
+
+    for got, want in ((linked[5::37], plain[5::37]), (records(linked.iter_chunks(101)), records(plain.iter_chunks()))):
+        assert len(got) == len(want)
+        for u, v in zip(got, want):
+            np.testing.assert_allclose(u, v, atol=1e-5)
+    if level == "sentence":
+        np.testing.assert_allclose(linked.to_numpy(), plain.to_numpy(), atol=1e-5)
+        assert linked.to_arrow().column("id").to_pylist() == plain.column("id")
+    else:
+        rows, offsets = linked.ragged()
+        want_rows, want_offsets = plain.ragged()
+        np.testing.assert_array_equal(offsets, want_offsets)
+        np.testing.assert_allclose(rows, want_rows, atol=1e-5)
+        assert [a.tolist() for c in linked.iter_token_ids(50) for a in c] == \
+            [a.tolist() for c in plain.iter_token_ids(50) for a in c]
+    with pytest.raises(StoreError, match="holds a store already"):
+        link_parts(parts, tmp_path / "linked")
+    shutil.rmtree(parts[1])  # real damage: a part gone is named, never read as complete
+    with pytest.raises(lw.StoreCorruptError, match=r"part \.\./part1 is missing"):
+        open_store(tmp_path / "linked")
 
 
 def test_a_part_resumes_alone_and_the_cli_merges(tiny_dirs, tmp_path):
@@ -86,6 +116,13 @@ def test_a_part_resumes_alone_and_the_cli_merges(tiny_dirs, tmp_path):
     assert done.returncode == 0 and "merged 2 parts" in done.stderr, done.stderr
     extract(src, tmp_path / "plain", model=ex, layers=-1, keep=("id",), shard_records=16)
     _same(open_store(tmp_path / "all"), open_store(tmp_path / "plain"))
+    done = subprocess.run([*base, "merge", "--link", str(tmp_path / "p0"), str(tmp_path / "p1"), "-o",
+                           str(tmp_path / "linked")], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "linked 2 parts" in done.stderr, done.stderr
+    _same(open_store(tmp_path / "linked"), open_store(tmp_path / "plain"))
+    checked = subprocess.run([*base, "verify", str(tmp_path / "linked")], capture_output=True, text=True, env=env,
+                             timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     shown = subprocess.run([*base, "inspect", str(tmp_path / "all")], capture_output=True, text=True, env=env,
                            timeout=300)
     assert shown.returncode == 0 and "records" in shown.stdout

@@ -13,12 +13,12 @@ from ..errors import StoreCorruptError, StoreError, StoreFullError
 from .export import EXPORT_FORMATS, export
 from .integrity import VerifyReport, verify_store
 from .layout import FORMAT_VERSION, STORE_DTYPES
-from .merge import MergeSummary, check_parts, merge_stores
+from .merge import MergeSummary, check_parts, link_parts, merge_stores
 from .reader import FeatureStore, StoreWarning, open_store
 from .writer import StoreWriter
 
 __all__ = [
     "EXPORT_FORMATS", "FORMAT_VERSION", "FeatureStore", "MergeSummary", "STORE_DTYPES", "StoreCorruptError",
     "StoreError", "StoreFullError", "StoreWarning", "StoreWriter", "VerifyReport", "check_parts", "export",
-    "merge_stores", "open_store", "verify_store",
+    "link_parts", "merge_stores", "open_store", "verify_store",
 ]

@@ -27,6 +27,7 @@ from ..errors import LayerwiseError, StoreCorruptError, StoreError
 from .layout import FORMAT, MANIFEST, PART_RE, READABLE_VERSIONS, SHARD_RE, read_json
 
 STATUSES = ("running", "partial", "complete")
+PART_ORDERS = ("parts", "lines")  # a store of parts: parts one after another (a Ray run), or interleaved by line
 FIX = ("restore manifest.json from a copy; without it the shards cannot be trusted: delete the store directory and "
        "rerun the extract command to recompute")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -133,15 +134,23 @@ def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
         raise bad("field 'parts'", f"is {parts!r}, not a list")
     if m["shards"]:
         raise bad("field 'shards'", "lists shards in a store of parts (its parts hold them)")
+    order = m.get("order", "parts")
+    if order not in PART_ORDERS:
+        raise bad("field 'order'", f"is {order!r}, not one of {', '.join(PART_ORDERS)}")
     base = 0
     for i, e in enumerate(parts):
         where = f"parts[{i}]"
-        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not PART_RE.match(e["path"]):
-            raise bad(f"field '{where}'", f"is {e!r}, not a part entry")
+        path = e.get("path") if isinstance(e, dict) else None
+        if not isinstance(path, str) or not path or os.path.isabs(path) or (
+                order == "parts" and not PART_RE.match(path)):
+            raise bad(f"field '{where}'", f"is {e!r}, not a part entry (a path relative to the store)")
         for key in ("records", "rows", "tokens", "skipped", "lines", "line_base"):
             if type(e.get(key)) is not int or e[key] < 0:
                 raise bad(f"field '{where}.{key}'", f"is {e.get(key)!r}, not an int >= 0")
-        if e["line_base"] != base:
+        if order == "lines":  # parts of one input interleaved by line: each numbers the whole input's lines
+            if e["line_base"]:
+                raise bad(f"field '{where}.line_base'", f"is {e['line_base']}, not 0 (parts interleaved by line)")
+        elif e["line_base"] != base:
             raise bad(f"field '{where}.line_base'", f"is {e['line_base']}, but the parts before it cover {base} lines")
         base += e["lines"]
         if not isinstance(e.get("manifest_sha256"), str) or len(e["manifest_sha256"]) != 64:
@@ -150,4 +159,5 @@ def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
 
 
 
-__all__ = ["FIX", "STATUSES", "check_manifest", "check_parts_entries", "is_store_manifest", "read_manifest"]
+__all__ = ["FIX", "PART_ORDERS", "STATUSES", "check_manifest", "check_parts_entries", "is_store_manifest",
+           "read_manifest"]

@@ -34,9 +34,9 @@ import numpy as np
 
 from ..errors import StoreCorruptError, StoreError
 from ..provenance import differences
-from .layout import ERRORS, STORE_DTYPES, atomic_write_bytes, shard_rows
-from .manifest import FIX, read_manifest
-from .parts import is_parted
+from .layout import ERRORS, MANIFEST, STORE_DTYPES, atomic_write_bytes, shard_rows
+from .manifest import FIX, is_store_manifest, read_manifest
+from .parts import is_parted, part_order, write_parts_manifest
 from .reader import FeatureStore
 from .writer import StoreWriter, identity
 
@@ -192,4 +192,38 @@ def merge_stores(
     return MergeSummary(len(manifests), writer.done_records, len(errors), len(writer.shards))
 
 
-__all__ = ["MergeSummary", "check_parts", "merge_stores"]
+def link_parts(parts: Sequence[str | os.PathLike], output: str | os.PathLike, *, overwrite: bool = False
+               ) -> MergeSummary:
+    """Make ``output`` a store that lists the parts of a sharded run instead of copying them (no merge): its
+    manifest (:mod:`layerwise.store.parts`, ``order="lines"``) names each part by its path relative to ``output``,
+    and :func:`~layerwise.store.open_store` reads their records interleaved by input line, as :func:`merge_stores`
+    would have written them. Keep the parts where they are (move the whole set together).
+
+    Raises:
+        StoreError: parts that do not belong together (see :func:`check_parts`), a store of parts given as a part,
+            or an ``output`` that holds a store (``overwrite`` replaces a linked one) or other files.
+    """
+    manifests = check_parts(parts)
+    if any(is_parted(m) for m in manifests):
+        raise StoreError(f"{manifests[0]['path']!r} is already a store of parts; open it as it is")
+    out = Path(output)
+    mfile = out / MANIFEST
+    if mfile.exists():
+        if not is_store_manifest(mfile):
+            raise StoreError(f"{str(mfile)!r} is not a layerwise manifest: choose another output directory "
+                             f"(layerwise never replaces files it did not write)")
+        old = read_manifest(out)
+        if not (overwrite and is_parted(old) and part_order(old) == "lines"):
+            raise StoreError(f"{os.fspath(output)!r} holds a store already; choose another directory"
+                             + ("" if overwrite else ", or pass --overwrite to replace a linked one"))
+    elif out.exists() and any(out.iterdir()):
+        raise StoreError(f"{os.fspath(output)!r} is a directory with files in it; give a new directory")
+    header = _header(manifests[0])
+    header.pop("path", None)
+    out.mkdir(parents=True, exist_ok=True)
+    top = write_parts_manifest(out, header, [m["path"] for m in manifests], order="lines")
+    c = top["counts"]
+    return MergeSummary(len(manifests), c["records"], c["skipped"], c["shards"])
+
+
+__all__ = ["MergeSummary", "check_parts", "link_parts", "merge_stores"]

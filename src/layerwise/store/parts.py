@@ -39,6 +39,11 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}"
 
 
+def part_order(manifest: dict[str, Any]) -> str:
+    """How a store of parts orders its records: ``parts`` (one part after another) or ``lines`` (interleaved)."""
+    return str(manifest.get("order", "parts"))
+
+
 def is_parted(manifest: dict[str, Any]) -> bool:
     """Whether a (checked) manifest is a store of part stores."""
     return "parts" in manifest
@@ -86,14 +91,21 @@ def read_parts(store: Path, manifest: dict[str, Any]) -> list[Part]:
     return out
 
 
-def write_parts_manifest(store: str | os.PathLike, header: dict[str, Any], parts: Sequence[str]) -> dict[str, Any]:
-    """Write the top-level manifest of ``store`` listing the complete part stores ``parts`` (directory names inside
-    it, in input order; each part's manifest records the lines of its split in ``split.lines``). Returns it.
+def write_parts_manifest(store: str | os.PathLike, header: dict[str, Any], parts: Sequence[str | os.PathLike], *,
+                         order: str = "parts") -> dict[str, Any]:
+    """Write the top-level manifest of ``store`` listing the complete part stores ``parts``. Returns it.
+
+    ``order="parts"`` (a Ray run): the parts are directories inside ``store``, in input order, each numbering the
+    lines of its own split (its manifest's ``split.lines`` says how many). ``order="lines"`` (the parts of
+    ``--num-shards N``, linked by ``layerwise merge --link``): any directories, listed by their path relative to
+    ``store``, each numbering the whole input's lines; their records are read interleaved by line.
 
     Raises:
         StoreError: a part that is not complete.
     """
     root = Path(store)
+    parts = [os.path.relpath(os.path.abspath(p), os.path.abspath(root)) if order == "lines" else os.fspath(p)
+             for p in parts]
     entries, base = [], 0
     counts = {"records": 0, "rows": 0, "tokens": 0, "skipped": 0, "shards": 0, "bytes": 0, "parts": len(parts)}
     for name in parts:
@@ -101,7 +113,7 @@ def write_parts_manifest(store: str | os.PathLike, header: dict[str, Any], parts
         if m.get("status") != "complete":
             raise StoreError(f"part {name} of {str(root)!r} is {m.get('status')}: rerun the extract command")
         c = m["counts"]
-        lines = int(m.get("split", {}).get("lines", 0))
+        lines = int(m.get("split", {}).get("lines", 0)) if order == "parts" else 0
         entries.append({"path": name, "records": c["records"], "rows": c["rows"], "tokens": c["tokens"],
                         "skipped": c.get("skipped", 0), "lines": lines, "line_base": base,
                         "manifest_sha256": file_sha256(root / name / MANIFEST)})
@@ -110,10 +122,10 @@ def write_parts_manifest(store: str | os.PathLike, header: dict[str, Any], parts
             counts[key] += int(c.get(key, 0))
     top = {"format": FORMAT, "format_version": PARTS_VERSION, "id": uuid.uuid4().hex, **stamp(),
            "created": now(), "updated": now(), **{k: v for k, v in header.items() if k != "split"},
-           "status": "complete", "shards": [], "parts": entries, "counts": counts}
+           "status": "complete", "order": order, "shards": [], "parts": entries, "counts": counts}
     write_json(root / MANIFEST, top)
     return top
 
 
-__all__ = ["PARTS_VERSION", "Part", "is_parted", "part_name",
+__all__ = ["PARTS_VERSION", "Part", "is_parted", "part_name", "part_order",
            "read_parts", "write_parts_manifest"]

@@ -28,7 +28,7 @@ from ..errors import StoreCorruptError, StoreError
 from .integrity import Expected, VerifyReport, open_shard, size_problems, unlisted_files, verify_store
 from .layout import ERRORS, RESTORE, STORE_DTYPES, ShardFile
 from .manifest import read_manifest
-from .parts import is_parted, read_parts
+from .parts import is_parted, part_order, read_parts
 
 
 class StoreWarning(UserWarning):
@@ -103,6 +103,29 @@ class FeatureStore:
         self._open: dict[int, ShardFile] = {}
         counts = [e["records"] for e in self._entries]
         self._starts = list(np.concatenate([[0], np.cumsum(counts)]).astype(int)) if counts else [0]
+        # parts interleaved by line (the parts of --num-shards): record i is flat record _order[i]
+        self._order: np.ndarray | None = None
+        if is_parted(self.manifest) and part_order(self.manifest) == "lines":
+            self._order = self._line_order()
+
+    def _flat_lines(self) -> np.ndarray:
+        """The lines of every record in shard order (segments one after another), line bases added."""
+        if not self._entries:
+            return np.zeros(0, np.int64)
+        bases = [self._segments[k].line_base for k in self._segment_of]
+        return np.concatenate([self._shard(s).array("lines") + bases[s] for s in range(len(self._entries))])
+
+    def _line_order(self) -> np.ndarray:
+        flat = self._flat_lines()
+        order = np.argsort(flat, kind="stable")
+        twice = np.flatnonzero(np.diff(flat[order]) == 0)
+        if len(twice):
+            line = int(flat[order][twice[0]])
+            raise StoreCorruptError(
+                f"store {str(self.path)!r} is damaged: line {line} of the input is held by two of its parts; the "
+                f"parts are not the disjoint parts of one run: relink them (layerwise merge --link) from the right "
+                f"part stores", problem=f"line {line} held twice")
+        return order
 
     @staticmethod
     def _check_sizes(seg: "_Segment", path: str | os.PathLike) -> None:
@@ -198,6 +221,8 @@ class FeatureStore:
         if not -n <= i < n:
             raise IndexError(f"record {i} out of range: the store holds {n} records")
         i = int(i) % n
+        if self._order is not None:
+            i = int(self._order[i])
         s = bisect.bisect_right(self._starts, i) - 1
         return self._shard(s), i - self._starts[s]
 
@@ -225,6 +250,8 @@ class FeatureStore:
     def _slice(self, sl: slice) -> np.ndarray | list[np.ndarray]:
         """Records of a slice, read shard by shard (only the records it names, of the shards it touches)."""
         wanted = np.arange(*sl.indices(len(self)), dtype=np.int64)
+        if self._order is not None:
+            wanted = self._order[wanted]
         shard_of = np.searchsorted(np.asarray(self._starts), wanted, side="right") - 1
         if self.level == "sentence":
             out = np.empty((len(wanted),) + self.feature_shape, dtype=self.dtype)
@@ -245,6 +272,10 @@ class FeatureStore:
 
     def iter_chunks(self, size: int = 4096) -> Iterator[np.ndarray | list[np.ndarray]]:
         """Records in order, ``size`` at a time: ``[n, *F]`` arrays (sentence) or lists of ``[n_i, *F]``."""
+        if self._order is not None:
+            for lo, hi in self._ordered_ranges(size):
+                yield self._slice(slice(lo, hi))
+            return
         for shard, lo, hi in self._chunk_ranges(size):
             if self.level == "sentence":
                 yield self._rows(shard, lo, hi)
@@ -262,7 +293,8 @@ class FeatureStore:
             )
         if not self._entries:
             return np.zeros((0,) + self.feature_shape, dtype=self.dtype)
-        return np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._all_shards()])
+        flat = np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._all_shards()])
+        return flat if self._order is None else flat[self._order]
 
     def to_arrow(self) -> Any:
         """The store as a ``pyarrow.Table``, one row per record: ``line``, kept columns, ``token_ids``/``words``,
@@ -287,6 +319,11 @@ class FeatureStore:
         """
         if self.level == "sentence":
             raise StoreError("ragged() is for token- and word-level stores; use to_numpy() at sentence level")
+        if self._order is not None:
+            records = [r for chunk in self.iter_chunks() for r in chunk]
+            sizes = np.array([0] + [len(r) for r in records], dtype=np.int64)
+            flat_rows = (np.concatenate(records) if records else np.zeros((0,) + self.feature_shape, dtype=self.dtype))
+            return flat_rows, np.cumsum(sizes)
         rows, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
         for s in self._all_shards():
             off = s.array("offsets")
@@ -299,10 +336,8 @@ class FeatureStore:
     @property
     def lines(self) -> np.ndarray:
         """``[records]``: the input line each record came from."""
-        if not self._entries:
-            return np.zeros(0, np.int64)
-        bases = [self._segments[k].line_base for k in self._segment_of]
-        return np.concatenate([self._shard(s).array("lines") + bases[s] for s in range(len(self._entries))])
+        flat = self._flat_lines()
+        return flat if self._order is None else flat[self._order]
 
     @property
     def columns(self) -> list[str]:
@@ -320,7 +355,7 @@ class FeatureStore:
                 raise StoreCorruptError(f"store {str(self.path)!r}: shard {s.path.name} does not hold the kept column "
                                         f"{name!r}; {RESTORE}", file=str(s.path), problem=f"no column {name!r}")
             out.extend(values[name])
-        return out
+        return out if self._order is None else [out[j] for j in self._order.tolist()]
 
     def token_ids(self, i: int) -> np.ndarray:
         """Token level: the tokenizer ids of record ``i``'s rows (special tokens included)."""
@@ -341,6 +376,10 @@ class FeatureStore:
         """Token level: records' token ids, ``size`` records at a time, in the chunks of :meth:`iter_chunks`."""
         if self.level != "token":
             raise StoreError("iter_token_ids() exists for token-level stores only")
+        if self._order is not None:
+            for lo, hi in self._ordered_ranges(size):
+                yield [self.token_ids(i) for i in range(lo, hi)]
+            return
         for shard, lo, hi in self._chunk_ranges(size):
             off, ids = shard.array("offsets"), shard.array("token_ids")
             yield [ids[off[r] : off[r + 1]] for r in range(lo, hi)]
@@ -349,11 +388,29 @@ class FeatureStore:
         """Word level: records' word lists, ``size`` records at a time, in the chunks of :meth:`iter_chunks`."""
         if self.level != "word":
             raise StoreError("iter_words() exists for word-level stores only")
+        if self._order is not None:
+            cache: dict[int, list[list[str]]] = {}  # one parse per shard
+            for lo, hi in self._ordered_ranges(size):
+                chunk = []
+                for flat in self._order[lo:hi].tolist():
+                    s = bisect.bisect_right(self._starts, flat) - 1
+                    if s not in cache:
+                        cache[s] = self._shard(s).json_meta("words")
+                    chunk.append(list(cache[s][flat - self._starts[s]]))
+                yield chunk
+            return
         parsed: tuple[ShardFile, list[list[str]]] | None = None
         for shard, lo, hi in self._chunk_ranges(size):
             if parsed is None or parsed[0] is not shard:  # one parse per shard
                 parsed = (shard, shard.json_meta("words"))
             yield parsed[1][lo:hi]
+
+    def _ordered_ranges(self, size: int) -> Iterator[tuple[int, int]]:
+        """``(lo, hi)``: record ranges of ``size`` in store order (parts interleaved by line)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise StoreError(f"chunk size must be a positive int, got {size!r}")
+        for lo in range(0, len(self), size):
+            yield lo, min(len(self), lo + size)
 
     def _chunk_ranges(self, size: int) -> Iterator[tuple[ShardFile, int, int]]:
         """``(shard, lo, hi)``: the record ranges of :meth:`iter_chunks`, shard by shard."""
@@ -373,6 +430,8 @@ class FeatureStore:
                 if seg.line_base and isinstance(entry.get("line"), int):
                     entry["line"] += seg.line_base
                 out.append(entry)
+        if self._order is not None:  # parts interleaved by line: their logs too
+            out.sort(key=lambda e: int(e["line"]) if isinstance(e.get("line"), int) else 0)
         return out
 
 
