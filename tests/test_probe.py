@@ -676,3 +676,14 @@ def test_unseen_notes_wording():
                     "T4 (16), T5 (15), T6 (14), T7 (13), T8 (12), T9 (11), and 2 more; a probe cannot predict a "
                     "label it never saw, so token accuracy counts them as errors"]
     assert unseen_notes({"dev": {}}, task="tagging", metric="entity F1", rows={"dev": 5}) == []
+
+
+def test_results_show_as_html_in_a_notebook(runs):
+    """The table and the per-layer curve (inline SVG); a task title or label holding ``<script>`` stays text."""
+    import dataclasses
+
+    page = runs["ner"]._repr_html_()
+    assert page.count("<tr>") >= len(runs["ner"].rows) and "<svg" in page and "<script" not in page
+    hostile = dataclasses.replace(runs["sentence"], task_title="<script>alert(1)</script>")
+    page = hostile._repr_html_()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page

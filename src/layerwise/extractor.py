@@ -281,6 +281,20 @@ class Extractor:
             f"compute_dtype={str(lm.dtype).replace('torch.', '')}, backend={self.backend.name})"
         )
 
+    def _repr_html_(self) -> str:
+        """A model card for notebooks: architecture, layers, widths per site, positions, backend, precision."""
+        from .display import card
+
+        d = self.describe()
+        sites = ", ".join(f"{k} {v}" for k, v in (d.get("sites") or {}).items())
+        fields = [("model", d["name"]), ("architecture", f"{d['architecture']} ({d.get('layer_map')})"),
+                  ("layers", f"{d['layers']} (0 = embeddings)"), ("hidden", d["hidden_size"]),
+                  ("sites (width)", sites), ("positions", d["positions"]), ("window / stride",
+                  f"{d['window']} / {d['stride']}"), ("padding side", d["padding_side"]), ("device", d["device"]),
+                  ("compute dtype / precision", f"{d['compute_dtype']} / {d['precision']}"),
+                  ("backend", f"{d['backend']}: {d.get('runtime')}")]
+        return card("Extractor", fields)
+
     # ---- the pipeline -----------------------------------------------------------------------------------
     def text_tokenizer(self) -> TextTokenizer:
         """This Extractor's tokenising half (tokenizer, special tokens, window), picklable and model-free."""

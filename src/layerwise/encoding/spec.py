@@ -321,6 +321,14 @@ class EncodeSpec:
         return tuple(shape)
 
     # ---- JSON ----------------------------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        """The spec as a table for notebooks (every field, escaped)."""
+        from ..display import card
+
+        return card("EncodeSpec", [(k, "-" if v is None else v) for k, v in self.to_dict().items()
+                                   if k != "calibration"] + ([("calibration", f"{len(self.calibration)} ranges")]
+                                                             if self.calibration is not None else []))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``ValueError`` if ``combine`` or ``pool`` is a module: modules are not data)."""
         for name in ("combine", "pool"):

@@ -122,6 +122,31 @@ class LayerStack:
     def __len__(self) -> int:
         return len(self.layers)
 
+    def norms(self) -> list[float]:
+        """Per layer: the mean L2 norm of its token vectors, padding excluded (``[layers]``)."""
+        mask = self.attention_mask.bool()
+        with torch.no_grad():
+            return [float(self.tensor[k].float().norm(dim=-1)[mask].mean()) for k in range(len(self.layers))]
+
+    def _repr_html_(self) -> str:
+        """Per layer: label, site, shape, mean token norm and mean |x| (padding excluded), and the norm curve as
+        inline SVG."""
+        from ..display import card, svg_curve, table
+
+        mask = self.attention_mask.bool()
+        norms = self.norms()
+        rows = []
+        for k, label in enumerate(self.labels):
+            h = self.tensor[k].float()
+            rows.append([label, self.sites[k], tuple(h.shape), f"{norms[k]:.3f}", f"{float(h[mask].abs().mean()):.4f}"])
+        return card(
+            "LayerStack", [("tensor", f"{tuple(self.tensor.shape)} [layers, batch, tokens, width]"),
+                           ("dtype", str(self.tensor.dtype).replace("torch.", "")),
+                           ("tokens", f"{int(mask.sum())} (padding excluded)")],
+            table(["layer", "site", "shape [batch, tokens, width]", "mean token norm", "mean |x|"], rows),
+            svg_curve(list(self.labels), norms, title="mean token norm per layer"),
+        )
+
     def __repr__(self) -> str:
         return (
             f"LayerStack(layers={list(self.labels)}, site={self.sites[0]!r}, "

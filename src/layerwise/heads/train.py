@@ -85,6 +85,25 @@ class TrainResult:
     feature_seconds: float = 0.0
     output: Path | None = None
 
+    def _repr_html_(self) -> str:
+        """The head's scores, the best epoch, the epoch curve and the learned layer weights, for notebooks."""
+        from ..display import card, svg_curve, table
+
+        def scores(d: dict | None) -> str:
+            return "-" if not d else ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in d.items() if not isinstance(v, (dict, list)))
+
+        metric = next((k for k in ("dev_accuracy", "dev_f1", "dev_macro_f1") if self.log and k in self.log[0]), None)
+        parts = [table(["layer", "learned weight", "own dev score"],
+                       [[r.get("index", r.get("layer")), r.get("weight", "-"), r.get("dev", "-")]
+                        for r in self.layers])] if self.layers else []
+        if metric:
+            parts.append(svg_curve([e.get("epoch", i) for i, e in enumerate(self.log)],
+                                   [e[metric] for e in self.log], title=f"{metric} per epoch"))
+        return card("TrainResult", [("best epoch", self.best_epoch), ("dev", scores(self.dev)),
+                                    ("test", scores(self.test)), ("seconds", f"{self.seconds:.1f}"),
+                                    ("saved to", self.output or "-")], *parts)
+
 
 class _Split:
     """One labelled split: frozen features or raw texts, with label indices."""

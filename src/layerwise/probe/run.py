@@ -72,6 +72,28 @@ class ProbeResults:
                 f"{self.options['probe']}; {self.restarts} restart(s); wall time {self.seconds:.0f}s "
                 f"(extraction {self.extract_seconds:.0f}s); layerwise {p['layerwise_version']}.")
 
+    def _repr_html_(self) -> str:
+        """The probe table (dev, and test when scored; mean and std over restarts) and the per-layer dev curve as
+        inline SVG, for notebooks."""
+        from ..display import card, svg_curve, table
+        from .report import table_rows
+
+        rows = table_rows(self)
+        has_test = any(r["test"] is not None for r in rows)
+        body = [[r["probe"], r["layers"], r["combine"], f"{100 * r['dev']:.2f} +- {100 * r['dev_std']:.2f}"]
+                + ([f"{100 * r['test']:.2f}" if r["test"] is not None else "-"] if has_test else []) for r in rows]
+        singles = [r for r in self.rows if r["kind"] == "layer"]
+        best = self.best
+        return card(
+            f"ProbeResults: {self.task_title}",
+            [("model", self.provenance.get("model")), ("metric", self.metric_name), ("restarts", self.restarts),
+             ("best", f"{best['name']}: {100 * best['dev_mean']:.2f}")],
+            table(["probe", "layers", "combine", f"dev {self.metric_name}"]
+                  + ([f"test {self.metric_name}"] if has_test else []), body),
+            svg_curve([r["layers"][0] for r in singles], [100 * r["dev_mean"] for r in singles],
+                      title=f"dev {self.metric_name} per layer"),
+        )
+
     def to_dict(self) -> dict:
         """Everything but ``files``, JSON-ready (what ``results.json`` holds besides its marker)."""
         d = asdict(self)

@@ -210,6 +210,25 @@ class FeatureStore:
             f"dtype={s.output_dtype})"
         )
 
+    def _repr_html_(self) -> str:
+        """The manifest in brief for notebooks: records, level, shape, spec, model, counts, integrity."""
+        from ..display import card
+
+        m, s = self.manifest, self.spec
+        counts = m.get("counts") or {}
+        parts = m.get("parts")
+        fields = [("path", self.path), ("status", m.get("status")), ("records", f"{len(self):,}"),
+                  ("level", self.level), ("feature shape", self.feature_shape), ("dtype", s.output_dtype),
+                  ("layers", list(s.layer_indices)), ("combine / pool", f"{s.combine} / {s.pool or s.subword}"),
+                  ("model", f"{self.model.get('name')} ({self.model.get('precision')})"),
+                  ("input", f"{m['input'].get('path')} ({m['input'].get('format')})"),
+                  ("skipped records", f"{counts.get('skipped', 0):,}"), ("kept columns", self.columns or "-"),
+                  ("shards / bytes", f"{self.num_shards} / {self.nbytes:,}")]
+        if parts is not None:
+            fields.append(("parts", f"{len(parts)} ({m.get('order', 'parts')} order)"))
+        fields.append(("integrity", "every listed shard present with its size (verify() checks every sha256)"))
+        return card("FeatureStore", fields)
+
     # ---- access -----------------------------------------------------------------------------------------
     def _locate(self, i: int) -> tuple[ShardFile, int]:
         n = len(self)
