@@ -173,11 +173,13 @@ class Client:
     ) -> Any:
         """Encode ``texts`` (a list of strings) with the fields of an ``EncodeSpec``.
 
+        ``layers``, ``site``, ``combine``, ``weights``, ``pool``, ``level``, ``subword``, ``skip_special_tokens``,
+        ``truncate``, ``normalize``, ``prompt``, ``add_eos``, ``output_dtype`` and ``dimensions`` are as in
+        :class:`~layerwise.EncodeSpec` (``pool`` default ``mean``, ``subword`` ``first``); numpy ints and floats are
+        accepted (``layers=np.int64(-1)``).
+
         Args:
             texts: a list of strings; a bare string is refused (it would be encoded character by character).
-            layers, site, combine, weights, pool, level, subword, skip_special_tokens, truncate, normalize, prompt,
-                add_eos, output_dtype, dimensions: as in :class:`~layerwise.EncodeSpec` (``pool`` default
-                ``mean``, ``subword`` ``first``). numpy ints and floats are accepted (``layers=np.int64(-1)``).
             calibration: ``int8``/``uint8`` ranges ``(min, max)`` (``spec.calibration`` of a calibrated spec).
 
         Returns:

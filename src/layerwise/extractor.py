@@ -181,7 +181,8 @@ class Extractor:
                 each must return ``[batch, tokens, width]`` and feed the next (checked once, here).
             max_length: the longest input the model takes (longer texts are windowed); default: read from a
                 position table, else no limit.
-            stride, device, compute_dtype, batch_tokens, padding_side: as for :class:`Extractor`.
+            stride: as for :class:`Extractor` (and so are ``device``, ``compute_dtype``, ``batch_tokens``,
+                ``padding_side``).
             name: the model's name in messages and provenance (default: its class name).
 
         Example::
@@ -526,7 +527,7 @@ class Extractor:
 
         Args:
             words: list of word lists, e.g. ``[["EU", "rejects", "German", "call"]]``.
-            layers, combine, site, weights: as in :meth:`encode`.
+            layers: as in :meth:`encode` (and so are ``combine``, ``site``, ``weights``).
             subword: ``first | last | mean | max | first_last`` (the BERT paper uses ``first``).
             truncate: cut at ``max_length`` instead of windowing (words past the cut get zero vectors).
 

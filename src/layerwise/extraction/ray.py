@@ -378,8 +378,9 @@ def extract(
             read (a shared file system on a cluster), or a ``datasets.Dataset`` / ``pyarrow.Table`` (shipped to the
             tasks).
         output: the store's directory: its parts go to ``OUTPUT/part-NNNNN`` and its manifest lists them.
-        spec, reading, options: as for :func:`layerwise.extract` (``batch_tokens``, ``strict`` and ``overwrite``
-            apply; each part is one shard; ``max_records`` and ``num_shards`` are for local runs).
+        spec: as for :func:`layerwise.extract`, and so are ``reading`` and ``options`` (``batch_tokens``,
+            ``strict`` and ``overwrite`` apply; each part is one shard; ``max_records`` and ``num_shards`` are for
+            local runs).
         model: the :class:`~layerwise.ModelOptions` each worker loads its model with (or just the directory / hub id;
             ``None``: the embedded default model). Every option reaches the workers; ``device`` is each worker's
             (default: CUDA when it has a GPU, else CPU); the driver checks the spec on its CPU.

@@ -11,8 +11,9 @@ def classification_scores(gold: Sequence[str], pred: Sequence[str], labels: Sequ
     """Scores of string predictions against string gold labels, over the class list ``labels``.
 
     Returns:
-        ``{"n", "accuracy", "macro_f1", "per_class": {label: {precision, recall, f1, support}},
-        "labels", "confusion": [[...]]}`` where ``confusion[i][j]`` counts gold ``labels[i]`` predicted ``labels[j]``.
+        dict: ``{"n", "accuracy", "macro_f1", "per_class": {label: {precision, recall, f1, support}},
+        "labels", "confusion": [[...]]}`` where row ``i``, column ``j`` of ``confusion`` counts the records of gold
+        label ``i`` predicted as label ``j``.
     """
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
 
