@@ -165,10 +165,10 @@ def test_a_stalled_run_ends_with_the_stages_states_and_resumes(cluster, data):
 
     started = time.monotonic()
     # the clock runs from the start (a pool that never starts is a stall too): the timeout covers the actor's start
-    with pytest.raises(lw.ExtractError, match=r"no part finished for 20 s \(stall_timeout.*Stages: read and "
+    with pytest.raises(lw.ExtractError, match=r"no part finished for 30 s \(stall_timeout.*Stages: read and "
                                               r"tokenised \d+ parts, encoded \d+ \(pool of \d\), written \d+.*rerun "
                                               r"the same command to resume"):
-        _run(root, src, model, "stalled", stall_timeout=20, on_part=stall_after_one)
+        _run(root, src, model, "stalled", stall_timeout=30, on_part=stall_after_one)
     assert time.monotonic() - started < 150
     kept = sorted(p.name for p in (root / "stalled").glob("part-*"))
     assert kept == [f"part-{int(first.read_text()):05d}"] and not (root / "stalled" / "manifest.json").exists()
