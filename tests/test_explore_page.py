@@ -163,3 +163,63 @@ def test_probe_view(page, site, tmp_path):
     assert pg.eval_on_selector_all("#probe-curve .point", "cs => cs.length") == 3  # layers 0..2
     assert pg.eval_on_selector_all("#probe-cka rect.cell", "cs => cs.length") == 9
     pg.screenshot(path=str(tmp_path / "probe.png"), full_page=True)
+
+
+def test_an_exported_page_opens_from_disk_with_no_request(site, tmp_path, tiny_dirs):
+    """``layerwise explore STORE --export page.html``: one file, data included, opened from disk in chromium: the
+    corpus view draws every point, the probe view opens, the sentence view says it needs the model, nothing is
+    requested from anywhere, and a text or label holding ``</script>`` stays text."""
+    import json
+
+    from playwright.sync_api import sync_playwright
+    from typer.testing import CliRunner
+
+    from layerwise.cli.main import app
+
+    exe = browser_path()
+    _, probe_dir = site
+    root = probe_dir.parent
+    hostile = tmp_path / "hostile.jsonl"
+    rows = [{"text": f"</script><script>window.pwned = 1</script> good {i}", "label": "<b>pos</b>"} for i in range(10)]
+    rows += [{"text": f"plain bad words {i}", "label": "neg"} for i in range(10)]
+    hostile.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    extract(hostile, tmp_path / "hostile-store", model=lw.Extractor(str(tiny_dirs["bert"]), device="cpu"),
+            layers="all", combine="stack", keep=["label"], progress=False)
+    runner = CliRunner()
+    for store, page in ((root / "store", tmp_path / "page.html"), (tmp_path / "hostile-store", tmp_path / "h.html")):
+        res = runner.invoke(app, ["explore", str(store), "--labels", "label", "--model", str(tiny_dirs["bert"]),
+                                  "--probe", str(probe_dir), "--export", str(page)])
+        assert res.exit_code == 0, res.output
+    again = runner.invoke(app, ["explore", str(root / "store"), "--export", str(tmp_path / "page.html")])
+    assert again.exit_code == 2 and "exists" in again.stderr  # never replaced unless --overwrite
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        requests: list[str] = []
+        context.route("**/*", lambda route: (requests.append(route.request.url), route.abort()
+                                             if not route.request.url.startswith("file://") else route.continue_()))
+        errors: list[str] = []
+        pg = context.new_page()
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto((tmp_path / "page.html").as_uri())
+        pg.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        assert len(_points(pg)) == 80 and all(s != "-" for s in _scores(pg))
+        pg.eval_on_selector("#layer-slider", "e => { e.value = 0; e.dispatchEvent(new Event('input')); }")
+        pg.wait_for_selector("body[data-layer-shown='0']")
+        pg.click("#tab-probe")
+        pg.wait_for_selector("body[data-probe-shown='1']")
+        pg.click("#tab-sentence")
+        pg.fill("#sentence-input", "peter went to brussels")
+        pg.click("#sentence-go")
+        pg.wait_for_selector("#sentence-error:not([hidden])")
+        assert "exported without its model" in pg.inner_text("#sentence-error")
+        pg.goto((tmp_path / "h.html").as_uri())
+        pg.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        assert len(_points(pg)) == 20 and pg.evaluate("window.pwned") is None
+        assert pg.evaluate("document.scripts.length") == 2  # the data and the explorer: nothing injected
+        texts = pg.evaluate("state.info.corpus.texts")
+        assert sum("</script><script>window.pwned = 1</script>" in t for t in texts) == 10  # a string, as written
+        assert "<b>pos</b>" in pg.inner_text("#legend")  # a label shown as text
+        browser.close()
+    assert not errors, errors
+    assert requests and all(u.startswith("file://") for u in requests), requests

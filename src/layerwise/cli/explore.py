@@ -28,6 +28,10 @@ def explore(
     sample: int = SampleOpt,
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (default loopback only)."),
     port: int = typer.Option(8765, "--port", help="TCP port, 1..65535."),
+    export: Optional[str] = typer.Option(
+        None, "--export", help="Write one self-contained HTML file (data included, opens offline) instead of serving."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="With --export: replace an existing file."),
     *,
     model_options: ModelOptions,
 ) -> None:
@@ -54,7 +58,16 @@ def explore(
         ex = extractor(model_options)
         if texts:
             corpus = corpus_from_file(ex, texts, labels=labels, text_field=text_field, sample=sample)
-    app = create_explorer_app(Explorer(corpus=corpus, extractor=ex, probe_dirs=list(probe or [])))
+    explorer = Explorer(corpus=corpus, extractor=ex, probe_dirs=list(probe or []))
+    if export:
+        from ..explore.export import export_page
+
+        with user_errors():
+            written = export_page(explorer, export, overwrite=overwrite)
+        err_console.print(f"exported the explorer ({corpus.note if corpus is not None else 'no corpus'}) to "
+                          f"{written}: open it in a browser, offline", highlight=False)
+        return
+    app = create_explorer_app(explorer)
     what = corpus.note if corpus is not None else "no corpus"
     err_console.print(f"layerwise explorer on http://{host}:{port} ({what}; model {ex.loaded.name})", highlight=False)
     uvicorn.run(app, host=host, port=port, log_level="warning")

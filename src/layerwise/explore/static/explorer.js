@@ -7,7 +7,20 @@ const SVGNS = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 const state = { info: null, layer: 0, method: "pca", sentence: null, sim: 0 };
 
+// An exported page (layerwise explore --export) carries the answers in window.LAYERWISE_SNAPSHOT: no server.
+function fromSnapshot(snap, path) {
+  if (path === "info") return snap.info;
+  if (path === "scores" && snap.scores) return snap.scores;
+  if (path.startsWith("layer/") && snap.layers[path]) return snap.layers[path];
+  if (path.startsWith("probe/") && snap.probes[path.slice(6)]) return snap.probes[path.slice(6)];
+  if (path === "sentence") {
+    throw new Error("this page was exported without its model: run layerwise explore for the sentence view");
+  }
+  throw new Error("not in this exported page: " + path);
+}
+
 async function api(path, options) {
+  if (window.LAYERWISE_SNAPSHOT) return fromSnapshot(window.LAYERWISE_SNAPSHOT, path);
   const res = await fetch("/explorer/api/" + path, options);
   const body = await res.json();
   if (!res.ok) throw new Error(body.detail || res.statusText);

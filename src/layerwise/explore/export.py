@@ -1,0 +1,81 @@
+"""One explorer as a single self-contained HTML file: ``layerwise explore STORE --export page.html``.
+
+The page is the live explorer's (``static/index.html`` with its CSS and JavaScript inlined) plus the answers its API
+would give, computed now and embedded as JSON: ``info``, every layer view for every projection method, the
+per-layer scores, and every probe directory named with ``--probe``. The page's ``api()`` reads them instead of
+asking a server, so the file opens from disk, offline, and makes no request at all. The sentence view needs the
+model, so the exported page says to run ``layerwise explore`` for it.
+
+The JSON is embedded with ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u003e`` and ``\\u0026``: a text holding
+``</script>`` stays a string and cannot end the script element.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import LayerwiseError
+from .app import Explorer
+from .projection import available_methods
+
+SNAPSHOT = "LAYERWISE_SNAPSHOT"  # the global the page's api() reads
+
+
+def snapshot(explorer: Explorer) -> dict[str, Any]:
+    """Every answer the page can ask for without a model: ``{"info", "layers": {"layer/K?method=M": view},
+    "scores", "probes": {"I": probe}}``."""
+    info = explorer.info()
+    info["exported"] = True  # the page shows what it can from the embedded answers
+    out: dict[str, Any] = {"info": info, "layers": {}, "scores": None, "probes": {}}
+    corpus = explorer.corpus
+    if corpus is not None:
+        for method in available_methods():
+            for k in range(len(corpus.layer_names)):
+                out["layers"][f"layer/{k}?method={method}"] = explorer.layer(k, method)
+        if corpus.labels is not None:
+            out["scores"] = explorer.scores()
+    for i in range(len(explorer.probe_dirs)):
+        out["probes"][str(i)] = explorer.probe(i)
+    return out
+
+
+def _script_json(data: Any) -> str:
+    """``data`` as JSON that is safe inside a ``<script>`` element."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write ``explorer`` as one offline HTML file at ``path`` (see the module docstring); returns the path.
+
+    Raises:
+        LayerwiseError: ``path`` exists (``overwrite`` replaces a file) or is a directory; nothing to show.
+    """
+    out = Path(path)
+    if out.is_dir():
+        raise LayerwiseError(f"--export {os.fspath(path)!r} is a directory; give a file name such as page.html")
+    if out.exists() and not overwrite:
+        raise LayerwiseError(f"--export {os.fspath(path)!r} exists; give another file name, or --overwrite")
+    if explorer.corpus is None and not explorer.probe_dirs:
+        raise LayerwiseError("nothing to export: give a STORE, --texts FILE or --probe DIR")
+    static = resources.files("layerwise.explore").joinpath("static")
+    page = static.joinpath("index.html").read_text(encoding="utf-8")
+    css = static.joinpath("explorer.css").read_text(encoding="utf-8")
+    js = static.joinpath("explorer.js").read_text(encoding="utf-8")
+    link = '<link rel="stylesheet" href="/explorer/static/explorer.css">'
+    script = '<script src="/explorer/static/explorer.js"></script>'
+    if link not in page or script not in page:
+        raise LayerwiseError("the explorer page does not reference its CSS and script as expected; reinstall layerwise")
+    data = f"<script>window.{SNAPSHOT} = {_script_json(snapshot(explorer))};</script>"
+    page = page.replace(link, f"<style>\n{css}\n</style>").replace(script, f"{data}\n<script>\n{js}\n</script>")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+__all__ = ["SNAPSHOT", "export_page", "snapshot"]
