@@ -209,3 +209,29 @@ def test_cli_errors(labelled, tmp_path):
     assert out.exit_code != 0 and "not a layerwise probe output directory" in out.output
     out = runner.invoke(app, ["explore", str(stores["stack"]), "--labels", "topic"])
     assert out.exit_code != 0 and "extract with --keep topic" in out.output
+
+
+def test_explore_inline_in_a_notebook(tiny_extractors, tmp_path):
+    """``lw.explore(...)`` starts the explorer on a free local port and displays as an iframe on it; ``stop()`` (or
+    leaving ``with``) ends it. Texts with labels, and a store, both work; a wrong call says what it takes."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    import pytest
+
+    import layerwise as lw
+
+    ex = tiny_extractors["bert"]
+    texts = [f"good film {i}" for i in range(6)] + [f"bad film {i}" for i in range(6)]
+    with lw.explore(texts, labels=["pos"] * 6 + ["neg"] * 6, model=ex) as shown:
+        page = shown._repr_html_()
+        assert page.startswith("<iframe") and f'src="{shown.url}"' in page and shown.url.startswith("http://127.0.0.1:")
+        info = json.loads(urllib.request.urlopen(shown.url + "explorer/api/info", timeout=30).read())
+        assert info["corpus"]["labels"][:1] == ["pos"] and len(info["corpus"]["texts"]) == 12
+        assert b"layerwise explorer" in urllib.request.urlopen(shown.url, timeout=30).read().lower()
+    assert not shown.running
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(shown.url + "explorer/api/info", timeout=5)
+    with pytest.raises(lw.LayerwiseError, match="a store directory, a FeatureStore or a list of texts"):
+        lw.explore(42, model=ex)
