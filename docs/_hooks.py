@@ -5,6 +5,7 @@ Directives, each alone on a line of a page:
 
 - ``<!-- readme: TITLE -->``: the README section whose heading starts with ``TITLE``, down to the next heading of the
   same or a higher level; its headings move to the page's level and its links are rewritten for the page;
+  ``<!-- readme-intro: TITLE -->``: only its text before its first sub-heading (another page holds the rest);
 - ``<!-- file: PATH -->``: a whole Markdown file of the repository (``benchmarks/README.md``);
 - ``<!-- cli-reference -->``: every command of the ``layerwise`` CLI with its options, from the typer app;
 - ``<!-- http-reference -->``: every route of ``layerwise serve``, from its OpenAPI document;
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DIRECTIVE = re.compile(r"^<!-- (readme|file): (.+?) -->$|^<!-- (cli|http|api)-reference -->$", re.MULTILINE)
+DIRECTIVE = re.compile(r"^<!-- (readme|readme-intro|file): (.+?) -->$|^<!-- (cli|http|api)-reference -->$",
+                       re.MULTILINE)
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 HEADING = re.compile(r"^(#{1,6}) (.+)$")
 PAGES = {"README.md": "index.md", "benchmarks/README.md": "benchmarks.md"}  # repository files that are site pages
@@ -41,14 +43,16 @@ def _headings(lines: list[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def _section(text: str, title: str) -> str:
+def _section(text: str, title: str, *, intro: bool = False) -> str:
+    """The section of ``text`` whose heading starts with ``title`` (``intro``: only its text before its first
+    sub-heading, when another page holds the sub-sections)."""
     lines = text.splitlines()
     heads = _headings(lines)
     found = next((k for k, (_, _, t) in enumerate(heads) if t.startswith(title)), None)
     if found is None:
         raise ValueError(f"README.md has no heading starting with {title!r}")
     start, level, _ = heads[found]
-    end = next((i for i, lv, _ in heads[found + 1:] if lv <= level), len(lines))
+    end = next((i for i, lv, _ in heads[found + 1:] if lv <= level or intro), len(lines))
     shift = level - 2  # the section's heading becomes ## on the page
     moved = {i: f"{'#' * max(2, lv - shift)} {t}" for i, lv, t in heads if start <= i < end}
     return "\n".join(moved.get(i, lines[i]) for i in range(start, end))
@@ -161,8 +165,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
     def expand(m: re.Match) -> str:
         kind, arg, ref = m.group(1), m.group(2), m.group(3)
-        if kind == "readme":
-            return _relink(_section((ROOT / "README.md").read_text(encoding="utf-8"), arg), "README.md", where)
+        if kind in ("readme", "readme-intro"):
+            text = _section((ROOT / "README.md").read_text(encoding="utf-8"), arg, intro=kind == "readme-intro")
+            return _relink(text, "README.md", where)
         if kind == "file":
             text = (ROOT / arg).read_text(encoding="utf-8")
             text = re.sub(r"^# .*\n", "", text, count=1)  # the page has its own title

@@ -65,3 +65,11 @@ def test_included_sections_keep_their_links(hooks):
         hooks._relink("[d](../shared/DESIGN.md)", "README.md", "index.md")
     with pytest.raises(ValueError, match="no heading starting with"):
         hooks._section("# a\n", "Nothing")
+
+
+def test_a_page_can_take_only_a_sections_intro(hooks):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    whole = hooks._section(readme, "Corpus extraction")
+    intro = hooks._section(readme, "Corpus extraction", intro=True)
+    assert whole.startswith(intro) and len(intro) < len(whole) and "### What a store guarantees" not in intro
+    assert "What a store guarantees" in whole
