@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -31,6 +31,24 @@ from .options import (
     parse_weights,
     user_errors,
 )
+
+
+def parse_workers(value: str) -> int | str:
+    """``--num-workers``: ``auto`` or a number (a word is refused, naming the valid values)."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise LayerwiseError(f"--num-workers {value!r} is not a number; give a positive int, or auto (the pool "
+                             f"sized from the cluster)") from None
+
+
+def ray_line(done: Any, output: str) -> str:
+    """The summary line of ``extract --engine ray`` (a :class:`~layerwise.extraction.ray.RaySummary`)."""
+    pool = f", {done.workers} encode worker{'' if done.workers == 1 else 's'}" if done.workers else ""
+    return (f"ray: {done.parts} parts ({done.already_complete} already complete{pool}), {done.records:,} records, "
+            f"{done.skipped:,} skipped in {done.seconds:.1f}s -> {output}")
 
 
 @model_flags
@@ -134,24 +152,14 @@ def extract(
         if engine not in ("local", "ray"):
             raise LayerwiseError(f"unknown --engine {engine!r}. Valid engines are: local, ray")
         if engine == "ray":
-            from ..extraction import ray as lray
+            from ..extraction.ray import extract as on_ray
 
-            workers: int | str = num_workers
-            if num_workers != "auto":
-                try:
-                    workers = int(num_workers)
-                except ValueError:
-                    raise LayerwiseError(f"--num-workers {num_workers!r} is not a number; give a positive int, or "
-                                         f"auto (the pool sized from the cluster)") from None
-            done = lray.extract(input, output, spec, model=model_options, reading=reading, options=options,
-                                num_workers=workers, cpus_per_worker=cpus_per_worker,
-                                gpus_per_worker=gpus_per_worker, part_records=part_records, address=address,
-                                stall_timeout=stall_timeout)
+            done = on_ray(input, output, spec, model=model_options, reading=reading, options=options,
+                          num_workers=parse_workers(num_workers), cpus_per_worker=cpus_per_worker,
+                          gpus_per_worker=gpus_per_worker, part_records=part_records, address=address,
+                          stall_timeout=stall_timeout)
             if not quiet:
-                pool = f", {done.workers} encode worker{'' if done.workers == 1 else 's'}" if done.workers else ""
-                err_console.print(f"ray: {done.parts} parts ({done.already_complete} already complete{pool}), "
-                                  f"{done.records:,} records, {done.skipped:,} skipped in {done.seconds:.1f}s -> "
-                                  f"{output}", highlight=False, soft_wrap=True)
+                err_console.print(ray_line(done, output), highlight=False, soft_wrap=True)
             return
         ex = model()
         summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)

@@ -45,7 +45,7 @@ from typing import IO, Any, Iterator, Sequence
 
 from ..errors import InputError
 from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, read_conll2003, read_conllu, with_document_context
-from .records import BadRecord, Item, Record, iter_lines
+from .records import BadRecord, Item, RangeStream, Record, iter_lines
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet", "conll", "conllu")
 _SUFFIXES = {
@@ -420,26 +420,16 @@ def _dispatch(fh: Any, fmt: str, text_field: str | None, keep: Sequence[str]) ->
         yield from read_conllu(fh, keep)
 
 
-class _CountingStream:
-    """A binary file read line by line, counting its lines (what the next file's line numbers start after)."""
-
-    def __init__(self, fh: IO[bytes]):
-        self.fh, self.lines = fh, 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for line in self.fh:
-            self.lines += 1
-            yield line
-
-
 def _read_files(files: Sequence[str], fmt: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
     base = 0
     for f in files:
-        with open(f, "rb") as fh:
-            stream = _CountingStream(fh)
+        stream = RangeStream(f, 0, os.path.getsize(f))  # counts the file's lines: the next file's start after them
+        try:
             for item in _dispatch(stream, fmt, text_field, keep):
                 item.line += base
                 yield item
+        finally:
+            stream.close()
         base += stream.lines
 
 

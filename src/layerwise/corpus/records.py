@@ -1,7 +1,9 @@
-"""Record types shared by the corpus readers: a record to encode, or a bad record with its line and reason."""
+"""Record types shared by the corpus readers (a record to encode, or a bad record with its line and reason) and the
+line streams they read: every line of a file, or the lines that start in a byte range, counted and hashed."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import IO, Iterator, Union
 
@@ -48,3 +50,34 @@ def iter_lines(fh: IO[bytes]) -> Iterator[tuple[int, str | None]]:
         if n == 1:
             line = line.lstrip("\ufeff")
         yield n, line.rstrip("\r\n")
+
+
+class RangeStream:
+    """A binary stream of the lines of ``path`` that start in ``[start, end)``, counting them and hashing their
+    bytes (``lines``, ``sha256()``). The line holding byte ``start - 1`` belongs to the split before."""
+
+    def __init__(self, path: str, start: int, end: int):
+        self.fh: IO[bytes] = open(path, "rb")
+        self.end, self.lines, self.hash = end, 0, hashlib.sha256()
+        if start > 0:
+            self.fh.seek(start - 1)
+            self.fh.readline()  # the rest of the line that started before this split
+        self.pos = self.fh.tell()
+
+    def __iter__(self) -> Iterator[bytes]:
+        while self.pos < self.end:
+            line = self.fh.readline()
+            if not line:
+                return
+            self.pos += len(line)
+            self.lines += 1
+            self.hash.update(line)
+            yield line
+
+    def close(self) -> None:
+        """Close the file."""
+        self.fh.close()
+
+    def sha256(self) -> str:
+        """sha256 of the bytes read so far (the split's whole range once it is read to the end)."""
+        return self.hash.hexdigest()

@@ -30,10 +30,10 @@ import io
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Iterator
+from typing import Any, Iterator
 
 from ..errors import InputError
-from .records import Item
+from .records import Item, RangeStream
 
 SAMPLE_BYTES = 64 << 10
 BYTE_RANGE_FORMATS = ("txt", "jsonl")  # formats whose records never span a line break
@@ -116,37 +116,6 @@ def plan_splits(source: Any, files: list[str], records: int) -> list[Split]:
     return out
 
 
-class RangeStream:
-    """A binary stream of the lines of ``path`` that start in ``[start, end)``, counting them and hashing their
-    bytes (``lines``, ``sha256()``). The line holding byte ``start - 1`` belongs to the split before."""
-
-    def __init__(self, path: str, start: int, end: int):
-        self.fh: IO[bytes] = open(path, "rb")
-        self.end, self.lines, self.hash = end, 0, hashlib.sha256()
-        if start > 0:
-            self.fh.seek(start - 1)
-            self.fh.readline()  # the rest of the line that started before this split
-        self.pos = self.fh.tell()
-
-    def __iter__(self) -> Iterator[bytes]:
-        while self.pos < self.end:
-            line = self.fh.readline()
-            if not line:
-                return
-            self.pos += len(line)
-            self.lines += 1
-            self.hash.update(line)
-            yield line
-
-    def close(self) -> None:
-        """Close the file."""
-        self.fh.close()
-
-    def sha256(self) -> str:
-        """sha256 of the bytes read so far (the split's whole range once it is read to the end)."""
-        return self.hash.hexdigest()
-
-
 class _CountingRaw(io.RawIOBase):
     """A whole file read as raw bytes, counting its lines and hashing its bytes as they pass (for readers that need a
     real file object: csv's text wrapper)."""
@@ -227,4 +196,4 @@ def read_split(source: Any, split: Split, reading: Any) -> SplitReader:
     return SplitReader(source, split, reading)
 
 
-__all__ = ["BYTE_RANGE_FORMATS", "RangeStream", "Split", "SplitReader", "plan_splits", "read_split"]
+__all__ = ["BYTE_RANGE_FORMATS", "Split", "SplitReader", "plan_splits", "read_split"]

@@ -107,6 +107,7 @@ def size_pool(num_workers: int | str, res: Resources, *, cpus_per_worker: int, g
     auto = num_workers == "auto"
     if not auto and (isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1):
         raise ExtractError(f"num_workers must be a positive int or 'auto', got {num_workers!r}")
+    workers = 0 if auto else int(num_workers)
     by_cpu = max(0, math.floor(cpu_room / cpus_per_worker + 1e-9))
     if gpus_per_worker > 0:
         by_gpu = math.floor(res.gpus / gpus_per_worker + 1e-9)
@@ -116,10 +117,10 @@ def size_pool(num_workers: int | str, res: Resources, *, cpus_per_worker: int, g
                     f"--num-workers auto with --gpus-per-worker {_n(gpus_per_worker)}: {res.where} has "
                     f"{_n(res.gpus)} GPUs, room for no worker; give --gpus-per-worker 0 to encode on CPUs, or run on "
                     f"a cluster with GPUs (--address)")
-            num_workers = min(by_gpu, by_cpu) if by_cpu >= 1 else by_gpu
-        elif int(num_workers) * gpus_per_worker > res.gpus + 1e-9:
+            workers = min(by_gpu, by_cpu) if by_cpu >= 1 else by_gpu
+        elif workers * gpus_per_worker > res.gpus + 1e-9:
             raise ExtractError(
-                f"{_workers(int(num_workers))} x {_n(gpus_per_worker)} GPU on {res.where} with {_n(res.gpus)} GPUs "
+                f"{_workers(workers)} x {_n(gpus_per_worker)} GPU on {res.where} with {_n(res.gpus)} GPUs "
                 f"would wait forever for GPUs; use --num-workers {max(by_gpu, 1) if by_gpu else 'auto'}"
                 f"{'' if by_gpu else ' with --gpus-per-worker 0'}, or --num-workers auto")
     elif auto:
@@ -131,17 +132,16 @@ def size_pool(num_workers: int | str, res: Resources, *, cpus_per_worker: int, g
                 f"--num-workers auto: {res.where} has {_n(res.cpus)} CPUs; the read, tokenise and write stages need "
                 f"{_n(need)} beside a worker's {cpus_per_worker}; run on a cluster with more CPUs (--address), or "
                 f"use the local engine (--engine local)")
-        num_workers = by_cpu
-    assert isinstance(num_workers, int)
-    left = res.cpus - num_workers * cpus_per_worker
+        workers = by_cpu
+    left = res.cpus - workers * cpus_per_worker
     if left + 1e-9 < need:
         fix = (f"use --num-workers {by_cpu}, or --num-workers auto" if by_cpu >= 1 else
                "use --num-workers auto with fewer --cpus-per-worker, or a bigger cluster (--address)")
         raise ExtractError(
-            f"{_workers(num_workers)} x {cpus_per_worker} CPU on a {_n(res.cpus)}-CPU cluster ({res.where}) leaves "
+            f"{_workers(workers)} x {cpus_per_worker} CPU on a {_n(res.cpus)}-CPU cluster ({res.where}) leaves "
             f"{_n(max(left, 0))} CPUs for reading, tokenising and writing, which need {_n(need)}: the run would wait "
             f"forever; {fix}")
-    return int(num_workers)
+    return workers
 
 
 def check_object_store(res: Resources, part_bytes: int) -> None:

@@ -401,23 +401,9 @@ def extract(
             options, an Extractor instead of a model path (workers load their own), stdin (Ray reads files), parts
             made with other options, a stall; MissingExtraError: Ray missing.
     """
-    from ..checks import positive_ints
-
-    positive_ints(cpus_per_worker=cpus_per_worker, part_records=part_records)
-    if not (isinstance(stall_timeout, (int, float)) and stall_timeout > 0):
-        raise ExtractError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
-    if model is not None and not isinstance(model, (ModelOptions, str, os.PathLike)):
-        raise ExtractError("with Ray each worker loads the model itself: pass its ModelOptions (or its "
-                           "directory or hub id), not an Extractor")
+    source = _check(input, model, spec, options, reading, cpus_per_worker, part_records, stall_timeout)
     options_of_model = ModelOptions.of(model)
     spec, reading, options = spec or EncodeSpec(), reading or ReadOptions(), options or ExtractOptions()
-    if options.max_records is not None or options.num_shards > 1:
-        raise ExtractError("max_records and num_shards/shard_index are for local runs; --engine ray splits the input "
-                           "into parts itself (part_records=)")
-    source = open_source(input, reading)
-    if source.is_stdin:
-        raise ExtractError("--engine ray reads a file, a parquet directory or a dataset, not stdin: write it to a "
-                           "file every node can read")
     pool = dict(cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, tokenize_cpus=tokenize_cpus)
     running = sys.modules.get("ray")
     if address is None and not (running is not None and running.is_initialized()):
@@ -428,8 +414,7 @@ def extract(
     from .shards import store_header
 
     started = time.perf_counter()
-    splits = plan_splits(source, source.files(), part_records)
-    parts = _part_headers(splits)
+    parts = _part_headers(plan_splits(source, source.files(), part_records))
     ex = Extractor.from_options(options_of_model.replace(device="cpu"))
     spec = spec.resolve(ex)
     header = store_header(ex, spec, source, reading, quick_input=True)
@@ -437,20 +422,10 @@ def extract(
     out = os.fspath(output)
     top = _open_output(out, header, options.overwrite)
     if top is not None:
-        c = top["counts"]
-        return RaySummary(parts=len(top["parts"]), already_complete=len(top["parts"]), records=c["records"],
-                          skipped=c.get("skipped", 0), seconds=time.perf_counter() - started)
+        return _summary(top, len(top["parts"]), started, workers=0)
     done = _finished_parts(out, header, parts, options.overwrite)
     Path(out).mkdir(parents=True, exist_ok=True)
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    resources = cluster_resources(ray, address)
-    workers = size_pool(num_workers, resources, **pool)  # type: ignore[arg-type]
-    from .engine import TOKENS_PER_RECORD
-
-    rows = 1 if spec.level == "sentence" else TOKENS_PER_RECORD  # features of one part travel between the stages
-    width = math.prod(header["feature_shape"]) * STORE_DTYPES[spec.output_dtype]().itemsize
-    check_object_store(resources, part_records * rows * width)
+    workers = _start_cluster(ray, address, num_workers, pool, spec, header, part_records)
     todo = [p for p in range(len(parts)) if p not in done]
     progress = os.path.join(out, PROGRESS)
     os.makedirs(progress, exist_ok=True)
@@ -459,9 +434,51 @@ def extract(
              dict(pool, stall_timeout=stall_timeout), on_part)
     shutil.rmtree(progress, ignore_errors=True)  # our own marks
     top = write_parts_manifest(out, header, [part_name(p) for p in range(len(parts))])
+    return _summary(top, len(done), started, workers)
+
+
+def _check(input: Any, model: Any, spec: EncodeSpec | None, options: ExtractOptions | None,
+           reading: ReadOptions | None, cpus_per_worker: int, part_records: int, stall_timeout: float) -> Source:
+    """Refuse what a Ray run cannot take (before anything starts); the input's :class:`Source`."""
+    from ..checks import positive_ints
+
+    positive_ints(cpus_per_worker=cpus_per_worker, part_records=part_records)
+    if not (isinstance(stall_timeout, (int, float)) and stall_timeout > 0):
+        raise ExtractError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
+    if model is not None and not isinstance(model, (ModelOptions, str, os.PathLike)):
+        raise ExtractError("with Ray each worker loads the model itself: pass its ModelOptions (or its "
+                           "directory or hub id), not an Extractor")
+    if options is not None and (options.max_records is not None or options.num_shards > 1):
+        raise ExtractError("max_records and num_shards/shard_index are for local runs; --engine ray splits the input "
+                           "into parts itself (part_records=)")
+    source = open_source(input, reading or ReadOptions())
+    if source.is_stdin:
+        raise ExtractError("--engine ray reads a file, a parquet directory or a dataset, not stdin: write it to a "
+                           "file every node can read")
+    return source
+
+
+def _start_cluster(ray: Any, address: str | None, num_workers: int | str, pool: dict[str, Any], spec: EncodeSpec,
+                   header: dict[str, Any], part_records: int) -> int:
+    """Connect to (or start) the cluster and size the pool on its real resources; a part too big for its object
+    store is refused. Returns the number of encode workers."""
+    from .engine import TOKENS_PER_RECORD
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    resources = cluster_resources(ray, address)
+    workers = size_pool(num_workers, resources, **pool)
+    rows = 1 if spec.level == "sentence" else TOKENS_PER_RECORD  # features of one part travel between the stages
+    width = math.prod(header["feature_shape"]) * STORE_DTYPES[spec.output_dtype]().itemsize
+    check_object_store(resources, part_records * rows * width)
+    return workers
+
+
+def _summary(top: dict[str, Any], already_complete: int, started: float, workers: int) -> RaySummary:
+    """The :class:`RaySummary` of a finished store of parts (its top-level manifest)."""
     c = top["counts"]
-    return RaySummary(parts=len(parts), already_complete=len(done), records=c["records"], skipped=c["skipped"],
-                      seconds=time.perf_counter() - started, workers=workers)
+    return RaySummary(parts=len(top["parts"]), already_complete=already_complete, records=c["records"],
+                      skipped=c.get("skipped", 0), seconds=time.perf_counter() - started, workers=workers)
 
 
 def _run(ray: Any, source: Source, reading: ReadOptions, ex: Any, spec: EncodeSpec, options: ExtractOptions,
