@@ -118,9 +118,10 @@ class FeatureStore:
     def _line_order(self) -> np.ndarray:
         flat = self._flat_lines()
         order = np.argsort(flat, kind="stable")
-        twice = np.flatnonzero(np.diff(flat[order]) == 0)
+        in_order = flat[order]
+        twice = np.flatnonzero(np.diff(in_order) == 0)
         if len(twice):
-            line = int(flat[order][twice[0]])
+            line = int(in_order[twice[0]])
             raise StoreCorruptError(
                 f"store {str(self.path)!r} is damaged: line {line} of the input is held by two of its parts; the "
                 f"parts are not the disjoint parts of one run: relink them (layerwise merge --link) from the right "
