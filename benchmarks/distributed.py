@@ -9,8 +9,8 @@ Contestants alternate inside one process: ``local`` (``lw.extract``, torch threa
 ``ray-auto`` (``num_workers="auto"``: the pool the cluster leaves room for). Each part store records what its split
 cost in each stage (``split`` in its manifest: read, tokenise, encode and write seconds), from which the rate of one
 task of each stage is printed. Planning is timed on a directory of 1,000 small files and on one 10 GB sparse file;
-opening the parts as one store (no merge) is timed too. Prints Markdown tables and the figures the README's
-estimate for 100M sentences uses.
+opening the parts as one store (no merge) is timed too. Prints Markdown tables and the figures that the estimate for
+100M sentences of the Ray guide (``docs/how-to/ray.md``) uses.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The explorer on SST-2 dev with the default model: its per-layer numbers and the README's screenshots.
+"""The explorer on SST-2 dev with the default model: its per-layer numbers and the screenshots of the site.
 
 Run: ``./dev bench explorer_sst2 [--train 2000]``. Needs ``../shared/data/sst2`` (or ``$LAYERWISE_SHARED_DATA``)
 and chromium (``./dev setup`` installs it).

@@ -1,12 +1,9 @@
-"""mkdocs hooks of the layerwise site: pages that include the README's sections (so each fact is written once and
-the README's examples stay tested), and the references generated from the code.
+"""mkdocs hooks of the layerwise site: the references generated from the code, and repository files shown as pages.
 
 Directives, each alone on a line of a page:
 
-- ``<!-- readme: TITLE -->``: the README section whose heading starts with ``TITLE``, down to the next heading of the
-  same or a higher level; its headings move to the page's level and its links are rewritten for the page;
-  ``<!-- readme-intro: TITLE -->``: only its text before its first sub-heading (another page holds the rest);
-- ``<!-- file: PATH -->``: a whole Markdown file of the repository (``benchmarks/README.md``);
+- ``<!-- file: PATH -->``: a whole Markdown file of the repository (``benchmarks/README.md``), its links rewritten
+  for the page;
 - ``<!-- cli-reference -->``: every command of the ``layerwise`` CLI with its options, from the typer app;
 - ``<!-- http-reference -->``: every route of ``layerwise serve``, from its OpenAPI document;
 - ``<!-- api-reference -->``: every public name of ``import layerwise`` (``layerwise.__all__``), rendered by
@@ -25,37 +22,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DIRECTIVE = re.compile(r"^<!-- (readme|readme-intro|file): (.+?) -->$|^<!-- (cli|http|api)-reference -->$",
-                       re.MULTILINE)
+DIRECTIVE = re.compile(r"^<!-- file: (.+?) -->$|^<!-- (cli|http|api)-reference -->$", re.MULTILINE)
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
-HEADING = re.compile(r"^(#{1,6}) (.+)$")
 PAGES = {"README.md": "index.md", "benchmarks/README.md": "benchmarks.md"}  # repository files that are site pages
-
-
-def _headings(lines: list[str]) -> list[tuple[int, int, str]]:
-    """``(line index, level, title)`` of the Markdown headings of ``lines`` (not the ``#`` lines of code blocks)."""
-    out, fenced = [], False
-    for i, line in enumerate(lines):
-        if line.startswith("```"):
-            fenced = not fenced
-        elif not fenced and (m := HEADING.match(line)):
-            out.append((i, len(m.group(1)), m.group(2)))
-    return out
-
-
-def _section(text: str, title: str, *, intro: bool = False) -> str:
-    """The section of ``text`` whose heading starts with ``title`` (``intro``: only its text before its first
-    sub-heading, when another page holds the sub-sections)."""
-    lines = text.splitlines()
-    heads = _headings(lines)
-    found = next((k for k, (_, _, t) in enumerate(heads) if t.startswith(title)), None)
-    if found is None:
-        raise ValueError(f"README.md has no heading starting with {title!r}")
-    start, level, _ = heads[found]
-    end = next((i for i, lv, _ in heads[found + 1:] if lv <= level or intro), len(lines))
-    shift = level - 2  # the section's heading becomes ## on the page
-    moved = {i: f"{'#' * max(2, lv - shift)} {t}" for i, lv, t in heads if start <= i < end}
-    return "\n".join(moved.get(i, lines[i]) for i in range(start, end))
 
 
 def _relink(text: str, source: str, page: str) -> str:
@@ -164,14 +133,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     where = page.file.src_uri
 
     def expand(m: re.Match) -> str:
-        kind, arg, ref = m.group(1), m.group(2), m.group(3)
-        if kind in ("readme", "readme-intro"):
-            text = _section((ROOT / "README.md").read_text(encoding="utf-8"), arg, intro=kind == "readme-intro")
-            return _relink(text, "README.md", where)
-        if kind == "file":
-            text = (ROOT / arg).read_text(encoding="utf-8")
+        path, ref = m.group(1), m.group(2)
+        if path:
+            text = (ROOT / path).read_text(encoding="utf-8")
             text = re.sub(r"^# .*\n", "", text, count=1)  # the page has its own title
-            return _relink(text, arg, where)
+            return _relink(text, path, where)
         return {"cli": _cli_reference, "http": _http_reference, "api": _api_reference}[ref]()
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

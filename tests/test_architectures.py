@@ -5,15 +5,13 @@ side; plus any PyTorch module through ``from_module`` and mappings that must be 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import layerwise as lw
-from archs import ALL, END, kind, readme_block, table
+from archs import ALL, END, PAGE, kind, page_block, table
 from layerwise import MappingError
 from layerwise.model.capture import count_layer_calls
 from layerwise.model.discovery import discover
@@ -274,20 +272,20 @@ def test_left_padding_is_refused_where_positions_cannot_follow_the_mask(arch_ext
         lw.Extractor(ex.loaded, padding_side="middle")
 
 
-def test_readme_table_is_generated_from_these_models(arch_extractors):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    assert END in readme
-    assert readme_block(readme) == table(arch_extractors), "README table is stale: run python tests/archs.py"
+def test_architecture_table_is_generated_from_these_models(arch_extractors):
+    page = PAGE.read_text(encoding="utf-8")
+    assert END in page
+    assert page_block(page) == table(arch_extractors), f"the table of {PAGE} is stale: run python tests/archs.py"
     assert len(ALL) >= 20
 
 
-def test_readme_custom_module_example_runs_as_shown(capsys):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Any PyTorch module") :]
+def test_custom_module_example_runs_as_shown(capsys):
+    page = PAGE.read_text(encoding="utf-8")
+    section = page[page.index("## Any PyTorch module") :]
     start = section.index("```python\n") + len("```python\n")
     code = section[start : section.index("\n```", start)]
     torch.manual_seed(0)
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    exec(compile(code, str(PAGE), "exec"), {"__name__": "doc_example"})
     printed = capsys.readouterr().out.splitlines()
     shown = [line.split("# ", 1)[1].strip() for line in code.splitlines() if line.startswith("print(")]
     assert printed == shown

@@ -1,7 +1,8 @@
 """The ``layerwise`` command line through typer's CliRunner.
 
-The default model is loaded by only two invocations (demo, and the README ``encode`` parity case); every other case
-points ``--model`` at the tiny BERT directory, which loads in a fraction of a second.
+The default model is loaded by only two invocations (demo, and the ``encode`` JSON case matching
+``Extractor.encode``); every other case points ``--model`` at the tiny BERT directory, which loads in a fraction of
+a second.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def test_error_text_is_not_markup(runner, tiny):
 
 
 def test_documented_shard_size_is_the_real_one():
-    """The shard size is said in the CLI help and the README; both must match the engine's constant."""
+    """The shard size is said in the CLI help and the extraction guide; both must match the engine's constant."""
     from pathlib import Path
 
     from layerwise.extraction.engine import SHARD_BYTES
@@ -198,5 +199,5 @@ def test_documented_shard_size_is_the_real_one():
     mb = f"~{SHARD_BYTES >> 20} MB"
     res = CliRunner().invoke(app, ["extract", "--help"], env={"COLUMNS": "200"})
     assert mb in " ".join(res.stdout.split())
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert f"(~{SHARD_BYTES >> 20} MB each)" in readme and not re.search(r"[^,\d]64 MB", readme)
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "extraction.md").read_text(encoding="utf-8")
+    assert f"(~{SHARD_BYTES >> 20} MB each)" in guide and not re.search(r"[^,\d]64 MB", guide)

@@ -1,6 +1,7 @@
 """The documentation site's generated pages (``./dev docs`` builds the whole site with ``--strict`` before the
 tests run): every public name of ``import layerwise`` is in the API reference with its docstring, the CLI reference
-names every command, included README sections keep their links working, and a link outside the site fails."""
+names every command, included files keep their links working, a link outside the site fails, and the README's links
+lead to real pages."""
 
 from __future__ import annotations
 
@@ -55,21 +56,28 @@ def test_the_cli_reference_names_every_command(hooks):
     assert "`--num-workers`" in page and "`--stall-timeout`" in page
 
 
-def test_included_sections_keep_their_links(hooks):
-    text = hooks._section((ROOT / "README.md").read_text(encoding="utf-8"), "Which layer knows what")
-    assert text.startswith("## Which layer knows what")
-    page = hooks._relink(text, "README.md", "how-to/choose-a-layer.md")
-    assert "](../probe-sst2/report.html)" in page and "](docs/" not in page
+def test_included_files_keep_their_links(hooks):
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    page = hooks._relink(text, "benchmarks/README.md", "benchmarks.md")
+    assert "](benchmarks/" not in page
     assert hooks._relink("[b](benchmarks/README.md#x)", "README.md", "how-to/a.md") == "[b](../benchmarks.md#x)"
+    report = hooks._relink("[p](docs/probe-sst2/report.html)", "README.md", "how-to/a.md")
+    assert report == "[p](../probe-sst2/report.html)"
+    assert hooks._relink("[w](https://x.org/a.md)", "README.md", "how-to/a.md") == "[w](https://x.org/a.md)"
     with pytest.raises(ValueError, match="leads outside the site"):
         hooks._relink("[d](../shared/DESIGN.md)", "README.md", "index.md")
-    with pytest.raises(ValueError, match="no heading starting with"):
-        hooks._section("# a\n", "Nothing")
 
 
-def test_a_page_can_take_only_a_sections_intro(hooks):
+def test_every_page_is_in_the_site_and_every_readme_link_resolves():
+    """The README is the front page of the repository: each of its relative links leads to a file that exists, and
+    every page of ``docs/`` it or the site names is built (listed in ``mkdocs.yml``'s nav, or linked from a page)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    whole = hooks._section(readme, "Corpus extraction")
-    intro = hooks._section(readme, "Corpus extraction", intro=True)
-    assert whole.startswith(intro) and len(intro) < len(whole) and "### What a store guarantees" not in intro
-    assert "What a store guarantees" in whole
+    links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"^[a-z]+:", t)]
+    assert len(links) >= 15
+    assert [t for t in links if t and not (ROOT / t).exists()] == []
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    pages = [p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")]
+    texts = {page: (ROOT / "docs" / page).read_text(encoding="utf-8") for page in pages}
+    orphans = [p for p in pages if p not in nav and not any(p in text for other, text in texts.items() if other != p)]
+    assert orphans == [], "pages neither in the nav nor linked from a page"
+    assert [p for p, text in texts.items() if "<!-- readme" in text] == []  # the guides are the source now

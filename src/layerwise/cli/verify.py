@@ -24,8 +24,9 @@ def verify(
     for note in report.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if report.ok:
-        err_console.print(f"{store}: intact ({report.shards} shards, {report.records:,} records)", highlight=False,
-                          soft_wrap=True)
+        shards, records = (f"{n:,} {what}{'s' if n != 1 else ''}" for n, what in
+                           ((report.shards, "shard"), (report.records, "record")))
+        err_console.print(f"{store}: intact ({shards}, {records})", highlight=False, soft_wrap=True)
         return
     err_console.print(f"{store}: damaged ({len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}); "
                       f"rerun the extract command to repair it (a resume recomputes from the first damaged shard), "

@@ -1,0 +1,105 @@
+"""The examples of the README and of the documentation pages run as written, and print what their comments promise:
+the Python example of the README and of the site's landing page, the README's command-line block (on the embedded
+default model), the serving guide's server command with each of its OpenAI / TEI client examples, and the concepts
+page's output precisions and windows examples. (The any-module example and the architecture table are checked in
+``test_architectures.py``, the shard size in ``test_cli.py``.)"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny import cli_server
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def section(path: Path, title: str) -> str:
+    """The Markdown section of ``path`` whose heading is ``## title``/``### title`` (to the next ``##`` heading)."""
+    text = path.read_text(encoding="utf-8")
+    start = re.search(rf"^##+ {re.escape(title)}", text, flags=re.M)
+    assert start, f"{path} has no heading {title!r}"
+    end = text.find("\n## ", start.end())
+    return text[start.start() : end if end >= 0 else len(text)]
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def run_printing(code: str, where: str) -> list[str]:
+    """Run ``code`` and return the lines it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, where, "exec"), {"__name__": "doc_example"})
+    return out.getvalue().strip().split("\n")
+
+
+def promised(code: str, *, until: str = "\n") -> list[str]:
+    """What the comments beside the ``print(...)`` lines of ``code`` say they print (up to ``until``)."""
+    return [line.split("# ", 1)[1].split(until)[0].strip() for line in code.splitlines()
+            if line.startswith("print(") and "# " in line]
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/index.md"])
+def test_front_page_python_example_prints_what_it_says(where):
+    text = (ROOT / where).read_text(encoding="utf-8")
+    (code,) = blocks(section(ROOT / where, "In Python") if where == "README.md" else text, "python")
+    assert run_printing(code, where) == promised(code, until=": ")
+
+
+@pytest.mark.slow
+def test_readme_command_line_block_runs_as_written(tmp_path):
+    (script,) = blocks(section(README, "In Python"), "bash")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    encoded = json.loads(res.stdout.splitlines()[0])
+    assert encoded["layers"] == [3, 4, 5, 6] and len(encoded["vectors"]) == 2 and len(encoded["vectors"][0]) == 1536
+    assert res.stderr.splitlines()[-1] == "feats: intact (1 shard, 2 records)", res.stderr
+
+
+@pytest.mark.slow
+def test_openai_and_tei_client_examples_run_as_written(tmp_path, monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+    pytest.importorskip("openai")
+    pytest.importorskip("langchain_openai")
+    page = ROOT / "docs" / "how-to" / "serving.md"
+    text = section(page, "Use it from OpenAI / TEI clients")
+    (command,) = blocks(text, "bash")
+    args = shlex.split(command.strip())
+    assert args[:2] == ["layerwise", "serve"] and args[2:4] == ["--port", "8000"]
+    monkeypatch.setattr(hub.constants, "is_offline_mode", lambda: False)  # the suite's HF_HUB_OFFLINE, not a user's
+    with cli_server(["serve", *args[4:], "--log-level", "warning"], tmp_path / "server.log", "/health") as url:
+        examples = blocks(text, "python")
+        assert len(examples) == 3
+        for code in examples:
+            want = promised(code, until=":")
+            assert run_printing(code.replace("http://127.0.0.1:8000", url), str(page))[: len(want)] == want, code
+
+
+def test_output_precisions_example_runs_as_written():
+    page = ROOT / "docs" / "concepts.md"
+    (code,) = blocks(section(page, "Output precisions"), "python")
+    assert run_printing(code, str(page)) == promised(code)
+
+
+def test_windows_example_gives_what_it_says():
+    page = ROOT / "docs" / "concepts.md"
+    (code,) = blocks(section(page, "Windows: long texts"), "python")
+    *setup, last = code.strip().splitlines()
+    scope: dict = {}
+    exec("\n".join(setup), scope)
+    expression, comment = last.split("#", 1)
+    assert repr(eval(expression, scope)) == comment.split(":")[0].strip()
