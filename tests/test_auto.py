@@ -1,14 +1,21 @@
-"""backend="auto" (the default): ONNX Runtime where it is exact, PyTorch elsewhere; quantize="int8"."""
+"""backend="auto" (the default): the fastest exact runtime (ONNX Runtime, OpenVINO, PyTorch) per depth, PyTorch
+elsewhere; the race kept per machine; quantize="int8"."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
 import layerwise as lw
+import layerwise.model.backends.openvino as ovb
 import layerwise.model.backends.ort as ob
 from layerwise.model.backends import AutoBackend, TorchBackend
+from layerwise.model.backends.auto import RaceRecord
+
+COMPILED = ("onnx", "openvino")
 
 pytest.importorskip("onnxruntime")
 
@@ -21,8 +28,8 @@ def test_default_is_auto_and_exact_for_every_family(tiny_extractors, family):
     assert ex.backend.name == "auto" and isinstance(ex.backend, AutoBackend)
     for got, want in zip(ex.encode(TEXTS, layers="all", pool=None), reference.encode(TEXTS, layers="all", pool=None)):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-    assert ex.backend.uses_onnx([0, 2], "block"), ex.backend.runtime()  # ONNX Runtime really served it
-    assert "onnxruntime" in ex.describe()["runtime"] and ex.describe()["precision"] == "float32"
+    assert ex.backend.runtime_for([0, 2], "block") in COMPILED, ex.backend.runtime()  # a compiled runtime served it
+    assert "for the block site at depths [2]" in ex.describe()["runtime"] and ex.describe()["precision"] == "float32"
 
 
 def test_default_model_matches_hidden_states(default_extractor):
@@ -31,7 +38,7 @@ def test_default_model_matches_hidden_states(default_extractor):
     with torch.no_grad():
         hs = ex.model(**enc, output_hidden_states=True).hidden_states
     got = ex.hidden_states(TEXTS[:2], layers="all")
-    assert ex.backend.uses_onnx(list(range(7)), "block")
+    assert ex.backend.runtime_for(list(range(7)), "block") in COMPILED
     mask = enc["attention_mask"].bool()
     want = torch.stack(hs)
     assert float((got.tensor[:, mask] - want[:, mask]).abs().max()) <= 1e-5
@@ -43,49 +50,86 @@ def test_other_sites_run_on_torch(tiny_extractors):
     for site in ("attention", "intermediate", "pre_ln"):
         got, want = ex.encode(TEXTS, layers=1, site=site), reference.encode(TEXTS, layers=1, site=site)
         np.testing.assert_array_equal(got, want)
-    assert not ex.backend.uses_onnx([1], "attention")
+    assert ex.backend.runtime_for([1], "attention") == "torch"
 
 
 def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     ex = lw.Extractor(tiny_extractors["roberta"].loaded)
     real = ob.OnnxBackend.forward
     monkeypatch.setattr(ob.OnnxBackend, "forward", lambda self, *a: real(self, *a) + 1e-3)
+    real_ov = ovb.OpenVinoBackend.forward
+    monkeypatch.setattr(ovb.OpenVinoBackend, "forward", lambda self, *a: real_ov(self, *a) + 1e-3)
     reference = lw.Extractor(ex.loaded, backend="torch")
     np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference.encode(TEXTS, layers=-1))
-    assert not ex.backend.uses_onnx([2], "block")
-    assert "torch at depths [2] (ONNX Runtime not within 1e-05 of PyTorch there)" in ex.backend.runtime()
+    assert ex.backend.runtime_for([2], "block") == "torch"
+    inexact = "ONNX Runtime, OpenVINO" if ex.backend.openvino is not None else "ONNX Runtime"
+    assert f"torch at depths [2] ({inexact} not within 1e-05 of PyTorch there)" in ex.backend.runtime()
 
 
-def test_fastest_exact_runtime_is_timed_once_per_depth(tiny_extractors, monkeypatch):
+def test_fastest_exact_runtime_is_timed_once_per_depth(tiny_extractors, monkeypatch, tmp_path):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    ex = lw.Extractor(tiny_extractors["bert"].loaded)
-    torch_s, onnx_s = ex.backend.race(2)  # the real race: both ran
-    assert 0 < torch_s < 5 and 0 < onnx_s < 5
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    times = ex.backend.race(2)  # the real race: every available runtime ran
+    assert set(times) == {"torch", *ex.backend.compiled_runtimes} and all(0 < s < 5 for s in times.values())
     calls = []
 
-    def fake(self, depth):
+    def fake(self, depth, runtimes):
         calls.append(depth)
-        return (0.001, 0.002) if depth == 1 else (0.002, 0.001)  # PyTorch faster at depth 1, ONNX Runtime at 2
+        return ({"torch": 0.001, "onnx": 0.002} if depth == 1 else {"torch": 0.002, "onnx": 0.001}) | {
+            r: 0.003 for r in runtimes if r != "onnx"}  # PyTorch faster at depth 1, ONNX Runtime at 2
 
     monkeypatch.setattr(AutoBackend, "race", fake)
     reference = lw.Extractor(ex.loaded, backend="torch")
     for layers in (1, 2, 1, [0, 2]):
         np.testing.assert_allclose(ex.encode(TEXTS, layers=layers), reference.encode(TEXTS, layers=layers), atol=1e-5)
     assert calls == [1, 2]  # once per depth
-    assert not ex.backend.uses_onnx([1], "block") and ex.backend.uses_onnx([2], "block")
+    assert ex.backend.runtime_for([1], "block") == "torch" and ex.backend.runtime_for([2], "block") == "onnx"
     said = ex.backend.runtime()
-    assert "for the block site at depths [2] (exact; faster here: 1.0 ms vs PyTorch's 2.0 ms on a 16x64 batch)" in said
-    assert "torch at depths [1] (exact; slower here: 2.0 ms vs PyTorch's 1.0 ms" in said
+    assert "for the block site at depths [2] (exact; fastest here: 1.0 ms vs PyTorch's 2.0 ms" in said, said
+    assert "torch at depths [1] (exact; PyTorch fastest here: 1.0 ms vs ONNX Runtime's 2.0 ms" in said, said
+
+    again = lw.Extractor(ex.loaded, onnx_cache=tmp_path)  # a later process on this machine: no race
+    for layers in (1, 2):
+        again.encode(TEXTS, layers=layers)
+    assert calls == [1, 2] and again.backend.runtime_for([2], "block") == "onnx"
+    assert "(timed earlier on this machine)" in again.backend.runtime()
+    record = json.loads((tmp_path / "races.json").read_text())
+    assert len(record) == 2 and all(set(t) == {"torch", *ex.backend.compiled_runtimes} for t in record.values())
+
+
+def test_race_record_is_keyed_by_what_decides_a_race(tmp_path):
+    w, v, pair = "w" * 64, "v" * 64, ["torch", "onnx"]
+    key = RaceRecord.key(w, 6, 2, pair)
+    others = [RaceRecord.key(w, 6, 4, pair), RaceRecord.key(v, 6, 2, pair), RaceRecord.key(w, 5, 2, pair),
+              RaceRecord.key(w, 6, 2, [*pair, "openvino"])]  # threads, weights, depth, runtimes
+    assert len({key, *others}) == 5 and RaceRecord.key(w, 6, 2, pair[::-1]) == key
+    record = RaceRecord(tmp_path)
+    assert record.get(key) is None
+    record.put(key, {"torch": 0.2, "onnx": 0.1})
+    RaceRecord(tmp_path).put("other", {"torch": 1.0})  # another process adds its own: both kept
+    assert record.get(key) == {"torch": 0.2, "onnx": 0.1} and record.get("other") == {"torch": 1.0}
+    (tmp_path / "races.json").write_text("{not json")  # a damaged cache reads as empty and is rewritten
+    assert record.get(key) is None
+    record.put(key, {"torch": 0.2})
+    assert record.get(key) == {"torch": 0.2}
 
 
 def test_runtime_choice_from_environment(tiny_extractors, monkeypatch):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "torch")
     ex = lw.Extractor(tiny_extractors["bert"].loaded)
     ex.encode(TEXTS, layers=-1)
-    assert not ex.backend.uses_onnx([2], "block") and "(LAYERWISE_AUTO_RUNTIME=torch)" in ex.backend.runtime()
+    assert ex.backend.runtime_for([2], "block") == "torch" and "(LAYERWISE_AUTO_RUNTIME=torch)" in ex.backend.runtime()
+    for choice in COMPILED:
+        monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", choice)
+        ex = lw.Extractor(tiny_extractors["bert"].loaded)
+        ex.encode(TEXTS, layers=-1)
+        if choice in ex.backend.compiled_runtimes:
+            assert ex.backend.runtime_for([2], "block") == choice
+            assert f"exact; LAYERWISE_AUTO_RUNTIME={choice})" in ex.backend.runtime()
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "gpu")
     with pytest.raises(ValueError, match="LAYERWISE_AUTO_RUNTIME='gpu' is not a choice. Valid values are: fastest, "
-                                         "onnx, torch"):
+                                         "onnx, openvino, torch"):
         lw.Extractor(tiny_extractors["bert"].loaded).encode(TEXTS, layers=-1)
 
 

@@ -140,3 +140,40 @@ def test_roberta_words_get_a_prefix_space(tiny_extractors):
     assert all(p.startswith("Ġ") for p in starts), pieces
     same = ex.tokenizer(" EU rejects German", verbose=False)["input_ids"]
     assert tok.ids == same  # identical to the running text with a leading space
+
+
+def test_batches_started_ahead_give_the_same_groups(tiny_extractors):
+    """A runtime that runs batches asynchronously (``Backend.start`` returning a waiter) gets up to ``ahead`` batches
+    in flight, never more, and the stitched groups are the same as one batch at a time."""
+    from layerwise.encoding.windows import forward_windows
+
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, backend="torch", max_length=16)
+    toks = ex.tokenize(["a long text " * 20, "short", "", "another medium text here " * 3, "x"] * 3, words=False)
+    layers = (0, 2)
+    flight, most = [], []
+
+    def start(ids, mask):
+        states = ex.backend.forward(ids, mask, layers, "block")
+        flight.append(1)
+        most.append(len(flight))
+
+        def wait():
+            flight.pop()
+            return states
+
+        return wait
+
+    def empty(n):
+        return torch.zeros((len(layers), n, 0, 32))
+
+    def run(fn, ahead):
+        groups = forward_windows(toks, fn, max_length=16, stride=4, batch_tokens=64, pad_id=0, empty=empty,
+                                 ahead=ahead)
+        return {t: g.states[:, i, :n] for g in groups for i, (t, n) in enumerate(zip(g.texts, g.lengths))}
+
+    want = run(lambda ids, mask: ex.backend.forward(ids, mask, layers, "block"), 1)
+    got = run(start, 3)
+    assert max(most) == 3 and not flight  # three in flight at most, every one waited for
+    assert want.keys() == got.keys() == set(range(len(toks)))
+    for t in want:
+        torch.testing.assert_close(got[t], want[t], rtol=0, atol=0)

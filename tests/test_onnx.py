@@ -57,7 +57,8 @@ def test_export_is_cached_and_truncated(tiny_extractors, tmp_path, monkeypatch):
 
 def test_onnx_errors(tiny_extractors, tmp_path):
     loaded = tiny_extractors["bert"].loaded
-    with pytest.raises(ValueError, match="unknown backend 'jax'. Valid backends are: auto, torch, onnx, keras, tf"):
+    with pytest.raises(ValueError, match="unknown backend 'jax'. Valid backends are: auto, torch, onnx, openvino, "
+                                         "keras, tf"):
         lw.Extractor(loaded, backend="jax")
     ex = lw.Extractor(loaded, backend="onnx", onnx_cache=tmp_path)
     with pytest.raises(ValueError, match="site .attention. is not available for this model with this backend; "

@@ -310,15 +310,16 @@ class Extractor:
 
     def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int) -> Iterator[Group]:
         """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`)."""
-        def run(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return self.backend.forward(ids, mask, layers, site)
+        def run(ids: torch.Tensor, mask: torch.Tensor) -> Callable[[], torch.Tensor]:
+            return self.backend.start(ids, mask, layers, site)
 
         def empty(n: int) -> torch.Tensor:  # texts without any token: [K, n, 0, W]
             return torch.zeros((len(layers), n, 0, self.site_width(site)), dtype=self.backend.dtype,
                                device=self.backend.device)
 
         yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
-                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length, empty=empty)
+                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length, empty=empty,
+                                   ahead=self.backend.ahead(layers, site))
 
     def stream(
         self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None

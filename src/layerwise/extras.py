@@ -1,14 +1,15 @@
 """Optional extras: import a framework that an extra installs, or say which ``pip install`` line brings it.
 
-==========  ==========================================================  ===================================
-extra       what needs it                                               packages
-==========  ==========================================================  ===================================
-``tf``      ``backend="keras"`` / ``"tf"``                              tensorflow, keras, keras-hub
-``ray``     ``extract --engine ray``, :func:`layerwise.ray.extract`     ray[data]
-``hf``      ``store.to_dataset()``                                      datasets
-``umap``    UMAP projections in the explorer                            umap-learn
-``onnx``    ``backend="onnx"`` (a core dependency; the extra remains)   onnxruntime, onnx
-==========  ==========================================================  ===================================
+============  ==========================================================  ===================================
+extra         what needs it                                               packages
+============  ==========================================================  ===================================
+``tf``        ``backend="keras"`` / ``"tf"``                              tensorflow, keras, keras-hub
+``ray``       ``extract --engine ray``, :func:`layerwise.ray.extract`     ray[data]
+``hf``        ``store.to_dataset()``                                      datasets
+``umap``      UMAP projections in the explorer                            umap-learn
+``onnx``      ``backend="onnx"`` (a core dependency; the extra remains)   onnxruntime, onnx
+``openvino``  ``backend="openvino"``; ``auto`` races it where installed   openvino
+============  ==========================================================  ===================================
 
 Example::
 

@@ -45,10 +45,11 @@ MODEL_FLAGS: tuple[tuple[str, Any, Any, tuple[str, ...], str], ...] = (
      "How the model runs: float32 (default), float16 or bfloat16 (CUDA, or a CPU with native bf16; warned about "
      "elsewhere)."),
     ("backend", Optional[str], None, ("--backend",),
-     "auto (default: ONNX Runtime for the block site where it equals PyTorch within 1e-5, else torch), torch, "
-     "onnx (ONNX Runtime, CPU, block site; exported once and cached), keras (keras-hub backbone) or tf (TF Hub BERT "
-     "SavedModel); a keras-hub preset defaults to keras, a SavedModel to tf. keras and tf need pip install "
-     "'layerwise[tf]'."),
+     "auto (default: the fastest of ONNX Runtime, OpenVINO and torch for the block site among those equal to "
+     "PyTorch within 1e-5, timed once per machine; else torch), torch, onnx (ONNX Runtime, CPU, block site; exported "
+     "once and cached), openvino (OpenVINO, CPU, block site; float32, or its bf16 hint with --compute-dtype "
+     "bfloat16), keras (keras-hub backbone) or tf (TF Hub BERT SavedModel); a keras-hub preset defaults to keras, a "
+     "SavedModel to tf. openvino needs pip install 'layerwise[openvino]', keras and tf 'layerwise[tf]'."),
     ("quantize", Optional[str], None, ("--quantize",),
      "none (default) or int8: dynamic int8 through ONNX Runtime (block site; faster, approximate: see "
      "benchmarks/README.md for its fidelity)."),

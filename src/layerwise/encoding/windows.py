@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -153,7 +154,7 @@ class Group:
 
 def forward_windows(
     toks: list[Tokenized],
-    run_batch: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    run_batch: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | Callable[[], torch.Tensor]],
     *,
     max_length: int,
     stride: int,
@@ -161,12 +162,15 @@ def forward_windows(
     pad_id: int,
     sort: bool = True,
     empty: Callable[[int], torch.Tensor] | None = None,
+    ahead: int = 1,
 ) -> Iterator[Group]:
     """Run every window of ``toks``; yield groups of finished texts (stitched when windowed).
 
-    ``run_batch(input_ids [b, T], attention_mask [b, T]) -> states [K, b, T, W]``. A text with no token at all (an
-    empty string for a tokenizer that adds no special tokens, e.g. GPT-2) is not run: ``empty(n)`` gives its states
-    ``[K, n, 0, W]`` (it pools to zeros).
+    ``run_batch(input_ids [b, T], attention_mask [b, T]) -> states [K, b, T, W]``, or a callable that waits for them
+    (a runtime that runs batches asynchronously: :meth:`~layerwise.model.backends.base.Backend.start`). Up to
+    ``ahead`` batches are started before the oldest is waited for, so the runtime computes the next batches while the
+    caller reduces this one's groups. A text with no token at all (an empty string for a tokenizer that adds no
+    special tokens, e.g. GPT-2) is not run: ``empty(n)`` gives its states ``[K, n, 0, W]`` (it pools to zeros).
     """
     windows: list[Window] = []
     per_text: list[list[int]] = []
@@ -180,11 +184,8 @@ def forward_windows(
             raise SpecError(f"text {blank[0]} has no token (the tokenizer adds no special tokens); give empty=")
         yield Group(texts=blank, states=empty(len(blank)), lengths=[0] * len(blank))
     pending: dict[int, dict[int, torch.Tensor]] = {}
-    runnable = [j for j, w in enumerate(windows) if w.ids]
-    for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
-        batch = [runnable[j] for j in planned]
-        ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
-        states = run_batch(ids, mask)  # [K, b, T, W]
+
+    def finish(batch: list[int], states: torch.Tensor) -> Iterator[Group]:  # states: [K, b, T, W]
         single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]
         if single:
             yield Group(
@@ -203,3 +204,16 @@ def forward_windows(
                 order = per_text[text]
                 full = stitch(toks[text], [windows[k] for k in order], [got[k] for k in order])
                 yield Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
+
+    inflight: deque[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor]]] = deque()
+    runnable = [j for j, w in enumerate(windows) if w.ids]
+    for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
+        batch = [runnable[j] for j in planned]
+        ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
+        inflight.append((batch, run_batch(ids, mask)))
+        while len(inflight) >= max(1, ahead):
+            done, result = inflight.popleft()
+            yield from finish(done, result if isinstance(result, torch.Tensor) else result())
+    while inflight:
+        done, result = inflight.popleft()
+        yield from finish(done, result if isinstance(result, torch.Tensor) else result())

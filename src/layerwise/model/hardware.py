@@ -41,6 +41,21 @@ def cpu_flags() -> frozenset[str]:
     return frozenset({"avx512": {"avx512f", "avx2"}, "avx2": {"avx2"}}.get(capability, set()))
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (``"AMD EPYC"``), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def native_on_cpu(dtype: torch.dtype, flags: frozenset[str] | None = None) -> bool:
     """Whether ``dtype`` runs natively on this CPU (float32 always does)."""
     need = FAST_ON_CPU.get(dtype)
@@ -59,4 +74,4 @@ def check_cpu_dtype(dtype: torch.dtype, device: torch.device, flags: frozenset[s
     )
 
 
-__all__ = ["FAST_ON_CPU", "PrecisionWarning", "check_cpu_dtype", "cpu_flags", "native_on_cpu"]
+__all__ = ["FAST_ON_CPU", "PrecisionWarning", "check_cpu_dtype", "cpu_flags", "cpu_model", "native_on_cpu"]

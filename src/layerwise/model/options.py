@@ -14,7 +14,7 @@ field                       valid values
 ``compute_dtype``           how the model runs: ``float32`` (``None`` is float32) ``| float16 | bfloat16``
                             (reduced precision is never a default; on a CPU without native support it is warned
                             about). Features are returned in the spec's ``output_dtype``
-``backend``                 ``auto | torch | onnx | keras | tf``; ``None``: ``keras`` for a keras-hub preset
+``backend``                 ``auto | torch | onnx | openvino | keras | tf``; ``None``: ``keras`` for a keras-hub preset
                             directory, ``tf`` for a SavedModel, else ``auto``
 ``quantize``                ``None`` (``"none"`` reads as ``None``) ``| int8``: dynamic int8 through ONNX Runtime
 ``padding_side``            ``right | left`` (the decoder embedding-model convention; the same states)
@@ -52,7 +52,7 @@ from ..encoding.vocab import PADDING_SIDES
 from ..errors import ModelLoadError
 
 COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-BACKEND_NAMES: tuple[str, ...] = ("auto", "torch", "onnx", "keras", "tf")  # the registry of layerwise.model.backends
+BACKEND_NAMES: tuple[str, ...] = ("auto", "torch", "onnx", "openvino", "keras", "tf")  # layerwise.model.backends
 QUANTIZE_MODES: tuple[str, ...] = ("int8",)
 LEGACY_FIELDS = {"dtype": "compute_dtype", "layers": "layer_modules"}  # names of layerwise 0.x
 

@@ -5,22 +5,25 @@ A backend loads a model, runs the forward pass up to the deepest requested layer
 (windows, batches, combine, pool, stores, the service) talks to :class:`Backend` only, so a new framework or model
 kind is a new module here plus one line in :data:`BACKENDS`.
 
-==========  ===========================================================  ==================================
-name        runtime                                                      sites
-==========  ===========================================================  ==================================
-``auto``    the default: ONNX Runtime for the block site where it gives  all of torch's (``block`` only
-            PyTorch's states within 1e-5 (checked once per depth),       with ``quantize="int8"``)
-            else PyTorch; ``quantize="int8"``: int8 through ONNX Runtime
-``torch``   PyTorch with scoped forward hooks and early exit, any        block, raw, attention, intermediate,
-            architecture (the layer map of :mod:`layerwise.model.layermap`)    pre_ln (those the model has)
-``onnx``    ONNX Runtime (CPU): the encoder exported up to the deepest   block
-            requested layer, cached on disk
-``keras``   Keras 3 / keras-hub backbones (a preset directory, or a      block
-            Hugging Face directory converted on load); a functional
-            sub-model ends at the deepest requested layer
-``tf``      a TensorFlow SavedModel in the TF Hub BERT interface         block (layers 1..L unless it
-            (``encoder_outputs``); the whole graph runs                  returns ``embedding_output``)
-==========  ===========================================================  ==================================
+============  ===========================================================  ==================================
+name          runtime                                                      sites
+============  ===========================================================  ==================================
+``auto``      the default: ONNX Runtime for the block site where it gives  all of torch's (``block`` only
+              PyTorch's states within 1e-5 (checked once per depth),       with ``quantize="int8"``)
+              else PyTorch; ``quantize="int8"``: int8 through ONNX Runtime
+``torch``     PyTorch with scoped forward hooks and early exit, any        block, raw, attention, intermediate,
+              architecture (the layer map of :mod:`layerwise.model.layermap`)    pre_ln (those the model has)
+``onnx``      ONNX Runtime (CPU): the encoder exported up to the deepest   block
+              requested layer, cached on disk
+``openvino``  OpenVINO (CPU, the ``[openvino]`` extra): that export       block
+              converted to OpenVINO's IR (cached), the throughput hint,
+              async infer requests; float32 exact, or its bf16 hint
+``keras``     Keras 3 / keras-hub backbones (a preset directory, or a      block
+              Hugging Face directory converted on load); a functional
+              sub-model ends at the deepest requested layer
+``tf``        a TensorFlow SavedModel in the TF Hub BERT interface         block (layers 1..L unless it
+              (``encoder_outputs``); the whole graph runs                  returns ``embedding_output``)
+============  ===========================================================  ==================================
 
 ``keras`` and ``tf`` need the optional extra ``layerwise[tf]``; their modules import TensorFlow only when a model is
 loaded with them. :func:`detect_backend` picks ``keras`` for a keras-hub preset directory and ``tf`` for a
@@ -37,12 +40,13 @@ from ..options import BACKEND_NAMES, ModelOptions
 from .auto import AutoBackend
 from .base import Backend, refuse_options
 from .keras import KerasBackend, is_keras_preset
+from .openvino import OpenVinoBackend
 from .ort import OnnxBackend
 from .pytorch import TorchBackend
 from .savedmodel import SavedModelBackend, is_saved_model
 
 BACKENDS: dict[str, type[Backend]] = {"auto": AutoBackend, "torch": TorchBackend, "onnx": OnnxBackend,
-                                      "keras": KerasBackend, "tf": SavedModelBackend}
+                                      "openvino": OpenVinoBackend, "keras": KerasBackend, "tf": SavedModelBackend}
 
 
 def detect_backend(model: object) -> str:
@@ -79,5 +83,5 @@ def load_backend(options: ModelOptions) -> Backend:
     return backend_class(options.backend or detect_backend(options.model)).load(options)
 
 
-__all__ = ["AutoBackend", "BACKENDS", "Backend", "KerasBackend", "OnnxBackend", "SavedModelBackend", "TorchBackend",
-           "backend_class", "create_backend", "detect_backend", "load_backend"]
+__all__ = ["AutoBackend", "BACKENDS", "Backend", "KerasBackend", "OnnxBackend", "OpenVinoBackend", "SavedModelBackend",
+           "TorchBackend", "backend_class", "create_backend", "detect_backend", "load_backend"]

@@ -1,40 +1,51 @@
 """``backend="auto"`` (the default): the fastest runtime that gives the exact states on this machine.
 
-For the block site of a family-table encoder in float32 on the CPU there are two candidates, ONNX Runtime
-(:mod:`layerwise.model.backends.ort`) and PyTorch, and which one is faster depends on the CPU: ONNX Runtime was 1.2-1.7x
-faster on the AMD EPYC development machines, PyTorch ~1.2x faster on an Intel Xeon with AMX (``benchmarks/README.md``).
-So the first time a depth is used in a process, both run: the exported graph and PyTorch run the same probe batch
-and the states must agree within 1e-5 (relative to the states' scale, the project's tolerance for "the same
-states"); then both are timed on a ``RACE_SHAPE`` batch (alternating, best of ``RACE_ROUNDS``) and the faster one
-serves that depth from then on. ``$LAYERWISE_AUTO_RUNTIME`` changes the choice among exact runtimes: ``fastest``
-(the default), ``onnx`` or ``torch`` (no timing). Every other site, device, dtype, padding side or architecture runs
-on PyTorch. :meth:`AutoBackend.runtime` says which ran, and why.
+For the block site of a family-table encoder in float32 on the CPU there are up to three candidates: ONNX Runtime
+(:mod:`layerwise.model.backends.ort`, a core dependency), OpenVINO (:mod:`layerwise.model.backends.openvino`, where
+the ``[openvino]`` extra is installed) and PyTorch. Which one is faster depends on the CPU: ONNX Runtime and
+OpenVINO on the AMD EPYC development machines, PyTorch on an Intel Xeon with AMX (``benchmarks/README.md``). So the
+first time a depth is used, each compiled runtime runs the same probe batch as PyTorch and must agree within 1e-5
+(relative to the states' scale, the project's tolerance for "the same states"); then the exact ones and PyTorch are
+timed on a ``RACE_SHAPE`` batch (alternating, best of ``RACE_ROUNDS``) and the fastest serves that depth.
+
+The race's result is kept on disk (``races.json`` beside the exported graphs), keyed by the CPU model, the thread
+count, the weights' fingerprint, the depth and the runtimes' versions, so a later process on the same machine skips
+the timing (the exactness check still runs: it is one small batch). ``$LAYERWISE_AUTO_RUNTIME`` changes the choice
+among exact runtimes: ``fastest`` (the default), ``onnx``, ``openvino`` or ``torch`` (no timing). Every other site,
+device, dtype, padding side or architecture runs on PyTorch. :meth:`AutoBackend.runtime` says which ran, and why.
 
 ``quantize="int8"`` makes ONNX Runtime the only runtime (block site only); a model it cannot run is refused with
 the reason. Reduced precision is never chosen by this backend: ``compute_dtype="bfloat16"`` is an explicit option
-that runs on PyTorch.
+that runs on PyTorch (``backend="openvino", compute_dtype="bfloat16"`` runs OpenVINO's bf16).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 
 from ...errors import ModelLoadError
 from ..capture import capture
 from ..discovery import probe_batch
+from ..hardware import cpu_model
 from ..loaded import LoadedModel
 from ..options import ModelOptions
+from .base import Backend
+from .openvino import OpenVinoBackend, openvino_available, openvino_version
 from .ort import OnnxBackend, check_quantize, ort_available
 from .pytorch import TorchBackend
 
 EXACT = 1e-5  # max abs difference to PyTorch, relative to max(1, largest state): "the same states"
-RACE_SHAPE = (16, 64)  # (texts, tokens) of the batch both runtimes are timed on
+RACE_SHAPE = (16, 64)  # (texts, tokens) of the batch the runtimes are timed on
 RACE_ROUNDS = 3
-CHOICES = ("fastest", "onnx", "torch")
+CHOICES = ("fastest", "onnx", "openvino", "torch")
+LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
 
 
 def runtime_choice() -> str:
@@ -42,18 +53,61 @@ def runtime_choice() -> str:
     choice = os.environ.get("LAYERWISE_AUTO_RUNTIME", "fastest").strip().lower() or "fastest"
     if choice not in CHOICES:
         raise ModelLoadError(f"LAYERWISE_AUTO_RUNTIME={choice!r} is not a choice. Valid values are: "
-                         f"{', '.join(CHOICES)} (fastest: time both once per depth; onnx/torch: always that one "
-                         f"where it is exact)")
+                             f"{', '.join(CHOICES)} (fastest: time the exact runtimes once per depth and machine; "
+                             f"onnx/openvino/torch: always that one where it is exact)")
     return choice
 
 
+class RaceRecord:
+    """Races already run on this machine: ``races.json`` in ``directory``, one entry per key (see
+    :meth:`key`); read on each lookup and rewritten atomically (merged with what another process wrote)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / "races.json"
+
+    @staticmethod
+    def key(fingerprint: str, depth: int, threads: int, runtimes: Sequence[str]) -> str:
+        """A digest of what decides a race: CPU model, threads, weights, depth, the runtimes and their versions."""
+        import onnxruntime
+
+        versions = {"torch": torch.__version__, "onnx": onnxruntime.__version__, "openvino": openvino_version()}
+        parts = {"cpu": cpu_model(), "threads": threads, "weights": fingerprint, "depth": depth,
+                 "shape": list(RACE_SHAPE), "runtimes": {r: versions[r] for r in sorted(runtimes)}}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+    def read(self) -> dict[str, dict[str, float]]:
+        """Every recorded race ``{key: {runtime: seconds}}``; an unreadable file reads as none (it is a cache)."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> dict[str, float] | None:
+        """The times of the race ``key``, or ``None`` when it has not been run here."""
+        times = self.read().get(key)
+        return {str(k): float(v) for k, v in times.items()} if isinstance(times, dict) else None
+
+    def put(self, key: str, times: dict[str, float]) -> None:
+        """Record a race (a cache: a directory that cannot be written is skipped, the next process races again)."""
+        data = {**self.read(), key: times}
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+
 class AutoBackend(TorchBackend):
-    """ONNX Runtime where it is exact and applies, else PyTorch (all sites, early exit).
+    """The fastest exact runtime per depth (ONNX Runtime, OpenVINO or PyTorch) for the block site, PyTorch
+    elsewhere (all sites, early exit).
 
     Args:
         loaded: the model.
         padding_side: as for :class:`~layerwise.model.backends.pytorch.TorchBackend` (``"left"`` runs PyTorch).
-        cache: directory for exported graphs (see :func:`layerwise.model.backends.ort.cache_dir`).
+        cache: directory for exported graphs and ``races.json`` (see :func:`layerwise.model.backends.ort.cache_dir`).
         quantize: ``None`` or ``"int8"`` (dynamic int8 through ONNX Runtime; block site only).
     """
 
@@ -71,31 +125,44 @@ class AutoBackend(TorchBackend):
         self.quantize = check_quantize(quantize)
         self.why_torch = self.onnx_unsupported(loaded, padding_side)
         self.onnx: OnnxBackend | None = None
+        self.openvino: OpenVinoBackend | None = None
         if self.why_torch is None:
             self.onnx = OnnxBackend(loaded, cache=cache, quantize=self.quantize)
+            if not self.quantize and openvino_available():
+                self.openvino = OpenVinoBackend(loaded, exporter=self.onnx)
         elif self.quantize:
             raise ModelLoadError(f"quantize={self.quantize!r} runs through ONNX Runtime, which {self.why_torch}")
-        self._exact: dict[int, bool] = {}  # depth -> ONNX Runtime agreed with PyTorch on the probe batch
-        self._onnx_at: dict[int, bool] = {}  # depth -> ONNX Runtime serves it (exact, and chosen)
+        self.races = RaceRecord(self.onnx.root) if self.onnx is not None else None
+        self._exact: dict[tuple[str, int], bool] = {}  # (runtime, depth) -> agreed with PyTorch on the probe batch
+        self._serving: dict[int, str] = {}  # depth -> the runtime that serves it
         self._why: dict[int, str] = {}  # depth -> why that runtime serves it
+
+    def fingerprint(self) -> str:
+        """The weights' sha256 (computed once, shared with the exporter)."""
+        return self.onnx.fingerprint() if self.onnx is not None else super().fingerprint()
+
+    @property
+    def compiled_runtimes(self) -> dict[str, Backend]:
+        """The runtimes other than PyTorch that can serve the block site here: ``{"onnx": ..., "openvino": ...}``."""
+        return {name: rt for name, rt in (("onnx", self.onnx), ("openvino", self.openvino)) if rt is not None}
 
     def torch_only(self, reason: str) -> None:
         """Run PyTorch from now on (e.g. the weights are about to change: an exported graph would be stale).
 
         Raises:
-            ValueError: when quantised (int8 exists only in ONNX Runtime).
+            ModelLoadError: when quantised (int8 exists only in ONNX Runtime).
         """
         if self.quantize:
-            raise ModelLoadError(f"quantize={self.quantize!r} runs on ONNX Runtime only; it cannot switch to PyTorch "
-                             f"({reason})")
-        self.onnx, self.why_torch = None, f"is off: {reason}"
+            raise ModelLoadError(f"quantize={self.quantize!r} runs on ONNX Runtime only; it cannot switch to "
+                                 f"PyTorch ({reason})")
+        self.onnx, self.openvino, self.why_torch = None, None, f"is off: {reason}"
         self._exact.clear()
-        self._onnx_at.clear()
+        self._serving.clear()
         self._why.clear()
 
     @staticmethod
     def onnx_unsupported(loaded: LoadedModel, padding_side: str = "right") -> str | None:
-        """Why ONNX Runtime cannot serve ``loaded`` (a phrase), or ``None`` when it can."""
+        """Why the compiled runtimes cannot serve ``loaded`` (a phrase), or ``None`` when they can."""
         if not ort_available():
             return "is not installed (pip install onnxruntime onnx)"
         if padding_side != "right":
@@ -112,95 +179,139 @@ class AutoBackend(TorchBackend):
         """``"int8"`` when quantised, else the dtype."""
         return self.quantize or super().precision
 
-    def exact(self, depth: int) -> bool:
-        """Whether ONNX Runtime gives PyTorch's states for layers ``0..depth`` (checked once per depth)."""
-        if self.onnx is None:
+    def exact(self, depth: int, runtime: str = "onnx") -> bool:
+        """Whether ``runtime`` gives PyTorch's states for layers ``0..depth`` (checked once per runtime and depth)."""
+        backend = self.compiled_runtimes.get(runtime)
+        if backend is None:
             return False
-        if depth not in self._exact:
+        if (runtime, depth) not in self._exact:
             ids, mask = probe_batch(self.loaded.tokenizer)
             layers = list(range(depth + 1))
             want = capture(self.loaded, ids, mask, layers)  # Shape: (layers, 2, tokens, hidden)
-            got = self.onnx.forward(ids, mask, layers, "block")
+            got = backend.forward(ids, mask, layers, "block")
             keep = mask.bool()
             scale = max(1.0, float(want[:, keep].abs().max()))
-            self._exact[depth] = float((got[:, keep] - want[:, keep]).abs().max()) <= EXACT * scale
-        return self._exact[depth]
+            self._exact[runtime, depth] = float((got[:, keep] - want[:, keep]).abs().max()) <= EXACT * scale
+        return self._exact[runtime, depth]
 
-    def race(self, depth: int) -> tuple[float, float]:
-        """Seconds (best of ``RACE_ROUNDS``, alternating) for ``(PyTorch, ONNX Runtime)`` on a ``RACE_SHAPE`` batch
-        of layers ``0..depth``, after one warm-up call each."""
-        onnx = self.onnx
-        if onnx is None:
-            raise RuntimeError(f"race({depth}) needs ONNX Runtime, which {self.why_torch}")
+    def race(self, depth: int, runtimes: Sequence[str] = ("onnx", "openvino")) -> dict[str, float]:
+        """Seconds (best of ``RACE_ROUNDS``, alternating) of PyTorch and each of ``runtimes`` that is available, on a
+        ``RACE_SHAPE`` batch of layers ``0..depth``, after one warm-up call each: ``{"torch": s, "onnx": s, ...}``."""
         n, t = RACE_SHAPE
         vocab = int(getattr(self.loaded.model.config, "vocab_size", 1000))
         ids = torch.randint(min(1000, vocab - 1), vocab, (n, t), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
         layers = list(range(depth + 1))
-        runs = {"torch": lambda: TorchBackend.forward(self, ids, mask, layers, "block"),
-                "onnx": lambda: onnx.forward(ids, mask, layers, "block")}
-        best = {name: float("inf") for name in runs}
-        for run in runs.values():
-            run()  # warm-up: first-call allocations
-        for _ in range(RACE_ROUNDS):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                best[name] = min(best[name], time.perf_counter() - t0)
-        return best["torch"], best["onnx"]
+        contestants: dict[str, Backend] = {"torch": self}
+        contestants.update({n: b for n, b in self.compiled_runtimes.items() if n in runtimes})
 
-    def serves_onnx(self, depth: int) -> bool:
-        """Whether ONNX Runtime serves layers ``0..depth``: exact, and chosen by ``$LAYERWISE_AUTO_RUNTIME``
-        (decided once per depth)."""
-        if self.onnx is None:
-            return False
-        if self.quantize:
-            return True
-        if depth not in self._onnx_at:
-            choice = runtime_choice()
-            if choice == "torch":
-                use, why = False, "LAYERWISE_AUTO_RUNTIME=torch"
-            elif not self.exact(depth):
-                use, why = False, f"ONNX Runtime not within {EXACT} of PyTorch there"
-            elif choice == "onnx":
-                use, why = True, "exact; LAYERWISE_AUTO_RUNTIME=onnx"
+        def runs(name: str) -> None:
+            if name == "torch":
+                TorchBackend.forward(self, ids, mask, layers, "block")
             else:
-                slow, fast = self.race(depth)
-                use = fast < slow
-                shape = "x".join(map(str, RACE_SHAPE))
-                why = f"exact; {'faster' if use else 'slower'} here: {fast * 1e3:.1f} ms vs PyTorch's " \
-                      f"{slow * 1e3:.1f} ms on a {shape} batch"
-            self._onnx_at[depth], self._why[depth] = use, why
-        return self._onnx_at[depth]
+                contestants[name].forward(ids, mask, layers, "block")
 
-    def uses_onnx(self, layers: Sequence[int], site: str) -> bool:
-        """Whether a forward pass for ``layers`` at ``site`` runs on ONNX Runtime."""
+        best = {name: float("inf") for name in contestants}
+        for name in contestants:
+            runs(name)  # warm-up: first-call allocations
+        for _ in range(RACE_ROUNDS):
+            for name in contestants:
+                t0 = time.perf_counter()
+                runs(name)
+                best[name] = min(best[name], time.perf_counter() - t0)
+        return best
+
+    def timed_race(self, depth: int, runtimes: Sequence[str]) -> tuple[dict[str, float], bool]:
+        """The race of ``runtimes`` and PyTorch at ``depth``: from ``races.json`` when this machine ran it before
+        (``True``), else run now and recorded (``False``)."""
+        key = RaceRecord.key(self.fingerprint(), depth, torch.get_num_threads(), ["torch", *runtimes])
+        known = self.races.get(key) if self.races is not None else None
+        if known is not None and set(known) == {"torch", *runtimes}:
+            return known, True
+        times = self.race(depth, runtimes)
+        if self.races is not None:
+            self.races.put(key, times)
+        return times, False
+
+    def serving(self, depth: int) -> str:
+        """The runtime that serves layers ``0..depth`` of the block site (``"onnx"``, ``"openvino"`` or
+        ``"torch"``): exact, and chosen by ``$LAYERWISE_AUTO_RUNTIME`` (decided once per depth)."""
+        if self.onnx is None:
+            return "torch"
+        if self.quantize:
+            return "onnx"
+        if depth not in self._serving:
+            choice = runtime_choice()
+            candidates = list(self.compiled_runtimes)
+            if choice != "fastest":
+                candidates = [c for c in candidates if c == choice]
+            exact = [c for c in candidates if self.exact(depth, c)]
+            inexact = ", ".join(LABELS[c] for c in candidates if c not in exact)
+            if choice == "torch":
+                use, why = "torch", "LAYERWISE_AUTO_RUNTIME=torch"
+            elif not exact:
+                missing = "" if candidates else f" ({LABELS.get(choice, choice)} is not installed)"
+                use, why = "torch", f"{inexact or 'no other runtime'} not within {EXACT} of PyTorch there{missing}"
+            elif choice != "fastest":
+                use, why = choice, f"exact; LAYERWISE_AUTO_RUNTIME={choice}"
+            else:
+                times, known = self.timed_race(depth, exact)
+                use = min(times, key=lambda name: times[name])
+                shape = "x".join(map(str, RACE_SHAPE))
+                others = ", ".join(f"{LABELS[n]}'s {s * 1e3:.1f} ms" for n, s in times.items() if n != use)
+                why = (f"exact; {'fastest' if use != 'torch' else 'PyTorch fastest'} here: {times[use] * 1e3:.1f} ms "
+                       f"vs {others} on a {shape} batch" + (" (timed earlier on this machine)" if known else "")
+                       + (f"; {inexact} not exact there" if inexact else ""))
+            self._serving[depth], self._why[depth] = use, why
+        return self._serving[depth]
+
+    def runtime_for(self, layers: Sequence[int], site: str) -> str:
+        """Which runtime runs a forward pass for ``layers`` at ``site``: ``"onnx"``, ``"openvino"`` or ``"torch"``."""
         if self.onnx is None or site != "block":
-            return False
-        return self.serves_onnx(self.onnx.depth_for(layers))
+            return "torch"
+        return self.serving(self.onnx.depth_for(layers))
 
     def runtime(self) -> str:
-        """Which runtime serves what so far, and why: e.g. ``"onnxruntime 1.23.2 for the block site at depths [6]
-        (exact; faster here: ...); torch for other sites"``."""
+        """Which runtime serves what so far, and why: e.g. ``"openvino 2026.4.1 for the block site at depths [6]
+        (exact; fastest here: ...); torch for other sites"``."""
         if self.onnx is None:
             return f"torch (ONNX Runtime {self.why_torch})"
-        head = f"onnxruntime {self.onnx.ort.__version__}"
+        versions = {"onnx": f"onnxruntime {self.onnx.ort.__version__}", "openvino": f"openvino {openvino_version()}",
+                    "torch": "torch"}
         if self.quantize:
-            return f"{head} ({self.quantize}) for the block site"
-        chosen = sorted(self._onnx_at.items())
-        parts = [f"{head} for the block site at depths [{d}] ({self._why[d]})" for d, on in chosen if on]
-        parts += [f"torch at depths [{d}] ({self._why[d]})" for d, on in chosen if not on]
-        return "; ".join(parts or [f"{head} or torch for the block site (decided at first use of each depth)"]) \
+            return f"{versions['onnx']} ({self.quantize}) for the block site"
+        parts = []
+        for name in ("openvino", "onnx", "torch"):
+            depths = sorted(d for d, use in self._serving.items() if use == name)
+            for d in depths:
+                parts.append(f"{versions[name]} {'for the block site ' if name != 'torch' else ''}at depths [{d}] "
+                             f"({self._why[d]})")
+        candidates = " or ".join(versions[n] for n in (*self.compiled_runtimes, "torch"))
+        return "; ".join(parts or [f"{candidates} for the block site (decided at first use of each depth)"]) \
             + "; torch for other sites"
+
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start` on the runtime :meth:`runtime_for` picks (OpenVINO's returns at once)."""
+        backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
+        if backend is not None:
+            return backend.start(input_ids, attention_mask, layers, site)
+        return super().start(input_ids, attention_mask, layers, site)
+
+    def ahead(self, layers: Sequence[int], site: str) -> int:
+        """The :meth:`Backend.ahead` of the runtime that serves ``layers`` at ``site``."""
+        backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
+        return backend.ahead(layers, site) if backend is not None else 1
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
     ) -> torch.Tensor:
-        """``[K, batch, tokens, width]`` (see :meth:`Backend.forward`) from ONNX Runtime where it is exact, else
-        from PyTorch."""
-        if self.onnx is not None and self.uses_onnx(layers, site):  # (the first test is for the type checker)
-            return self.onnx.forward(input_ids, attention_mask, layers, site)
+        """``[K, batch, tokens, width]`` (see :meth:`Backend.forward`) from the runtime :meth:`runtime_for` picks."""
+        backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
+        if backend is not None:
+            return backend.forward(input_ids, attention_mask, layers, site)
         return super().forward(input_ids, attention_mask, layers, site)
 
 
-__all__ = ["EXACT", "AutoBackend"]
+__all__ = ["CHOICES", "EXACT", "AutoBackend", "RaceRecord", "runtime_choice"]

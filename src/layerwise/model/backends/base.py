@@ -159,5 +159,19 @@ class Backend(ABC):
             ``[len(layers), batch, tokens, width]`` on :attr:`device`.
         """
 
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> Callable[[], torch.Tensor]:
+        """Start :meth:`forward` on one batch and return a callable that waits for its states ``[K, batch, tokens,
+        width]``. Here it runs now; a runtime with asynchronous requests returns at once, so the caller can
+        prepare and start the next batches (up to :meth:`ahead`) and reduce the finished ones meanwhile."""
+        states = self.forward(input_ids, attention_mask, layers, site)
+        return lambda: states
+
+    def ahead(self, layers: Sequence[int], site: str) -> int:
+        """How many batches for ``layers`` at ``site`` may be started before the oldest is waited for (1: one at a
+        time)."""
+        return 1
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.loaded.name!r}, device={self.device}, dtype={self.dtype})"

@@ -1,0 +1,269 @@
+"""The OpenVINO backend: the encoder converted once per (weights, deepest layer, precision), run on the CPU with the
+throughput hint and a queue of asynchronous infer requests that keeps every stream busy.
+
+``Extractor(..., backend="openvino")`` runs the same pipeline (tokenise, windows, token-budget batches, combine,
+pool) with the forward pass executed by OpenVINO; ``backend="auto"`` (see :mod:`layerwise.model.backends.auto`)
+times it against ONNX Runtime and PyTorch where it is installed and exact. The graph is the ONNX export of
+:mod:`layerwise.model.backends.ort` (the encoder cut after the deepest requested layer, ``hidden_0 .. hidden_d`` as
+outputs), converted to OpenVINO's IR and saved with its float32 weights (never compressed to float16) under the
+same cache directory, keyed by the weights' sha256, the family, the depth and the OpenVINO version.
+
+Precision is explicit: OpenVINO runs float32 by default on a CPU with native bf16 (AVX-512 BF16, AMX) in bfloat16
+unless told otherwise, which would be a silent loss. This backend always sets ``INFERENCE_PRECISION_HINT``: ``f32``
+for ``compute_dtype="float32"`` (the default; the states equal PyTorch's within 1e-5), ``bf16`` for
+``compute_dtype="bfloat16"`` (weights stored in float32, the matrix products in bf16 where the CPU has it).
+
+Speed: the model is compiled with ``PERFORMANCE_HINT=THROUGHPUT`` (OpenVINO picks the number of streams for the
+cores it is given), and one padded batch is cut by rows into as many parts as there are streams, each run as an
+asynchronous infer request; the requested states are copied once, straight into the result ``[K, batch, tokens,
+width]``. Compiled blobs are cached too (OpenVINO's ``CACHE_DIR``), so a second process skips compilation.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> ex = lw.Extractor(backend="openvino")                                      # doctest: +SKIP
+    >>> ex.encode(["I love Paris"], layers=-1).shape                               # doctest: +SKIP
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ...errors import ModelLoadError
+from ...extras import require
+from ..loaded import LoadedModel
+from ..loading import load_model
+from ..options import ModelOptions
+from .base import LOADING_FIELDS, Backend, refuse_options
+from .ort import OnnxBackend, export
+
+IR_FORMAT = 1  # bump when the converted graph changes
+PRECISION_HINTS = {"float32": "f32", "bfloat16": "bf16"}  # compute_dtype -> INFERENCE_PRECISION_HINT
+
+
+def require_openvino() -> Any:
+    """The ``openvino`` module; :class:`~layerwise.MissingExtraError` naming the ``[openvino]`` extra."""
+    return require("openvino", what="the OpenVINO backend", extra="openvino", packages="openvino")
+
+
+def openvino_available() -> bool:
+    """Whether OpenVINO can be imported (the ``[openvino]`` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
+
+
+def openvino_version() -> str:
+    """OpenVINO's version (``"2026.4.1"``), or ``""`` when it is not installed."""
+    if not openvino_available():
+        return ""
+    from importlib.metadata import version
+
+    return version("openvino")
+
+
+def check_precision(compute_dtype: object) -> str:
+    """The compute dtype OpenVINO runs: ``float32`` or ``bfloat16``; any other is refused, listing these."""
+    name = str(compute_dtype or "float32").replace("torch.", "")
+    if name not in PRECISION_HINTS:
+        raise ModelLoadError(f"backend='openvino' runs compute_dtype {name!r}, which it does not offer. Valid values "
+                             f"are: {', '.join(PRECISION_HINTS)} (float16: use backend='torch' on CUDA)")
+    return name
+
+
+class OpenVinoBackend(Backend):
+    """OpenVINO on the CPU, block site only; one converted graph per deepest requested layer.
+
+    Args:
+        loaded: the model in float32 (converted from its PyTorch weights; a BERT-style encoder of the family table).
+        precision: ``"float32"`` (exact) or ``"bfloat16"`` (OpenVINO's bf16 inference hint).
+        cache: directory for exported and converted graphs (default ``~/.cache/layerwise/onnx``, see
+            :func:`~layerwise.model.backends.ort.cache_dir`).
+        threads: the CPU threads OpenVINO uses (default: torch's thread count).
+        exporter: the ONNX backend whose export (and weights fingerprint) to convert from; one is made when absent.
+    """
+
+    name = "openvino"
+    sites = ("block",)
+    accepts = frozenset((*LOADING_FIELDS, "onnx_cache"))
+    runs = "runs OpenVINO"
+
+    @classmethod
+    def load(cls, options: ModelOptions) -> "OpenVinoBackend":
+        """Load the model in float32 (the graph is converted from float32 weights) and run it in
+        ``options.compute_dtype`` through OpenVINO's precision hint."""
+        refuse_options(cls, options)
+        precision = check_precision(options.compute_dtype)
+        import dataclasses
+
+        return cls.from_loaded(load_model(dataclasses.replace(options, compute_dtype=None)),
+                               dataclasses.replace(options, compute_dtype=precision))
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, options: ModelOptions) -> "OpenVinoBackend":
+        """``OpenVinoBackend(loaded, precision=options.compute_dtype, cache=options.onnx_cache)``."""
+        return cls(loaded, precision=options.compute_dtype or "float32", cache=options.onnx_cache)
+
+    def __init__(self, loaded: LoadedModel, precision: str = "float32", cache: str | os.PathLike | None = None,
+                 threads: int | None = None, exporter: OnnxBackend | None = None):
+        super().__init__(loaded)
+        self.compute = check_precision(precision)
+        problem = self.unsupported(loaded)
+        if problem:
+            raise ModelLoadError(f"backend='openvino' {problem}")
+        self.ov = require_openvino()
+        self.onnx = exporter or OnnxBackend(loaded, cache=cache)  # the exporter and its cache
+        self.root = self.onnx.root
+        self.threads = threads or torch.get_num_threads()
+        self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
+        self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # depth -> (compiled model, infer requests)
+        self._holding: dict[int, _Pending] = {}  # request slot -> the started batch whose result it holds
+        self._next = 0  # the slot the next started batch takes
+
+    @staticmethod
+    def unsupported(loaded: LoadedModel) -> str | None:
+        """Why ``loaded`` cannot run on this backend (a phrase to follow "backend='openvino'"), or ``None``."""
+        return OnnxBackend.unsupported(loaded)
+
+    @property
+    def precision(self) -> str:
+        """``"float32"`` or ``"bfloat16"``: what OpenVINO computes in (part of a store's identity)."""
+        return self.compute
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """``torch.bfloat16`` when run in bf16 (the states are returned as float32 either way)."""
+        return torch.bfloat16 if self.compute == "bfloat16" else torch.float32
+
+    def depth_for(self, layers: Sequence[int]) -> int:
+        """The graph depth serving ``layers``: the deepest, at least 1."""
+        return self.onnx.depth_for(layers)
+
+    def path_for(self, depth: int) -> Path:
+        """Where the converted graph for ``depth`` is cached (``.xml`` beside its ``.bin``)."""
+        key = {"weights": self.fingerprint(), "family": self.loaded.architecture, "depth": depth, "site": "block",
+               "format": IR_FORMAT, "openvino": openvino_version(), "onnx": self.onnx.path_for(depth).name}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        return self.root / f"{self.loaded.architecture}-d{depth}-openvino-{digest}.xml"
+
+    def fingerprint(self) -> str:
+        """The weights' sha256 (shared with the exporter, computed once)."""
+        return self.onnx.fingerprint()
+
+    def build(self, depth: int) -> Path:
+        """The cached IR for ``depth``, exported and converted now if absent (the time is said on stderr)."""
+        path = self.path_for(depth)
+        if path.exists() and path.with_suffix(".bin").exists():
+            return path
+        t0 = time.perf_counter()
+        source = self.onnx.path_for(depth)
+        if not source.exists():
+            export(self.loaded, depth, source)
+        model = self.ov.convert_model(str(source))
+        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
+        self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
+        os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
+        os.replace(tmp, path)
+        seconds = time.perf_counter() - t0
+        self.convert_seconds[depth] = seconds
+        print(f"layerwise: converted {self.loaded.name} (layers 0..{depth}) to OpenVINO in {seconds:.1f} s, "
+              f"cached at {path}", file=sys.stderr)
+        return path
+
+    def compiled(self, layers: Sequence[int]) -> tuple[Any, list[Any]]:
+        """The compiled model serving ``layers`` and its infer requests (one per stream), compiled on first use."""
+        depth = self.depth_for(layers)
+        if depth not in self._compiled:
+            core = self.ov.Core()
+            core.set_property({"CACHE_DIR": str(self.root / "openvino-blobs")})
+            config = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": PRECISION_HINTS[self.compute],
+                      "INFERENCE_NUM_THREADS": self.threads}
+            compiled = core.compile_model(str(self.build(depth)), "CPU", config)
+            streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+            self._compiled[depth] = (compiled, [compiled.create_infer_request() for _ in range(streams)])
+        return self._compiled[depth]
+
+    def settings(self, layers: Sequence[int]) -> dict[str, Any]:
+        """What OpenVINO compiled for ``layers``: streams, threads, inference precision, performance hint."""
+        compiled, requests = self.compiled(layers)
+        return {"streams": len(requests), "threads": int(compiled.get_property("INFERENCE_NUM_THREADS")),
+                "precision": compiled.get_property("INFERENCE_PRECISION_HINT").to_string(),
+                "hint": str(compiled.get_property("PERFORMANCE_HINT"))}
+
+    def ahead(self, layers: Sequence[int], site: str) -> int:
+        """As many batches as there are infer requests (one per stream) run at once."""
+        return len(self.compiled(layers)[1])
+
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> Callable[[], torch.Tensor]:
+        """Start the whole batch on the next infer request and return at once (see :meth:`Backend.start`); the
+        returned callable waits and copies the requested states out, once. A request still holding an unread
+        result is read before it is reused, so no result is lost however many batches are started."""
+        _, requests = self.compiled(layers)
+        slot = self._next % len(requests)
+        self._next += 1
+        previous = self._holding.get(slot)
+        if previous is not None:
+            previous()  # its states copied out: the request is free
+        pending = _Pending(requests[slot], list(layers), self.loaded.hidden_size)
+        requests[slot].start_async({"input_ids": input_ids.numpy().astype(np.int64, copy=False),
+                                    "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)})
+        self._holding[slot] = pending
+        return pending
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> torch.Tensor:
+        """``[K, batch, tokens, hidden]`` float32 from OpenVINO (see :meth:`Backend.forward`): the batch cut by rows
+        across the infer requests, run asynchronously, the requested states copied once into the result."""
+        _, requests = self.compiled(layers)
+        for held in list(self._holding.values()):
+            held()  # results of started batches are read before their requests are reused
+        self._holding.clear()
+        ids = input_ids.numpy().astype(np.int64, copy=False)
+        mask = attention_mask.numpy().astype(np.int64, copy=False)
+        batch, tokens = ids.shape
+        out = np.empty((len(layers), batch, tokens, self.loaded.hidden_size), dtype=np.float32)
+        bounds = np.linspace(0, batch, min(len(requests), batch) + 1).astype(int)
+        running = []
+        for request, start, end in zip(requests, bounds[:-1], bounds[1:]):
+            request.start_async({"input_ids": ids[start:end], "attention_mask": mask[start:end]})
+            running.append((request, start, end))
+        for request, start, end in running:
+            request.wait()
+            for k, layer in enumerate(layers):
+                out[k, start:end] = request.get_tensor(f"hidden_{layer}").data
+        return torch.from_numpy(out)
+
+
+class _Pending:
+    """The states of one batch started on an infer request: waited for and copied out on the first call."""
+
+    def __init__(self, request: Any, layers: list[int], width: int):
+        self.request, self.layers, self.width = request, layers, width
+        self.states: torch.Tensor | None = None
+
+    def __call__(self) -> torch.Tensor:
+        if self.states is None:
+            self.request.wait()
+            first = self.request.get_tensor(f"hidden_{self.layers[0]}").data
+            out = np.empty((len(self.layers), *first.shape[:2], self.width), dtype=np.float32)
+            for k, layer in enumerate(self.layers):
+                out[k] = self.request.get_tensor(f"hidden_{layer}").data
+            self.states = torch.from_numpy(out)
+        return self.states
+
+
+__all__ = ["OpenVinoBackend", "PRECISION_HINTS", "check_precision", "openvino_available", "openvino_version",
+           "require_openvino"]

@@ -1,0 +1,108 @@
+"""backend="openvino": the export converted once per depth with float32 weights, an explicit precision hint (fp32
+exact, bf16 when asked), the batch across async infer requests, and what it refuses."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import layerwise as lw
+import layerwise.model.backends.openvino as ovb
+
+pytest.importorskip("openvino")
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés " * 40, "a b c"]
+
+
+def test_exact_for_every_family_at_every_layer(tiny_extractors, family, tmp_path):
+    ex = lw.Extractor(tiny_extractors[family].loaded, backend="openvino", onnx_cache=tmp_path, max_length=24)
+    reference = lw.Extractor(ex.loaded, backend="torch", max_length=24)
+    for got, want in zip(ex.encode(TEXTS, layers="all", pool=None), reference.encode(TEXTS, layers="all", pool=None)):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert ex.describe()["precision"] == "float32" and ex.sites == ("block",)
+
+
+def test_default_model_equals_output_hidden_states(default_extractor, tmp_path):
+    ex = lw.Extractor(default_extractor.loaded, backend="openvino", onnx_cache=tmp_path)
+    enc = ex.tokenizer(TEXTS[:3], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        want = torch.stack(ex.model(**enc, output_hidden_states=True).hidden_states)
+    got = ex.hidden_states(TEXTS[:3], layers="all").tensor
+    mask = enc["attention_mask"].bool()
+    assert float((got[:, mask] - want[:, mask]).abs().max()) <= 1e-5
+    settings = ex.backend.settings(list(range(7)))
+    assert settings["precision"] == "f32" and settings["hint"] == "THROUGHPUT" and settings["streams"] >= 1
+    assert settings["threads"] == torch.get_num_threads()
+
+
+def test_precision_is_always_explicit(default_extractor, tmp_path):
+    """fp32 means fp32 (OpenVINO would pick bf16 by itself on a bf16 CPU); bf16 only when asked, and it is close."""
+    fp32 = lw.Extractor(default_extractor.loaded, backend="openvino", onnx_cache=tmp_path)
+    bf16 = ovb.OpenVinoBackend(default_extractor.loaded, precision="bfloat16", cache=tmp_path)
+    assert bf16.precision == "bfloat16" and bf16.settings([6])["precision"] == "bf16"
+    enc = fp32.tokenizer(TEXTS[:2], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    a, b = fp32.backend.forward(ids, mask, [6], "block")[0], bf16.forward(ids, mask, [6], "block")[0]
+    cos = torch.nn.functional.cosine_similarity(a[mask.bool()], b[mask.bool()], dim=-1)
+    assert float(cos.min()) > 0.99 and float((a - b).abs().max()) > 1e-4  # close, and really bf16
+    xml = fp32.backend.path_for(6).read_text()
+    assert 'element_type="f16"' not in xml and 'element_type="f32"' in xml  # weights saved in float32
+
+
+def test_load_runs_bfloat16_through_the_hint_and_a_store_records_it(tmp_path):
+    ex = lw.Extractor(backend="openvino", compute_dtype="bfloat16", onnx_cache=tmp_path / "cache")
+    assert ex.backend.precision == "bfloat16" and ex.backend.loaded.dtype == torch.float32  # converted from fp32
+    src = tmp_path / "in.txt"
+    src.write_text("I love Paris\nEU rejects German call\n")
+    lw.extract(src, tmp_path / "s", lw.EncodeSpec(layers=-1, pool="mean"), model=ex)
+    assert lw.open_store(tmp_path / "s").manifest["model"]["precision"] == "bfloat16"
+
+
+def test_converted_once_per_depth_and_read_from_the_cache(tiny_extractors, tmp_path, monkeypatch, capfd):
+    calls = []
+    real = ovb.OpenVinoBackend.build
+    monkeypatch.setattr(ovb.OpenVinoBackend, "build", lambda self, depth: calls.append(
+        (depth, self.path_for(depth).exists())) or real(self, depth))
+    loaded = tiny_extractors["bert"].loaded
+    first = lw.Extractor(loaded, backend="openvino", onnx_cache=tmp_path)
+    first.encode(TEXTS, layers=2)
+    first.encode(TEXTS, layers=[0, 1, 2], combine="concat")  # the same graph, compiled once
+    assert calls == [(2, False)] and "to OpenVINO in" in capfd.readouterr().err
+    lw.Extractor(loaded, backend="openvino", onnx_cache=tmp_path).encode(TEXTS, layers=2)  # a new process
+    assert calls == [(2, False), (2, True)] and "to OpenVINO in" not in capfd.readouterr().err
+    assert len(list(tmp_path.glob("*-openvino-*.xml"))) == 1 and len(list(tmp_path.glob("*-openvino-*.bin"))) == 1
+
+
+def test_a_batch_larger_or_smaller_than_the_streams(tiny_extractors, tmp_path):
+    ex = lw.Extractor(tiny_extractors["roberta"].loaded, backend="openvino", onnx_cache=tmp_path)
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    for texts in (TEXTS[:1], TEXTS * 7):
+        np.testing.assert_allclose(ex.encode(texts, layers=[2, 0], combine="concat"),
+                                   reference.encode(texts, layers=[2, 0], combine="concat"), atol=1e-5, rtol=0)
+
+
+def test_what_it_refuses(tiny_extractors, arch_extractors):
+    loaded = tiny_extractors["bert"].loaded
+    with pytest.raises(ValueError, match=r"backend='openvino' exports the BERT-family encoders of the family table; "
+                                         r"this llama model's layers were discovered at load: use backend='torch'"):
+        lw.Extractor(arch_extractors["llama"].loaded, backend="openvino")
+    with pytest.raises(ValueError, match=re.escape("backend='openvino' runs compute_dtype 'float16', which it does not "
+                                                   "offer. Valid values are: float32, bfloat16")):
+        lw.Extractor(backend="openvino", compute_dtype="float16")
+    with pytest.raises(ValueError, match=r"site 'attention' is not available .* it offers block"):
+        lw.Extractor(loaded, backend="openvino").encode(["x"], layers=1, site="attention")
+    with pytest.raises(ValueError, match=r"quantize"):
+        lw.Extractor(loaded, backend="openvino", quantize="int8")
+
+
+def test_auto_races_openvino_where_installed(tiny_extractors, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "openvino")
+    ex = lw.Extractor(tiny_extractors["deberta-v2"].loaded, onnx_cache=tmp_path)
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    np.testing.assert_allclose(ex.encode(TEXTS, layers="all", combine="mean"),
+                               reference.encode(TEXTS, layers="all", combine="mean"), atol=1e-5, rtol=0)
+    assert ex.backend.runtime_for([2], "block") == "openvino"
+    assert ex.describe()["runtime"].startswith("openvino ")
