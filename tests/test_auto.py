@@ -164,16 +164,16 @@ def test_cache_directory_from_environment(tmp_path, monkeypatch):
     assert ob.cache_dir(tmp_path / "mine") == tmp_path / "mine"
 
 
-def test_int8(default_extractor):
+def test_int8_dynamic_on_onnx_runtime(default_extractor):
     fp32 = lw.Extractor(default_extractor.loaded, backend="torch")
-    q = lw.Extractor(default_extractor.loaded, quantize="int8")
+    q = lw.Extractor(default_extractor.loaded, quantize="int8", backend="onnx")
     assert q.describe()["precision"] == "int8" and q.sites == ("block",)
     a, b = q.encode(TEXTS, layers=-1), fp32.encode(TEXTS, layers=-1)
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     assert cos.min() > 0.95 and np.abs(a - b).max() > 1e-4  # close, and really quantised
     import onnx
 
-    graph = onnx.load(str(q.backend.onnx.path_for(6, "int8"))).graph
+    graph = onnx.load(str(q.backend.path_for(6, "int8"))).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMulInteger") == 36  # the 6 x (q, k, v, out, up, down) weight products
     assert ops.count("MatMul") == 12  # attention scores and context stay float32
@@ -183,10 +183,11 @@ def test_quantize_errors(tiny_extractors, arch_extractors):
     loaded = tiny_extractors["bert"].loaded
     with pytest.raises(ValueError, match=r"unknown quantize 'int4'. Valid values are: none, int8"):
         lw.Extractor(loaded, quantize="int4")
-    with pytest.raises(ValueError, match=r"quantize='int8' runs through ONNX Runtime: use backend='auto' \(the "
-                       r"default\) or 'onnx', not backend='torch'"):
+    with pytest.raises(ValueError, match=r"quantize='int8' runs through OpenVINO or ONNX Runtime: use backend='auto' "
+                       r"\(the default\), 'openvino' or 'onnx', not backend='torch'"):
         lw.Extractor(loaded, backend="torch", quantize="int8")
-    with pytest.raises(ValueError, match=r"quantize='int8' runs through ONNX Runtime, which exports the BERT-family"):
+    with pytest.raises(ValueError, match=r"quantize='int8' runs through OpenVINO or ONNX Runtime, which exports the "
+                                         r"BERT-family"):
         lw.Extractor(arch_extractors["llama"].loaded, quantize="int8")
     q = lw.Extractor(loaded, quantize="int8")
     with pytest.raises(ValueError, match=r"site 'attention' is not available .* it offers block"):
@@ -201,3 +202,15 @@ def test_store_refuses_to_mix_precisions(tiny_extractors, tmp_path):
     lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded, quantize="int8"))
     with pytest.raises(Exception, match="precision"):
         lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded))
+
+
+def test_auto_int8_keeps_the_layers_on_openvino_where_installed(default_extractor, monkeypatch):
+    """quantize="int8" under auto: OpenVINO's int8 weights where the extra is installed (precision "int8-weights"),
+    else ONNX Runtime's dynamic int8 (precision "int8"): the recipe is said, and a store never mixes them."""
+    q = lw.Extractor(default_extractor.loaded, quantize="int8")
+    if q.backend.openvino is None:
+        assert q.describe()["precision"] == "int8" and "dynamic" in q.describe()["runtime"]
+        return
+    assert q.describe()["precision"] == "int8-weights" and "with int8 weights (nncf" in q.describe()["runtime"]
+    monkeypatch.setattr("layerwise.model.backends.auto.openvino_available", lambda: False)
+    assert lw.Extractor(default_extractor.loaded, quantize="int8").describe()["precision"] == "int8"

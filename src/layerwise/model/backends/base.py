@@ -19,7 +19,8 @@ LOADING_FIELDS = ("device", "compute_dtype", "revision", "allow_pickle", "trust_
 BACKEND_FIELDS = (*LOADING_FIELDS, "padding_side", "quantize", "onnx_cache", "tokenizer")
 # what each field means when it is not its default: the message for a backend that does not take it
 _NEEDS = {
-    "quantize": "{value} runs through ONNX Runtime: use backend='auto' (the default) or 'onnx', not backend={name!r}",
+    "quantize": "{value} runs through OpenVINO or ONNX Runtime: use backend='auto' (the default), 'openvino' or "
+                "'onnx', not backend={name!r}",
     "padding_side": "{value} needs backend='torch' or 'auto' (backend={name!r} pads right)",
     "tokenizer": "tokenizer= goes with backend='tf' (a SavedModel without its tokenizer); the {name} backend reads "
                  "the model directory's own tokenizer",
