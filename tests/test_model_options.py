@@ -155,7 +155,8 @@ def test_options_that_show_in_a_loaded_model(tiny_dirs, tiny_extractors, tmp_pat
 
 def test_a_backend_refuses_an_option_it_does_not_honour(tiny_extractors):
     loaded = tiny_extractors["bert"].loaded
-    with pytest.raises(lw.ModelLoadError, match=r"quantize='int8' runs through OpenVINO or ONNX Runtime: use backend='auto'"):
+    with pytest.raises(lw.ModelLoadError, match=r"quantize='int8' runs through OpenVINO or ONNX Runtime: use "
+                                                r"backend='auto'"):
         lw.Extractor(loaded, backend="torch", quantize="int8")
     with pytest.raises(lw.ModelLoadError, match=r"tokenizer= goes with backend='tf'"):
         lw.Extractor(loaded, tokenizer="somewhere")

@@ -127,3 +127,26 @@ def test_int8_weights_keep_the_layers(default_extractor, tmp_path, capfd):
     assert q.backend.path_for(6).with_suffix(".bin").stat().st_size < 0.4 * fp32_bin.with_suffix(".bin").stat().st_size
     settings = q.backend.compiled([6])[0]
     assert int(settings.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == ovb.DYNAMIC_QUANTIZATION_GROUP
+
+
+def test_auto_bfloat16_races_pytorch_and_openvino_bf16(tiny_extractors, tiny_dirs, tmp_path, monkeypatch):
+    """compute_dtype="bfloat16" under auto: PyTorch bf16 and OpenVINO's bf16 hint, each checked against the other
+    token by token (cosine >= BF16_AGREE) and timed; the precision is bfloat16 whichever serves."""
+    from layerwise.model.backends.auto import BF16_AGREE
+
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    ex = lw.Extractor(str(tiny_dirs["bert"]), device="cpu", compute_dtype="bfloat16", onnx_cache=tmp_path)
+    assert ex.backend.openvino is not None and ex.backend.onnx is None and ex.describe()["precision"] == "bfloat16"
+    torch_bf16 = lw.Extractor(ex.loaded, backend="torch")
+    got, want = ex.encode(TEXTS, layers="all", combine="mean"), torch_bf16.encode(TEXTS, layers="all", combine="mean")
+    cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1) + 1e-12)
+    assert cos[np.linalg.norm(want, axis=1) > 0].min() >= BF16_AGREE
+    said = ex.describe()["runtime"]
+    assert "at depths [2] (exact; " in said and "on a 16x64 batch" in said, said
+    assert ex.backend.runtime_for([2], "block") in ("torch", "openvino")
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "openvino")
+    chosen = lw.Extractor(ex.loaded, onnx_cache=tmp_path)
+    chosen.encode(TEXTS, layers=-1)
+    assert chosen.backend.runtime_for([2], "block") == "openvino"
+    assert chosen.describe()["runtime"].startswith("openvino ") and " bf16 " in chosen.describe()["runtime"]
+    assert chosen.backend.openvino.settings([2])["precision"] == "bf16"

@@ -51,8 +51,8 @@ MODEL_FLAGS: tuple[tuple[str, Any, Any, tuple[str, ...], str], ...] = (
      "bfloat16), keras (keras-hub backbone) or tf (TF Hub BERT SavedModel); a keras-hub preset defaults to keras, a "
      "SavedModel to tf. openvino needs pip install 'layerwise[openvino]', keras and tf 'layerwise[tf]'."),
     ("quantize", Optional[str], None, ("--quantize",),
-     "none (default) or int8: dynamic int8 through ONNX Runtime (block site; faster, approximate: see "
-     "benchmarks/README.md for its fidelity)."),
+     "none (default) or int8 (block site; faster, approximate): int8 weights on OpenVINO where layerwise[openvino] "
+     "is installed, else ONNX Runtime's dynamic int8; see benchmarks/README.md for their fidelity."),
     ("padding_side", str, "right", ("--padding-side",),
      "right (default) or left (decoder embedding models); both give the same states."),
     ("layer_modules", Optional[str], None, ("--layer-modules",),

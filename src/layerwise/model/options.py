@@ -16,7 +16,8 @@ field                       valid values
                             about). Features are returned in the spec's ``output_dtype``
 ``backend``                 ``auto | torch | onnx | openvino | keras | tf``; ``None``: ``keras`` for a keras-hub preset
                             directory, ``tf`` for a SavedModel, else ``auto``
-``quantize``                ``None`` (``"none"`` reads as ``None``) ``| int8``: dynamic int8 through ONNX Runtime
+``quantize``                ``None`` (``"none"`` reads as ``None``) ``| int8``: int8 weights on OpenVINO (the
+                            ``[openvino]`` extra), else ONNX Runtime's dynamic int8
 ``padding_side``            ``right | left`` (the decoder embedding-model convention; the same states)
 ``layer_modules``           the module path of the layer list (``"model.layers"``) when it is not found by itself
 ``max_length``, ``stride``  window length and overlap in tokens (``None``: the model's defaults)

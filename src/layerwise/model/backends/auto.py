@@ -14,11 +14,13 @@ the timing (the exactness check still runs: it is one small batch). ``$LAYERWISE
 among exact runtimes: ``fastest`` (the default), ``onnx``, ``openvino`` or ``torch`` (no timing). Every other site,
 device, dtype, padding side or architecture runs on PyTorch. :meth:`AutoBackend.runtime` says which ran, and why.
 
+``compute_dtype="bfloat16"`` on the CPU races PyTorch bf16 against OpenVINO's bf16 hint the same way (where the
+extra is installed), the two agreeing when every token's states have a cosine of at least ``BF16_AGREE``.
+
 ``quantize="int8"`` (block site only) runs OpenVINO with int8 weights (NNCF) where the ``[openvino]`` extra is
 installed, which keeps the layers (last-layer minimum cosine 0.995 on SST-2 dev), else ONNX Runtime's dynamic int8
 (0.966); the two are different precisions of a store (``int8-weights``, ``int8``). A model they cannot run is
-refused with the reason. Reduced precision is never chosen by this backend: ``compute_dtype="bfloat16"`` is an
-explicit option that runs on PyTorch (``backend="openvino", compute_dtype="bfloat16"`` runs OpenVINO's bf16).
+refused with the reason. Reduced precision is never chosen by this backend: it is an explicit option.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .ort import OnnxBackend, check_quantize, ort_available
 from .pytorch import TorchBackend
 
 EXACT = 1e-5  # max abs difference to PyTorch, relative to max(1, largest state): "the same states"
+BF16_AGREE = 0.999  # min per-token cosine of two bf16 runtimes' states: the same up to bf16 rounding
 RACE_SHAPE = (16, 64)  # (texts, tokens) of the batch the runtimes are timed on
 RACE_ROUNDS = 3
 CHOICES = ("fastest", "onnx", "openvino", "torch")
@@ -136,14 +139,25 @@ class AutoBackend(TorchBackend):
         elif self.quantize:
             raise ModelLoadError(f"quantize={self.quantize!r} runs through OpenVINO or ONNX Runtime, which "
                                  f"{self.why_torch}")
-        self.races = RaceRecord(self.onnx.root) if self.onnx is not None else None
+        elif self.bf16_on_openvino(loaded, padding_side):
+            self.openvino = OpenVinoBackend(loaded, precision="bfloat16", cache=cache)
+        first = self.onnx or self.openvino
+        self.races = RaceRecord(first.root) if first is not None else None
         self._exact: dict[tuple[str, int], bool] = {}  # (runtime, depth) -> agreed with PyTorch on the probe batch
         self._serving: dict[int, str] = {}  # depth -> the runtime that serves it
         self._why: dict[int, str] = {}  # depth -> why that runtime serves it
 
     def fingerprint(self) -> str:
         """The weights' sha256 (computed once, shared with the exporter)."""
-        return self.onnx.fingerprint() if self.onnx is not None else super().fingerprint()
+        first = self.onnx or self.openvino
+        return first.fingerprint() if first is not None else super().fingerprint()
+
+    @staticmethod
+    def bf16_on_openvino(loaded: LoadedModel, padding_side: str = "right") -> bool:
+        """Whether a bf16-loaded model can also run on OpenVINO's bf16 hint: installed, CPU, a family-table
+        encoder, right padding. Then PyTorch bf16 and OpenVINO bf16 race like the float32 runtimes."""
+        return (loaded.dtype == torch.bfloat16 and padding_side == "right" and openvino_available()
+                and OpenVinoBackend.unsupported(loaded) is None)
 
     @property
     def compiled_runtimes(self) -> dict[str, Backend]:
@@ -186,7 +200,8 @@ class AutoBackend(TorchBackend):
         return quantized.precision if self.quantize and quantized is not None else super().precision
 
     def exact(self, depth: int, runtime: str = "onnx") -> bool:
-        """Whether ``runtime`` gives PyTorch's states for layers ``0..depth`` (checked once per runtime and depth)."""
+        """Whether ``runtime`` gives PyTorch's states for layers ``0..depth`` (checked once per runtime and depth):
+        within :data:`EXACT` in float32; in bf16, a cosine of at least :data:`BF16_AGREE` for every token."""
         backend = self.compiled_runtimes.get(runtime)
         if backend is None:
             return False
@@ -196,8 +211,13 @@ class AutoBackend(TorchBackend):
             want = capture(self.loaded, ids, mask, layers)  # Shape: (layers, 2, tokens, hidden)
             got = backend.forward(ids, mask, layers, "block")
             keep = mask.bool()
-            scale = max(1.0, float(want[:, keep].abs().max()))
-            self._exact[runtime, depth] = float((got[:, keep] - want[:, keep]).abs().max()) <= EXACT * scale
+            if self.loaded.dtype == torch.float32:
+                scale = max(1.0, float(want[:, keep].abs().max()))
+                agree = float((got[:, keep] - want[:, keep]).abs().max()) <= EXACT * scale
+            else:  # both approximate (bf16): the same states up to bf16's rounding, token by token
+                cos = torch.nn.functional.cosine_similarity(got[:, keep].float(), want[:, keep].float(), dim=-1)
+                agree = float(cos.min()) >= BF16_AGREE
+            self._exact[runtime, depth] = agree
         return self._exact[runtime, depth]
 
     def race(self, depth: int, runtimes: Sequence[str] = ("onnx", "openvino")) -> dict[str, float]:
@@ -242,7 +262,7 @@ class AutoBackend(TorchBackend):
     def serving(self, depth: int) -> str:
         """The runtime that serves layers ``0..depth`` of the block site (``"onnx"``, ``"openvino"`` or
         ``"torch"``): exact, and chosen by ``$LAYERWISE_AUTO_RUNTIME`` (decided once per depth)."""
-        if self.onnx is None:
+        if not self.compiled_runtimes:
             return "torch"
         if self.quantize:
             return "openvino" if self.openvino is not None else "onnx"
@@ -257,7 +277,9 @@ class AutoBackend(TorchBackend):
                 use, why = "torch", "LAYERWISE_AUTO_RUNTIME=torch"
             elif not exact:
                 missing = "" if candidates else f" ({LABELS.get(choice, choice)} is not installed)"
-                use, why = "torch", f"{inexact or 'no other runtime'} not within {EXACT} of PyTorch there{missing}"
+                within = f"within {EXACT} of" if self.loaded.dtype == torch.float32 else \
+                    f"at a cosine of {BF16_AGREE} to"
+                use, why = "torch", f"{inexact or 'no other runtime'} not {within} PyTorch there{missing}"
             elif choice != "fastest":
                 use, why = choice, f"exact; LAYERWISE_AUTO_RUNTIME={choice}"
             else:
@@ -273,17 +295,20 @@ class AutoBackend(TorchBackend):
 
     def runtime_for(self, layers: Sequence[int], site: str) -> str:
         """Which runtime runs a forward pass for ``layers`` at ``site``: ``"onnx"``, ``"openvino"`` or ``"torch"``."""
-        if self.onnx is None or site != "block":
+        if not self.compiled_runtimes or site != "block":
             return "torch"
-        return self.serving(self.onnx.depth_for(layers))
+        return self.serving(max(max(layers), 1))
 
     def runtime(self) -> str:
         """Which runtime serves what so far, and why: e.g. ``"openvino 2026.4.1 for the block site at depths [6]
         (exact; fastest here: ...); torch for other sites"``."""
-        if self.onnx is None:
+        if not self.compiled_runtimes:
             return f"torch (ONNX Runtime {self.why_torch})"
-        versions = {"onnx": f"onnxruntime {self.onnx.ort.__version__}", "openvino": f"openvino {openvino_version()}",
-                    "torch": "torch"}
+        import onnxruntime
+
+        bf16 = " bf16" if self.loaded.dtype == torch.bfloat16 else ""
+        versions = {"onnx": f"onnxruntime {onnxruntime.__version__}", "torch": f"torch{bf16}",
+                    "openvino": f"openvino {openvino_version()}{bf16}"}
         if self.quantize:
             if self.openvino is not None:
                 return (f"{versions['openvino']} with int8 weights (nncf {openvino_version('nncf')}) for the block "
@@ -323,4 +348,4 @@ class AutoBackend(TorchBackend):
         return super().forward(input_ids, attention_mask, layers, site)
 
 
-__all__ = ["CHOICES", "EXACT", "AutoBackend", "RaceRecord", "runtime_choice"]
+__all__ = ["BF16_AGREE", "CHOICES", "EXACT", "AutoBackend", "RaceRecord", "runtime_choice"]

@@ -57,6 +57,7 @@ from .ort import OnnxBackend, check_quantize, export
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
 PRECISION_HINTS = {"float32": "f32", "bfloat16": "bf16"}  # compute_dtype -> INFERENCE_PRECISION_HINT
+RUNS_FROM = (torch.float32, torch.bfloat16)  # the dtypes of a loaded model it converts (auto's bf16 loads bf16)
 
 
 def require_openvino() -> Any:
@@ -91,7 +92,8 @@ def check_precision(compute_dtype: object) -> str:
 
 
 class OpenVinoBackend(Backend):
-    """OpenVINO on the CPU, block site only; one converted graph per deepest requested layer.
+    """OpenVINO on the CPU, block site only; one converted graph per deepest requested layer. One caller at a time
+    (its infer requests are shared; the service and the explorer hold a model lock around every encode).
 
     Args:
         loaded: the model in float32 (converted from its PyTorch weights; a BERT-style encoder of the family table).
@@ -137,7 +139,7 @@ class OpenVinoBackend(Backend):
         self.ov = require_openvino()
         if self.quantize:
             require("nncf", what="quantize='int8' on OpenVINO", extra="openvino", packages="openvino, nncf")
-        self.onnx = exporter or OnnxBackend(loaded, cache=cache)  # the exporter and its cache
+        self.onnx = exporter or OnnxBackend(loaded, cache=cache, dtypes=RUNS_FROM)  # the exporter and its cache
         self.root = self.onnx.root
         self.threads = threads or torch.get_num_threads()
         self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
@@ -147,8 +149,9 @@ class OpenVinoBackend(Backend):
 
     @staticmethod
     def unsupported(loaded: LoadedModel) -> str | None:
-        """Why ``loaded`` cannot run on this backend (a phrase to follow "backend='openvino'"), or ``None``."""
-        return OnnxBackend.unsupported(loaded)
+        """Why ``loaded`` cannot run on this backend (a phrase to follow "backend='openvino'"), or ``None``: a
+        float32 or bf16-loaded BERT-family encoder on the CPU runs (the graph is exported in float32)."""
+        return OnnxBackend.unsupported(loaded, RUNS_FROM)
 
     @property
     def precision(self) -> str:

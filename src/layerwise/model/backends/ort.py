@@ -180,6 +180,8 @@ class OnnxBackend(Backend):
         cache: directory for exported graphs (default ``~/.cache/layerwise/onnx``, see :func:`cache_dir`).
         threads: intra-op threads (default: torch's thread count).
         quantize: ``None`` (float32, the default) or ``"int8"`` (dynamic int8; see the module docstring).
+        dtypes: the dtypes of ``loaded`` it takes: float32 to run it; the OpenVINO backend, which only exports
+            through it, also takes a bf16-loaded model (the export is float32, OpenVINO's hint runs it in bf16).
     """
 
     name = "onnx"
@@ -193,10 +195,10 @@ class OnnxBackend(Backend):
         return cls(loaded, cache=options.onnx_cache, quantize=options.quantize)
 
     def __init__(self, loaded: LoadedModel, cache: str | os.PathLike | None = None, threads: int | None = None,
-                 quantize: str | None = None):
+                 quantize: str | None = None, dtypes: tuple[torch.dtype, ...] = (torch.float32,)):
         super().__init__(loaded)
         self.quantize = check_quantize(quantize)
-        problem = self.unsupported(loaded)
+        problem = self.unsupported(loaded, dtypes)
         if problem:
             raise ModelLoadError(f"backend='onnx' {problem}")
         self.ort = require_ort()
@@ -206,11 +208,12 @@ class OnnxBackend(Backend):
         self._sessions: dict[int, Any] = {}
 
     @staticmethod
-    def unsupported(loaded: LoadedModel) -> str | None:
-        """Why ``loaded`` cannot run on this backend (a phrase to follow "backend='onnx'"), or ``None``."""
+    def unsupported(loaded: LoadedModel, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> str | None:
+        """Why ``loaded`` cannot run on this backend (a phrase to follow "backend='onnx'"), or ``None``. ``dtypes``:
+        the dtypes of a loaded model it takes (the export itself is always float32)."""
         if loaded.device.type != "cpu":
             return f"runs on the CPU here, not {loaded.device}; use backend='torch' for CUDA"
-        if loaded.dtype != torch.float32:
+        if loaded.dtype not in dtypes:
             return f"exports float32, not {str(loaded.dtype).replace('torch.', '')}; use backend='torch' for it"
         if loaded.layer_map.source != "table":
             return (f"exports the BERT-family encoders of the family table; this {loaded.architecture} model's "
