@@ -46,7 +46,7 @@ KILLER = textwrap.dedent(
         return wrapped
 
     if point == "mid_encode":        # inside the forward passes of shard k's batch
-        auto_mod.AutoBackend.forward = counting(auto_mod.AutoBackend.forward, "before")
+        auto_mod.AutoBackend.start = counting(auto_mod.AutoBackend.start, "before")
     elif point == "shard_tmp":       # shard k written to its temporary name, not yet renamed
         real_replace = os.replace
         def replace(src, dst):
