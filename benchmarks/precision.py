@@ -1,7 +1,7 @@
 """What reduced precision costs downstream: SST-2 heads and a UD POS probe on float32, bfloat16 and int8 features.
 
 Run: ``./dev bench precision [--variants float32,bfloat16,int8] [--sst2-train 20000] [--pos-train 4000]
-[--recipes b,c] [--epochs 10] [--pos-epochs 8] [--pos-dev 0] [--pos-strategies] [--device cpu]``.
+[--recipes b,c] [--epochs 10] [--pos-epochs 8] [--pos-dev 0] [--pos-strategies] [--device cpu] [--fidelity-only]``.
 
 Each variant is one :class:`layerwise.Extractor` of the embedded default model (all-MiniLM-L6-v2, 6 layers, hidden
 384); only the features differ between variants, everything downstream is the same code with the same seed:
@@ -11,9 +11,17 @@ Each variant is one :class:`layerwise.Extractor` of the embedded default model (
   bfloat16       ``lw.Extractor(compute_dtype="bfloat16")``: PyTorch bf16; skipped, with the reason printed, on a CPU
                  without AVX-512 BF16 / AMX (``layerwise.model.hardware.native_on_cpu``), where it runs emulated and
                  very slowly
-  int8           ``lw.Extractor(quantize="int8")``: dynamic int8 quantisation through ONNX Runtime (block site)
+  bfloat16       (under ``auto`` it races PyTorch bf16 and OpenVINO's bf16 hint where the ``[openvino]`` extra is
+                 installed)
+  int8           ``lw.Extractor(quantize="int8")``: int8 weights on OpenVINO (``int8-weights``) where the extra is
+                 installed, else ONNX Runtime's dynamic int8
+  int8-onnx      ``lw.Extractor(backend="onnx", quantize="int8")``: ONNX Runtime's dynamic int8 (``int8``)
 
-Per variant:
+Per variant, first its fidelity to PyTorch float32 by layer and by sentence length: every layer mean-pooled over
+SST-2 dev sentences and, for the longest bucket, runs of consecutive dev sentences joined to 65-200 tokens; the
+minimum cosine in each length bucket (1-4, 5-16, 17-64, 65+ tokens with the special tokens). Short texts are where
+int8's per-group activation ranges hurt most (the worst sentence of the ONNX Runtime recipe is "thank ", 3 tokens).
+``--fidelity-only`` stops there. Then:
 
 1. SST-2 heads (``lw.heads.train``, frozen mode, recipes of ``benchmarks/sst2_heads.py``): (b) last layer, mean
    pooling, linear; (c) last four layers concatenated, max-pooled, MLP 256 + dropout 0.2. Trained on the first
@@ -72,7 +80,9 @@ VARIANTS = {  # name -> (how it is built, Extractor keyword arguments)
     "float32-torch": ("lw.Extractor(backend='torch')", {"backend": "torch"}),
     "bfloat16": ("lw.Extractor(compute_dtype='bfloat16')", {"compute_dtype": "bfloat16"}),
     "int8": ("lw.Extractor(quantize='int8')", {"quantize": "int8"}),
+    "int8-onnx": ("lw.Extractor(backend='onnx', quantize='int8')", {"backend": "onnx", "quantize": "int8"}),
 }
+BUCKETS = ((1, 4), (5, 16), (17, 64), (65, 10_000))  # tokens per text, special tokens included
 RECIPES = ("b", "c")
 
 
@@ -105,6 +115,38 @@ def skip_reason(name: str, device: str) -> str | None:
     return None
 
 
+def length_texts(dev: Path, tok) -> list[str]:
+    """SST-2 dev sentences, plus runs of consecutive ones joined until 65-200 tokens (the 65+ bucket)."""
+    sentences = [ln.split("\t")[0] for ln in dev.read_text(encoding="utf-8").splitlines()[1:] if ln.strip()]
+    joined, run = [], []
+    for s in sentences:
+        run.append(s)
+        n = len(tok(" ".join(run))["input_ids"])
+        if n >= 65:
+            if n <= 200:
+                joined.append(" ".join(run))
+            run = []
+    return sentences + joined
+
+
+def fidelity_by_length(ex: lw.Extractor, ref: lw.Extractor, texts: list[str]) -> dict[str, list[float]]:
+    """``{"1-4": [min cosine of layer 0, 1, ..., L], ...}``: every layer mean-pooled, against ``ref``, per bucket."""
+    import numpy as np
+
+    lengths = np.array([len(ids) for ids in ref.tokenizer(texts)["input_ids"]])
+    got = ex.encode(texts, layers="all", combine="stack", pool="mean")  # [n, L+1, D]
+    want = ref.encode(texts, layers="all", combine="stack", pool="mean")
+    cos = (got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1) + 1e-12)
+    out = {}
+    for lo, hi in BUCKETS:
+        rows = (lengths >= lo) & (lengths <= hi)
+        if rows.any():
+            key = f"{lo}-{hi}" if hi < 10_000 else f"{lo}+"
+            out[key] = [round(float(c), 6) for c in cos[rows].min(0)]
+            out[key + " n"] = [int(rows.sum())]
+    return out
+
+
 def run_variant(name: str, args, data: dict[str, Path], tmp: Path) -> dict:
     """Build the variant's extractor, train the heads and the probe on its features; one result row."""
     built, kw = VARIANTS[name]
@@ -115,6 +157,12 @@ def run_variant(name: str, args, data: dict[str, Path], tmp: Path) -> dict:
         ex = lw.Extractor(device=args.device, **kw)
         ex.encode(["A warm-up sentence for the first call."], layers="all", combine="stack", pool="mean")
     row["setup_seconds"] = round(time.perf_counter() - t0, 1)
+    reference = lw.Extractor(device=args.device, backend="torch")
+    row["fidelity_by_length"] = fidelity_by_length(ex, reference, length_texts(data["sst2_dev"], ex.tokenizer))
+    row["precision"] = ex.describe()["precision"]
+    say(f"[{name}] fidelity by length (min cosine, layers 0..L): {row['fidelity_by_length']}")
+    if args.fidelity_only:
+        return row
     work = tmp / name
     heads: dict[str, dict] = {}
     for key in args.recipes:
@@ -153,7 +201,7 @@ def run_variant(name: str, args, data: dict[str, Path], tmp: Path) -> dict:
 
 def compare(rows: list[dict]) -> None:
     """Add ``delta`` (percentage points against the first variant that ran) and ``within`` to every row."""
-    ran = [r for r in rows if "skipped" not in r]
+    ran = [r for r in rows if "skipped" not in r and "heads" in r]
     if not ran:
         return
     ref = ran[0]
@@ -195,12 +243,25 @@ def markdown(rows: list[dict], recipes: str) -> list[str]:
     return out
 
 
+def fidelity_table(rows: list[dict]) -> list[str]:
+    """Markdown: per variant and length bucket, the minimum cosine to float32 at every layer (0..L)."""
+    out = ["| variant (precision) | tokens | texts | min cosine per layer (0 .. L) | worst |", "|---|---|---|---|---|"]
+    for r in rows:
+        for bucket, mins in r.get("fidelity_by_length", {}).items():
+            if bucket.endswith(" n"):
+                continue
+            n = r["fidelity_by_length"][bucket + " n"][0]
+            out.append(f"| {r['variant']} ({r.get('precision', '?')}) | {bucket} | {n} | "
+                       f"{' '.join(f'{c:.4f}' for c in mins)} | {min(mins):.4f} |")
+    return out
+
+
 def verdicts(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         if "skipped" in r:
             lines.append(f"- {r['variant']}: not run ({r['skipped']}).")
-        elif r["variant"] != r.get("reference"):
+        elif "heads" in r and r["variant"] != r.get("reference"):
             worst = max(r["delta_points"].items(), key=lambda kv: abs(kv[1]))
             verdict = "WITHIN" if r["within_tolerance"] else "NOT within"
             lines.append(f"- {r['variant']}: {verdict} {TOLERANCE} points of {r['reference']} (largest judged delta: "
@@ -221,6 +282,7 @@ def main(argv=None) -> None:
     ap.add_argument("--pos-strategies", action="store_true", help="also probe the BERT-paper layer mixes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--fidelity-only", action="store_true", help="only the per-layer, per-length fidelity")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "precision.json"))
     args = ap.parse_args(argv)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -272,6 +334,11 @@ def main(argv=None) -> None:
           f"{meta['pos_dev']:,}; seed {args.seed}; head epochs <= {args.epochs}, probe epochs <= {args.pos_epochs}; "
           f"{meta['torch_threads']} torch threads ({meta['cpu_count']} CPUs); CPU flags: "
           + ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in flags.items()) + f"; total {meta['seconds']:.0f}s.\n")
+    print("Fidelity to PyTorch float32 by sentence length (SST-2 dev; 65+: consecutive dev sentences joined):\n")
+    print("\n".join(fidelity_table(rows)) + "\n")
+    if args.fidelity_only:
+        print(f"Written: {out}")
+        return
     print("\n".join(markdown(rows, args.recipes)))
     ref = next((r["reference"] for r in rows if "reference" in r), "-")
     print(f"\nAccuracies in percent; deltas in percentage points against {ref}; judged: every head "

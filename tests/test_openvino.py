@@ -4,6 +4,7 @@ exact, bf16 when asked), the batch across async infer requests, and what it refu
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -150,3 +151,31 @@ def test_auto_bfloat16_races_pytorch_and_openvino_bf16(tiny_extractors, tiny_dir
     assert chosen.backend.runtime_for([2], "block") == "openvino"
     assert chosen.describe()["runtime"].startswith("openvino ") and " bf16 " in chosen.describe()["runtime"]
     assert chosen.backend.openvino.settings([2])["precision"] == "bf16"
+
+
+def test_reduced_precision_measures_its_fidelity_once_and_says_when_it_misses(default_extractor, tmp_path,
+                                                                               monkeypatch):
+    """The first use of a depth compares the quantised runtime with PyTorch float32 on the sample sentences; a miss
+    of the precision's target is a PrecisionWarning with the numbers, once; describe() shows the measurement."""
+    pytest.importorskip("nncf")
+    from layerwise.model import fidelity
+    from layerwise.model.hardware import PrecisionWarning
+
+    q = lw.Extractor(default_extractor.loaded, backend="openvino", quantize="int8", onnx_cache=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionWarning)  # int8 weights keep the default model's layers: no warning
+        q.encode(TEXTS, layers=3)
+    measured = q.describe()["fidelity"]["3"]
+    assert measured["precision"] == "int8-weights" and len(measured["min_cosine"]) == 4
+    assert min(measured["min_cosine"]) > 0.99 and measured["texts"] == len(fidelity.sample_texts())
+
+    monkeypatch.setitem(fidelity.TARGETS, "int8-weights", 0.999999)
+    strict = lw.Extractor(default_extractor.loaded, backend="openvino", quantize="int8", onnx_cache=tmp_path)
+    with pytest.warns(PrecisionWarning, match=r"int8-weights on .* keeps a minimum cosine of 0\.9\d+ to float32 at "
+                                              r"layer 2 on layerwise's 9 sample sentences \(target 0\.999999; per "
+                                              r"layer: "):
+        strict.encode(TEXTS, layers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecisionWarning)
+        strict.encode(TEXTS, layers=2)  # said once per depth
+    assert "fidelity" not in lw.Extractor(default_extractor.loaded, backend="openvino").describe()

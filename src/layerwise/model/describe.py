@@ -35,12 +35,15 @@ def describe(ex: Described) -> dict[str, Any]:
     ``hidden_states[L]``, e.g. a decoder's final norm; the ``raw`` site gives the state before it), ``sites`` (name
     -> width), ``positions`` (kind and real maximum), ``window`` and ``stride`` (tokens; ``window`` is ``None``
     without a limit), ``pooler``, ``padding_side``, ``device``, ``compute_dtype``, ``precision`` (the compute dtype,
-    or ``int8`` when quantised), ``backend`` and, for ``auto``, ``runtime`` (which runtime served what so far).
+    or ``int8``/``int8-weights`` when quantised), ``backend``, for ``auto`` ``runtime`` (which runtime served what so
+    far), and for reduced precision ``fidelity`` (per depth served: the minimum cosine to float32 of every layer on
+    the sample sentences, :mod:`layerwise.model.fidelity`).
     """
     backend = ex.backend
     lm = backend.loaded
     lmap = lm.layer_map
     runtime = getattr(backend, "runtime", None)
+    fidelity = getattr(backend, "fidelity", None)
     return {
         "name": lm.name,
         "architecture": lm.architecture,
@@ -62,6 +65,7 @@ def describe(ex: Described) -> dict[str, Any]:
         "precision": backend.precision,
         "backend": backend.name,
         **({"runtime": runtime()} if callable(runtime) else {}),
+        **({"fidelity": {str(d): f for d, f in sorted(fidelity.items())}} if fidelity else {}),
     }
 
 

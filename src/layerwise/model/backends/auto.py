@@ -160,6 +160,15 @@ class AutoBackend(TorchBackend):
                 and OpenVinoBackend.unsupported(loaded) is None)
 
     @property
+    def fidelity(self) -> dict[int, dict]:
+        """The measured fidelity to float32 per depth of the reduced-precision runtime serving it (quantised or
+        bf16 OpenVINO of a float32 model; see :mod:`layerwise.model.fidelity`)."""
+        out: dict[int, dict] = {}
+        for runtime in self.compiled_runtimes.values():
+            out.update(getattr(runtime, "fidelity", {}))
+        return out
+
+    @property
     def compiled_runtimes(self) -> dict[str, Backend]:
         """The runtimes other than PyTorch that can serve the block site here: ``{"onnx": ..., "openvino": ...}``."""
         return {name: rt for name, rt in (("onnx", self.onnx), ("openvino", self.openvino)) if rt is not None}

@@ -52,7 +52,7 @@ from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
 from .base import LOADING_FIELDS, Backend, refuse_options
-from .ort import OnnxBackend, check_quantize, export
+from .ort import OnnxBackend, check_quantize, export, measure_fidelity
 
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
@@ -143,6 +143,7 @@ class OpenVinoBackend(Backend):
         self.root = self.onnx.root
         self.threads = threads or torch.get_num_threads()
         self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
+        self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (reduced precision only)
         self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # depth -> (compiled model, infer requests)
         self._holding: dict[int, _Pending] = {}  # request slot -> the started batch whose result it holds
         self._next = 0  # the slot the next started batch takes
@@ -217,6 +218,8 @@ class OpenVinoBackend(Backend):
             compiled = core.compile_model(str(self.build(depth)), "CPU", config)
             streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
             self._compiled[depth] = (compiled, [compiled.create_infer_request() for _ in range(streams)])
+            if self.precision != "float32" and self.loaded.dtype == torch.float32:  # once per depth, warned if low
+                self.fidelity[depth] = measure_fidelity(self, depth)
         return self._compiled[depth]
 
     def settings(self, layers: Sequence[int]) -> dict[str, Any]:

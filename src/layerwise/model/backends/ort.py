@@ -73,6 +73,17 @@ def check_quantize(quantize: object) -> str | None:
     return str(quantize)
 
 
+def measure_fidelity(backend: Backend, depth: int) -> dict:
+    """:func:`layerwise.model.fidelity.measure` of ``backend`` (a reduced-precision runtime of a float32 PyTorch
+    model) against that model, for layers ``0..depth``."""
+    from ..capture import capture
+    from ..fidelity import measure
+
+    loaded = backend.loaded
+    return measure(backend.precision, lambda ids, mask, layers: backend.forward(ids, mask, layers, "block"),
+                   lambda ids, mask, layers: capture(loaded, ids, mask, layers), loaded.tokenizer, depth, loaded.name)
+
+
 class _Truncated(nn.Module):
     """The encoder cut after its deepest requested layer; returns every hidden state up to it."""
 
@@ -205,6 +216,7 @@ class OnnxBackend(Backend):
         self.root = cache_dir(cache)
         self.threads = threads or torch.get_num_threads()
         self.export_seconds: dict[int, float] = {}  # depth -> seconds spent exporting in this process
+        self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (quantised only)
         self._sessions: dict[int, Any] = {}
 
     @staticmethod
@@ -273,6 +285,8 @@ class OnnxBackend(Backend):
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             self._sessions[depth] = self.ort.InferenceSession(str(self.build(depth)), opts,
                                                               providers=["CPUExecutionProvider"])
+            if self.quantize:  # once per depth: how close int8 stays to float32 on this model (warned when not)
+                self.fidelity[depth] = measure_fidelity(self, depth)
         return self._sessions[depth]
 
     def forward(
@@ -288,4 +302,4 @@ class OnnxBackend(Backend):
         return torch.from_numpy(np.stack([got[f"hidden_{i}"] for i in layers]))
 
 __all__ = ["EXPORT_FORMAT", "OnnxBackend", "QUANTIZE_MODES", "cache_dir", "check_quantize", "export",
-           "ort_available", "output_names", "quantize_graph", "require_ort", "truncated_copy"]
+           "measure_fidelity", "ort_available", "output_names", "quantize_graph", "require_ort", "truncated_copy"]
