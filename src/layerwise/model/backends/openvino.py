@@ -52,7 +52,7 @@ from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
 from .base import LOADING_FIELDS, Backend, refuse_options
-from .ort import OnnxBackend, check_quantize, export, measure_fidelity
+from .ort import OnnxBackend, check_quantize, measure_fidelity
 
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
@@ -188,10 +188,7 @@ class OpenVinoBackend(Backend):
         if path.exists() and path.with_suffix(".bin").exists():
             return path
         t0 = time.perf_counter()
-        source = self.onnx.path_for(depth)
-        if not source.exists():
-            export(self.loaded, depth, source)
-        model = self.ov.convert_model(str(source))
+        model = self.ov.convert_model(str(self.onnx.float_graph(depth)))
         if self.quantize:
             model = compress_weights(model)
         tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
@@ -270,9 +267,7 @@ class OpenVinoBackend(Backend):
             request.start_async({"input_ids": ids[start:end], "attention_mask": mask[start:end]})
             running.append((request, start, end))
         for request, start, end in running:
-            request.wait()
-            for k, layer in enumerate(layers):
-                out[k, start:end] = request.get_tensor(f"hidden_{layer}").data
+            copy_states(request, layers, out[:, start:end])
         return torch.from_numpy(out)
 
 
@@ -289,6 +284,15 @@ def compress_weights(model: Any) -> Any:
         return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
 
 
+def copy_states(request: Any, layers: Sequence[int], out: np.ndarray) -> np.ndarray:
+    """Wait for ``request`` and copy its ``hidden_<layer>`` outputs into ``out`` ``[K, rows, tokens, width]`` (the
+    one copy between the runtime and the reducers); returns ``out``."""
+    request.wait()
+    for k, layer in enumerate(layers):
+        out[k] = request.get_tensor(f"hidden_{layer}").data
+    return out
+
+
 class _Pending:
     """The states of one batch started on an infer request: waited for and copied out on the first call."""
 
@@ -299,13 +303,11 @@ class _Pending:
     def __call__(self) -> torch.Tensor:
         if self.states is None:
             self.request.wait()
-            first = self.request.get_tensor(f"hidden_{self.layers[0]}").data
-            out = np.empty((len(self.layers), *first.shape[:2], self.width), dtype=np.float32)
-            for k, layer in enumerate(self.layers):
-                out[k] = self.request.get_tensor(f"hidden_{layer}").data
-            self.states = torch.from_numpy(out)
+            rows, tokens = self.request.get_tensor(f"hidden_{self.layers[0]}").data.shape[:2]
+            out = np.empty((len(self.layers), rows, tokens, self.width), dtype=np.float32)
+            self.states = torch.from_numpy(copy_states(self.request, self.layers, out))
         return self.states
 
 
 __all__ = ["DYNAMIC_QUANTIZATION_GROUP", "OpenVinoBackend", "PRECISION_HINTS", "check_precision", "compress_weights",
-           "openvino_available", "openvino_version", "require_openvino"]
+           "copy_states", "openvino_available", "openvino_version", "require_openvino"]

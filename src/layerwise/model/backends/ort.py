@@ -253,15 +253,21 @@ class OnnxBackend(Backend):
         suffix = f"-{quantize}" if quantize else ""
         return self.root / f"{self.loaded.architecture}-d{depth}{suffix}-{digest}.onnx"
 
+    def float_graph(self, depth: int) -> Path:
+        """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's conversion start from), exported
+        now if absent."""
+        full = self.path_for(depth)
+        if not full.exists():
+            export(self.loaded, depth, full)
+        return full
+
     def build(self, depth: int) -> Path:
         """The cached graph for ``depth``, exported (and quantised) now if absent; the time is said on stderr."""
         path = self.path_for(depth, self.quantize)
         if path.exists():
             return path
         t0 = time.perf_counter()
-        full = self.path_for(depth)
-        if not full.exists():
-            export(self.loaded, depth, full)
+        full = self.float_graph(depth)
         if self.quantize:
             quantize_graph(full, path)
         seconds = time.perf_counter() - t0
