@@ -260,7 +260,9 @@ def test_a_killed_driver_resumes_with_the_same_command(data, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     _same(open_store(out), open_store(root / "plain"))
     parts, complete = _summary(done.stderr)
-    assert complete == len(written) and parts > complete
+    # every part written before the kill is kept; a part the killed run's last task finished after the kill (an
+    # orphaned writer completing its atomic rename) is kept too, never written twice
+    assert len(written) <= complete < parts
     assert "2,996 records, 4 skipped" in done.stderr
 
 
