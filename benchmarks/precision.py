@@ -16,6 +16,8 @@ Each variant is one :class:`layerwise.Extractor` of the embedded default model (
   int8           ``lw.Extractor(quantize="int8")``: int8 weights on OpenVINO (``int8-weights``) where the extra is
                  installed, else ONNX Runtime's dynamic int8
   int8-onnx      ``lw.Extractor(backend="onnx", quantize="int8")``: ONNX Runtime's dynamic int8 (``int8``)
+  int8-full      ``lw.Extractor(quantize="int8-full")``: int8 weights and activations on OpenVINO, calibrated on the
+                 bundled sample (``int8-full``)
 
 Per variant, first its fidelity to PyTorch float32 by layer and by sentence length: every layer mean-pooled over
 SST-2 dev sentences and, for the longest bucket, runs of consecutive dev sentences joined to 65-200 tokens; the
@@ -81,6 +83,7 @@ VARIANTS = {  # name -> (how it is built, Extractor keyword arguments)
     "bfloat16": ("lw.Extractor(compute_dtype='bfloat16')", {"compute_dtype": "bfloat16"}),
     "int8": ("lw.Extractor(quantize='int8')", {"quantize": "int8"}),
     "int8-onnx": ("lw.Extractor(backend='onnx', quantize='int8')", {"backend": "onnx", "quantize": "int8"}),
+    "int8-full": ("lw.Extractor(quantize='int8-full')", {"quantize": "int8-full"}),
 }
 BUCKETS = ((1, 4), (5, 16), (17, 64), (65, 10_000))  # tokens per text, special tokens included
 RECIPES = ("b", "c")

@@ -179,3 +179,88 @@ def test_reduced_precision_measures_its_fidelity_once_and_says_when_it_misses(de
         warnings.simplefilter("error", PrecisionWarning)
         strict.encode(TEXTS, layers=2)  # said once per depth
     assert "fidelity" not in lw.Extractor(default_extractor.loaded, backend="openvino").describe()
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_int8_full_quantizes_activations_and_states_its_fidelity(default_extractor, tmp_path, capfd):
+    """quantize="int8-full": weights and activations in int8 (FakeQuantize on the products' inputs), calibrated on
+    the bundled sample; the calibration's measured error and the products kept in float are in describe(), beside
+    the fidelity on the sample sentences; auto serves it through OpenVINO, and nothing reaches stdout."""
+    pytest.importorskip("nncf")
+    from layerwise.model.backends.openvino_int8 import calibration_texts
+
+    q = lw.Extractor(default_extractor.loaded, quantize="int8-full", onnx_cache=tmp_path)  # auto
+    fp32 = lw.Extractor(default_extractor.loaded, backend="torch")
+    assert q.describe()["precision"] == "int8-full" and q.sites == ("block",)
+    a, b = q.encode(TEXTS, layers=-1), fp32.encode(TEXTS, layers=-1)
+    cos = _cosines(a, b)
+    assert cos.min() > 0.9 and np.abs(a - b).max() > 1e-4  # close, and really quantised
+    measured = q.describe()["fidelity"]["6"]
+    report = measured["calibration"]
+    assert measured["precision"] == "int8-full" and len(measured["min_cosine"]) == 7
+    assert report["calibration_texts"] == len(calibration_texts()) == 256 and report["matmuls"] >= 36
+    assert 0 < report["error"] <= report["error_all_int8"] < 0.05
+    shares = [s["share"] for s in report["most_sensitive"]]
+    assert shares == sorted(shares, reverse=True) and len(shares) == 5
+    assert "int8 weights and activations" in q.describe()["runtime"]
+    assert q.backend.runtime_for([6], "block") == "openvino"
+    xml = q.backend.openvino.path_for(6).read_text()
+    assert xml.count('type="FakeQuantize"') >= 36 - len(report["kept_in_float"])
+    assert capfd.readouterr().out == ""
+
+
+def test_int8_full_keeps_the_measured_most_sensitive_products_in_float(tiny_extractors, tmp_path, monkeypatch):
+    """The products kept in float are those whose quantiser alone carries the most measured error: with the share
+    threshold at 0 the ranking's head is kept, up to a quarter of the products, and the graph has no quantiser on
+    them; a calibration file of the user's own texts is a different graph (its sha256 is in the cache key)."""
+    pytest.importorskip("nncf")
+    import layerwise.model.backends.openvino_int8 as int8
+
+    monkeypatch.setattr(int8, "KEEP_SHARE", -1.0)
+    texts = tmp_path / "mine.txt"
+    topics = ["cats", "tax law", "GPUs"] * 20
+    texts.write_text("\n".join(f"sentence number {i} about {w}" for i, w in enumerate(topics)), encoding="utf-8")
+    loaded = tiny_extractors["bert"].loaded
+    q = lw.Extractor(loaded, backend="openvino", quantize="int8-full", quantize_calibration=str(texts),
+                     onnx_cache=tmp_path)
+    q.encode(TEXTS, layers=2)
+    report = q.describe()["fidelity"]["2"]["calibration"]
+    assert report["calibration_texts"] == 60 and report["calibration_sha256"] == int8.texts_digest(
+        int8.calibration_texts(str(texts)))
+    kept = report["kept_in_float"]
+    assert 0 < len(kept) <= int8.MAX_KEPT_SHARE * report["matmuls"]
+    assert set(report["most_sensitive"][0]["matmuls"]) <= set(kept)  # the measured head of the ranking
+    import openvino as ov
+
+    graph = ov.Core().read_model(str(q.backend.path_for(2)))
+    still = {name for _, names in int8.activation_quantizers(graph) for name in names}
+    assert not still & set(kept) and still
+    bundled = lw.Extractor(loaded, backend="openvino", quantize="int8-full", onnx_cache=tmp_path)
+    assert bundled.backend.path_for(2) != q.backend.path_for(2)
+
+
+def test_int8_full_refusals(tiny_extractors, tmp_path, monkeypatch):
+    import sys
+
+    loaded = tiny_extractors["bert"].loaded
+    with pytest.raises(lw.ModelLoadError, match=r"quantize='int8-full' runs on OpenVINO \(pip install "
+                                                r"'layerwise\[openvino\]'; backend='auto' or 'openvino'\), not "
+                                                r"backend='onnx'"):
+        lw.Extractor(loaded, backend="onnx", quantize="int8-full")
+    with pytest.raises(lw.ModelLoadError, match=r"quantize_calibration='t.txt' calibrates quantize='int8-full', not "
+                                                r"quantize='int8'"):
+        lw.ModelOptions(quantize="int8", quantize_calibration="t.txt")
+    with pytest.raises(lw.ModelLoadError, match=r"quantize='int8-full' runs its float parts in float32, not "
+                                                r"compute_dtype='bfloat16'"):
+        lw.Extractor(loaded, backend="openvino", quantize="int8-full", compute_dtype="bfloat16")
+    with pytest.raises(lw.ModelLoadError, match=r"quantize_calibration=.*missing.txt.* cannot be read"):
+        lw.Extractor(loaded, quantize="int8-full", quantize_calibration=str(tmp_path / "missing.txt"))
+    (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
+    with pytest.raises(lw.ModelLoadError, match=r"holds no text: give a UTF-8 text file with one text a line"):
+        lw.Extractor(loaded, quantize="int8-full", quantize_calibration=str(tmp_path / "empty.txt"))
+    monkeypatch.setitem(sys.modules, "nncf", None)  # the [openvino] extra without NNCF
+    with pytest.raises(lw.MissingExtraError, match=r"quantize='int8-full' .*pip install 'layerwise\[openvino\]'"):
+        lw.Extractor(loaded, quantize="int8-full")

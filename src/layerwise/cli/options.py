@@ -51,8 +51,12 @@ MODEL_FLAGS: tuple[tuple[str, Any, Any, tuple[str, ...], str], ...] = (
      "bfloat16), keras (keras-hub backbone) or tf (TF Hub BERT SavedModel); a keras-hub preset defaults to keras, a "
      "SavedModel to tf. openvino needs pip install 'layerwise[openvino]', keras and tf 'layerwise[tf]'."),
     ("quantize", Optional[str], None, ("--quantize",),
-     "none (default) or int8 (block site; faster, approximate): int8 weights on OpenVINO where layerwise[openvino] "
-     "is installed, else ONNX Runtime's dynamic int8; see benchmarks/README.md for their fidelity."),
+     "none (default), int8 or int8-full (block site; faster, approximate). int8: int8 weights on OpenVINO where "
+     "layerwise[openvino] is installed, else ONNX Runtime's dynamic int8; int8-full: weights and activations in int8 "
+     "on OpenVINO, calibrated (--quantize-calibration), the fastest and least exact; see benchmarks/README.md."),
+    ("quantize_calibration", Optional[str], None, ("--quantize-calibration",),
+     "--quantize int8-full: a text file (one text a line) to calibrate on, like the texts you will encode "
+     "(default: a bundled neutral sample of 256 texts)."),
     ("padding_side", str, "right", ("--padding-side",),
      "right (default) or left (decoder embedding models); both give the same states."),
     ("layer_modules", Optional[str], None, ("--layer-modules",),

@@ -35,9 +35,10 @@ def describe(ex: Described) -> dict[str, Any]:
     ``hidden_states[L]``, e.g. a decoder's final norm; the ``raw`` site gives the state before it), ``sites`` (name
     -> width), ``positions`` (kind and real maximum), ``window`` and ``stride`` (tokens; ``window`` is ``None``
     without a limit), ``pooler``, ``padding_side``, ``device``, ``compute_dtype``, ``precision`` (the compute dtype,
-    or ``int8``/``int8-weights`` when quantised), ``backend``, for ``auto`` ``runtime`` (which runtime served what so
-    far), and for reduced precision ``fidelity`` (per depth served: the minimum cosine to float32 of every layer on
-    the sample sentences, :mod:`layerwise.model.fidelity`).
+    or ``int8``/``int8-weights``/``int8-full`` when quantised), ``backend``, for ``auto`` ``runtime`` (which runtime
+    served what so far), and for reduced precision ``fidelity`` (per depth served: the minimum cosine to float32 of
+    every layer on the sample sentences, :mod:`layerwise.model.fidelity`; for ``int8-full`` also its ``calibration``
+    report).
     """
     backend = ex.backend
     lm = backend.loaded

@@ -16,8 +16,11 @@ field                       valid values
                             about). Features are returned in the spec's ``output_dtype``
 ``backend``                 ``auto | torch | onnx | openvino | keras | tf``; ``None``: ``keras`` for a keras-hub preset
                             directory, ``tf`` for a SavedModel, else ``auto``
-``quantize``                ``None`` (``"none"`` reads as ``None``) ``| int8``: int8 weights on OpenVINO (the
-                            ``[openvino]`` extra), else ONNX Runtime's dynamic int8
+``quantize``                ``None`` (``"none"`` reads as ``None``) ``| int8 | int8-full``. ``int8``: int8 weights on
+                            OpenVINO (the ``[openvino]`` extra), else ONNX Runtime's dynamic int8; ``int8-full``:
+                            weights and activations in int8 on OpenVINO, calibrated, least exact and fastest
+``quantize_calibration``    ``quantize="int8-full"`` only: a text file (one text a line) to calibrate on; ``None``:
+                            the bundled neutral sample
 ``padding_side``            ``right | left`` (the decoder embedding-model convention; the same states)
 ``layer_modules``           the module path of the layer list (``"model.layers"``) when it is not found by itself
 ``max_length``, ``stride``  window length and overlap in tokens (``None``: the model's defaults)
@@ -54,7 +57,7 @@ from ..errors import ModelLoadError
 
 COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 BACKEND_NAMES: tuple[str, ...] = ("auto", "torch", "onnx", "openvino", "keras", "tf")  # layerwise.model.backends
-QUANTIZE_MODES: tuple[str, ...] = ("int8",)
+QUANTIZE_MODES: tuple[str, ...] = ("int8", "int8-full")
 LEGACY_FIELDS = {"dtype": "compute_dtype", "layers": "layer_modules"}  # names of layerwise 0.x
 
 
@@ -82,6 +85,7 @@ class ModelOptions:
     compute_dtype: str | None = None
     backend: str | None = None
     quantize: str | None = None
+    quantize_calibration: str | None = None
     padding_side: str = "right"
     layer_modules: str | None = None
     max_length: int | None = None
@@ -94,8 +98,8 @@ class ModelOptions:
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen dataclass
-        for name in ("model", "device", "compute_dtype", "backend", "quantize", "layer_modules", "revision",
-                     "tokenizer", "onnx_cache"):
+        for name in ("model", "device", "compute_dtype", "backend", "quantize", "quantize_calibration",
+                     "layer_modules", "revision", "tokenizer", "onnx_cache"):
             set_(name, _text(getattr(self, name), name))
         if self.quantize == "none":
             set_("quantize", None)
@@ -104,6 +108,9 @@ class ModelOptions:
             value = getattr(self, name)
             if value is not None and value not in valid:
                 raise ModelLoadError(f"unknown {name} {value!r}. Valid {noun} are: {', '.join(valid)}")
+        if self.quantize_calibration is not None and self.quantize != "int8-full":
+            raise ModelLoadError(f"quantize_calibration={self.quantize_calibration!r} calibrates quantize='int8-full', "
+                                 f"not quantize={self.quantize!r}: add quantize='int8-full' or leave it out")
         if self.padding_side not in PADDING_SIDES:
             raise ModelLoadError(f"unknown padding_side {self.padding_side!r}. Valid values are: "
                                  f"{', '.join(PADDING_SIDES)}")

@@ -19,8 +19,9 @@ extra is installed), the two agreeing when every token's states have a cosine of
 
 ``quantize="int8"`` (block site only) runs OpenVINO with int8 weights (NNCF) where the ``[openvino]`` extra is
 installed, which keeps the layers (last-layer minimum cosine 0.995 on SST-2 dev), else ONNX Runtime's dynamic int8
-(0.966); the two are different precisions of a store (``int8-weights``, ``int8``). A model they cannot run is
-refused with the reason. Reduced precision is never chosen by this backend: it is an explicit option.
+(0.966); the two are different precisions of a store (``int8-weights``, ``int8``). ``quantize="int8-full"`` (weights
+and activations, calibrated) runs on OpenVINO only; without the extra it is refused, naming it. A model they cannot
+run is refused with the reason. Reduced precision is never chosen by this backend: it is an explicit option.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...errors import ModelLoadError
+from ...extras import require
 from ..capture import capture
 from ..discovery import probe_batch
 from ..hardware import cpu_model
@@ -113,29 +115,37 @@ class AutoBackend(TorchBackend):
         loaded: the model.
         padding_side: as for :class:`~layerwise.model.backends.pytorch.TorchBackend` (``"left"`` runs PyTorch).
         cache: directory for exported graphs and ``races.json`` (see :func:`layerwise.model.backends.ort.cache_dir`).
-        quantize: ``None`` or ``"int8"`` (int8 weights on OpenVINO where installed, else dynamic int8 through ONNX
-            Runtime; block site only).
+        quantize: ``None``, ``"int8"`` (int8 weights on OpenVINO where installed, else dynamic int8 through ONNX
+            Runtime) or ``"int8-full"`` (OpenVINO only); block site only.
+        calibration: ``quantize="int8-full"``: a text file to calibrate on (``None``: the bundled sample).
     """
 
     name = "auto"
-    accepts = TorchBackend.accepts | {"quantize", "onnx_cache"}
+    accepts = TorchBackend.accepts | {"quantize", "quantize_calibration", "onnx_cache"}
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, options: ModelOptions) -> "AutoBackend":
-        """``AutoBackend(loaded, padding_side, cache=options.onnx_cache, quantize=options.quantize)``."""
-        return cls(loaded, options.padding_side, cache=options.onnx_cache, quantize=options.quantize)
+        """``AutoBackend(loaded, padding_side, cache=options.onnx_cache, quantize=options.quantize,
+        calibration=options.quantize_calibration)``."""
+        return cls(loaded, options.padding_side, cache=options.onnx_cache, quantize=options.quantize,
+                   calibration=options.quantize_calibration)
 
     def __init__(self, loaded: LoadedModel, padding_side: str = "right", cache: str | os.PathLike | None = None,
-                 quantize: str | None = None):
+                 quantize: str | None = None, calibration: str | None = None):
         super().__init__(loaded, padding_side)
         self.quantize = check_quantize(quantize)
         self.why_torch = self.onnx_unsupported(loaded, padding_side)
         self.onnx: OnnxBackend | None = None
         self.openvino: OpenVinoBackend | None = None
+        full = self.quantize == "int8-full"
+        if full:
+            require("openvino", "nncf", what="quantize='int8-full' (int8 weights and activations, on OpenVINO)",
+                    extra="openvino", packages="openvino, nncf")
         if self.why_torch is None:
-            self.onnx = OnnxBackend(loaded, cache=cache, quantize=self.quantize)
+            self.onnx = OnnxBackend(loaded, cache=cache, quantize=None if full else self.quantize)
             if openvino_available() and (not self.quantize or openvino_version("nncf")):
-                self.openvino = OpenVinoBackend(loaded, exporter=self.onnx, quantize=self.quantize)
+                self.openvino = OpenVinoBackend(loaded, exporter=self.onnx, quantize=self.quantize,
+                                                calibration=calibration)
         elif self.quantize:
             raise ModelLoadError(f"quantize={self.quantize!r} runs through OpenVINO or ONNX Runtime, which "
                                  f"{self.why_torch}")
@@ -320,8 +330,8 @@ class AutoBackend(TorchBackend):
                     "openvino": f"openvino {openvino_version()}{bf16}"}
         if self.quantize:
             if self.openvino is not None:
-                return (f"{versions['openvino']} with int8 weights (nncf {openvino_version('nncf')}) for the block "
-                        f"site")
+                what = "int8 weights and activations" if self.quantize == "int8-full" else "int8 weights"
+                return f"{versions['openvino']} with {what} (nncf {openvino_version('nncf')}) for the block site"
             return f"{versions['onnx']} ({self.quantize}, dynamic) for the block site"
         parts = []
         for name in ("openvino", "onnx", "torch"):

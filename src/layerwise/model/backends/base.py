@@ -16,11 +16,13 @@ from ..options import ModelOptions
 # The ModelOptions fields a backend may or may not honour (model, max_length and stride every backend honours).
 # load_model reads these: every backend that loads through transformers honours them
 LOADING_FIELDS = ("device", "compute_dtype", "revision", "allow_pickle", "trust_remote_code", "layer_modules")
-BACKEND_FIELDS = (*LOADING_FIELDS, "padding_side", "quantize", "onnx_cache", "tokenizer")
+BACKEND_FIELDS = (*LOADING_FIELDS, "padding_side", "quantize", "quantize_calibration", "onnx_cache", "tokenizer")
 # what each field means when it is not its default: the message for a backend that does not take it
 _NEEDS = {
     "quantize": "{value} runs through OpenVINO or ONNX Runtime: use backend='auto' (the default), 'openvino' or "
                 "'onnx', not backend={name!r}",
+    "quantize_calibration": "{value} calibrates quantize='int8-full' on OpenVINO: use backend='auto' (the default) "
+                            "or 'openvino', not backend={name!r}",
     "padding_side": "{value} needs backend='torch' or 'auto' (backend={name!r} pads right)",
     "tokenizer": "tokenizer= goes with backend='tf' (a SavedModel without its tokenizer); the {name} backend reads "
                  "the model directory's own tokenizer",

@@ -14,11 +14,13 @@ for ``compute_dtype="float32"`` (the default; the states equal PyTorch's within 
 ``compute_dtype="bfloat16"`` (weights stored in float32, the matrix products in bf16 where the CPU has it).
 
 ``quantize="int8"`` keeps the layers: the weights of every matrix product are compressed to int8 by NNCF
-(``compress_weights``, asymmetric, per output channel; installed with the extra), the rest of the graph stays float32,
-and OpenVINO's CPU plugin quantises the activations of those products on the fly in groups of
-``DYNAMIC_QUANTIZATION_GROUP`` values (set explicitly). On SST-2 dev sentences with the default model it kept a
-last-layer minimum cosine of 0.995 to float32 at 2.2x its speed (``benchmarks/README.md``), where ONNX Runtime's dynamic
-int8 (``backend="onnx"``) keeps 0.966. Its precision is ``"int8-weights"``, so a store never mixes the two recipes.
+(asymmetric, per output channel; installed with the extra), the rest of the graph stays float32, and OpenVINO's CPU
+plugin quantises the activations of those products on the fly in groups of ``DYNAMIC_QUANTIZATION_GROUP`` values (set
+explicitly). On SST-2 dev sentences with the default model it kept a last-layer minimum cosine of 0.995 to float32
+(``benchmarks/README.md``), where ONNX Runtime's dynamic int8 (``backend="onnx"``) keeps 0.966. Its precision is
+``"int8-weights"``, so a store never mixes the two recipes. ``quantize="int8-full"`` quantises activations too
+(calibrated on texts, the products measured as most sensitive kept in float; precision ``"int8-full"``): see
+:mod:`layerwise.model.backends.openvino_int8` for both recipes.
 
 Speed: the model is compiled with ``PERFORMANCE_HINT=THROUGHPUT`` (OpenVINO picks the number of streams for the
 cores it is given), and one padded batch is cut by rows into as many parts as there are streams, each run as an
@@ -52,11 +54,13 @@ from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
 from .base import LOADING_FIELDS, Backend, refuse_options
+from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
 from .ort import OnnxBackend, check_quantize, measure_fidelity
 
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
 PRECISION_HINTS = {"float32": "f32", "bfloat16": "bf16"}  # compute_dtype -> INFERENCE_PRECISION_HINT
+PRECISIONS = {"int8": "int8-weights", "int8-full": "int8-full"}  # quantize -> the precision a store records
 RUNS_FROM = (torch.float32, torch.bfloat16)  # the dtypes of a loaded model it converts (auto's bf16 loads bf16)
 
 
@@ -101,13 +105,16 @@ class OpenVinoBackend(Backend):
         cache: directory for exported and converted graphs (default ``~/.cache/layerwise/onnx``, see
             :func:`~layerwise.model.backends.ort.cache_dir`).
         threads: the CPU threads OpenVINO uses (default: torch's thread count).
-        quantize: ``None`` or ``"int8"`` (int8 weights by NNCF; see the module docstring).
+        quantize: ``None``, ``"int8"`` (int8 weights by NNCF) or ``"int8-full"`` (weights and activations, calibrated;
+            see :mod:`layerwise.model.backends.openvino_int8`).
         exporter: the ONNX backend whose export (and weights fingerprint) to convert from; one is made when absent.
+        calibration: ``quantize="int8-full"`` only: a text file (one text a line) to calibrate on; ``None``: the
+            bundled neutral sample.
     """
 
     name = "openvino"
     sites = ("block",)
-    accepts = frozenset((*LOADING_FIELDS, "quantize", "onnx_cache"))
+    accepts = frozenset((*LOADING_FIELDS, "quantize", "quantize_calibration", "onnx_cache"))
     runs = "runs OpenVINO"
 
     @classmethod
@@ -124,21 +131,28 @@ class OpenVinoBackend(Backend):
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, options: ModelOptions) -> "OpenVinoBackend":
         """``OpenVinoBackend(loaded, precision=options.compute_dtype, cache=options.onnx_cache,
-        quantize=options.quantize)``."""
+        quantize=options.quantize, calibration=options.quantize_calibration)``."""
         return cls(loaded, precision=options.compute_dtype or "float32", cache=options.onnx_cache,
-                   quantize=options.quantize)
+                   quantize=options.quantize, calibration=options.quantize_calibration)
 
     def __init__(self, loaded: LoadedModel, precision: str = "float32", cache: str | os.PathLike | None = None,
-                 threads: int | None = None, exporter: OnnxBackend | None = None, quantize: str | None = None):
+                 threads: int | None = None, exporter: OnnxBackend | None = None, quantize: str | None = None,
+                 calibration: str | None = None):
         super().__init__(loaded)
         self.compute = check_precision(precision)
         self.quantize = check_quantize(quantize)
+        if self.quantize == "int8-full" and self.compute != "float32":
+            raise ModelLoadError(f"quantize='int8-full' runs its float parts in float32, not compute_dtype="
+                                 f"{self.compute!r}: leave compute_dtype out")
+        # int8-full: the calibration texts, read now so a bad file is refused before any export
+        self.calibration = calibration_texts(calibration) if self.quantize == "int8-full" else None
         problem = self.unsupported(loaded)
         if problem:
             raise ModelLoadError(f"backend='openvino' {problem}")
         self.ov = require_openvino()
         if self.quantize:
-            require("nncf", what="quantize='int8' on OpenVINO", extra="openvino", packages="openvino, nncf")
+            require("nncf", what=f"quantize={self.quantize!r} on OpenVINO", extra="openvino",
+                    packages="openvino, nncf")
         self.onnx = exporter or OnnxBackend(loaded, cache=cache, dtypes=RUNS_FROM)  # the exporter and its cache
         self.root = self.onnx.root
         self.threads = threads or torch.get_num_threads()
@@ -156,9 +170,9 @@ class OpenVinoBackend(Backend):
 
     @property
     def precision(self) -> str:
-        """``"float32"`` or ``"bfloat16"``: what OpenVINO computes in, or ``"int8-weights"`` when quantised (part of a
-        store's identity)."""
-        return "int8-weights" if self.quantize else self.compute
+        """``"float32"`` or ``"bfloat16"``: what OpenVINO computes in, or ``"int8-weights"`` / ``"int8-full"`` when
+        quantised (part of a store's identity)."""
+        return PRECISIONS[self.quantize] if self.quantize else self.compute
 
     @property
     def dtype(self) -> torch.dtype:
@@ -173,7 +187,8 @@ class OpenVinoBackend(Backend):
         """Where the converted graph for ``depth`` is cached (``.xml`` beside its ``.bin``)."""
         key = {"weights": self.fingerprint(), "family": self.loaded.architecture, "depth": depth, "site": "block",
                "format": IR_FORMAT, "openvino": openvino_version(), "onnx": self.onnx.path_for(depth).name,
-               "quantize": self.quantize, "nncf": openvino_version("nncf") if self.quantize else None}
+               "quantize": self.quantize, "nncf": openvino_version("nncf") if self.quantize else None,
+               "calibration": texts_digest(self.calibration) if self.calibration else None}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         suffix = f"-{self.quantize}" if self.quantize else ""
         return self.root / f"{self.loaded.architecture}-d{depth}-openvino{suffix}-{digest}.xml"
@@ -185,19 +200,26 @@ class OpenVinoBackend(Backend):
     def build(self, depth: int) -> Path:
         """The cached IR for ``depth``, exported and converted now if absent (the time is said on stderr)."""
         path = self.path_for(depth)
-        if path.exists() and path.with_suffix(".bin").exists():
+        if path.exists() and path.with_suffix(".bin").exists() and (
+                self.quantize != "int8-full" or report_path(path).exists()):
             return path
         t0 = time.perf_counter()
-        model = self.ov.convert_model(str(self.onnx.float_graph(depth)))
-        if self.quantize:
+        graph = str(self.onnx.float_graph(depth))
+        model = self.ov.convert_model(graph)
+        if self.quantize == "int8":
             model = compress_weights(model)
+        elif self.quantize == "int8-full":
+            model, report = quantize_full(lambda: self.ov.convert_model(graph), self.loaded.tokenizer,
+                                          self.calibration or [])
+            report_path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
         self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
         os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
         os.replace(tmp, path)
         seconds = time.perf_counter() - t0
         self.convert_seconds[depth] = seconds
-        what = f"layers 0..{depth}" + (", int8 weights" if self.quantize else "")
+        what = f"layers 0..{depth}" + {None: "", "int8": ", int8 weights",
+                                       "int8-full": ", int8 weights and activations"}[self.quantize]
         print(f"layerwise: converted {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, "
               f"cached at {path}", file=sys.stderr)
         return path
@@ -210,13 +232,16 @@ class OpenVinoBackend(Backend):
             core.set_property({"CACHE_DIR": str(self.root / "openvino-blobs")})
             config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": self.threads,
                                       "INFERENCE_PRECISION_HINT": PRECISION_HINTS[self.compute]}
-            if self.quantize:
+            if self.quantize == "int8":
                 config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
-            compiled = core.compile_model(str(self.build(depth)), "CPU", config)
+            path = self.build(depth)
+            compiled = core.compile_model(str(path), "CPU", config)
             streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
             self._compiled[depth] = (compiled, [compiled.create_infer_request() for _ in range(streams)])
             if self.precision != "float32" and self.loaded.dtype == torch.float32:  # once per depth, warned if low
                 self.fidelity[depth] = measure_fidelity(self, depth)
+                if self.quantize == "int8-full":  # what calibration measured and kept in float
+                    self.fidelity[depth]["calibration"] = json.loads(report_path(path).read_text(encoding="utf-8"))
         return self._compiled[depth]
 
     def settings(self, layers: Sequence[int]) -> dict[str, Any]:
@@ -271,17 +296,9 @@ class OpenVinoBackend(Backend):
         return torch.from_numpy(out)
 
 
-def compress_weights(model: Any) -> Any:
-    """``model`` with the weights of its matrix products in int8 (NNCF, asymmetric, per output channel); NNCF's
-    progress display goes to stderr, so a command writing features to stdout stays clean."""
-    import contextlib
-    import logging
-
-    import nncf
-
-    nncf.set_log_level(logging.ERROR)
-    with contextlib.redirect_stdout(sys.stderr):
-        return nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+def report_path(graph: Path) -> Path:
+    """Where the calibration report of an ``int8-full`` graph is kept: beside it, ``<graph>.json``."""
+    return graph.with_suffix(".json")
 
 
 def copy_states(request: Any, layers: Sequence[int], out: np.ndarray) -> np.ndarray:
@@ -309,5 +326,5 @@ class _Pending:
         return self.states
 
 
-__all__ = ["DYNAMIC_QUANTIZATION_GROUP", "OpenVinoBackend", "PRECISION_HINTS", "check_precision", "compress_weights",
-           "copy_states", "openvino_available", "openvino_version", "require_openvino"]
+__all__ = ["DYNAMIC_QUANTIZATION_GROUP", "OpenVinoBackend", "PRECISIONS", "PRECISION_HINTS", "check_precision",
+           "copy_states", "openvino_available", "openvino_version", "report_path", "require_openvino"]

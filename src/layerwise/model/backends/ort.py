@@ -190,7 +190,8 @@ class OnnxBackend(Backend):
         loaded: the model (exported from its PyTorch weights; one of the family table's BERT-style encoders).
         cache: directory for exported graphs (default ``~/.cache/layerwise/onnx``, see :func:`cache_dir`).
         threads: intra-op threads (default: torch's thread count).
-        quantize: ``None`` (float32, the default) or ``"int8"`` (dynamic int8; see the module docstring).
+        quantize: ``None`` (float32, the default) or ``"int8"`` (dynamic int8; see the module docstring);
+            ``"int8-full"`` is refused (it runs on OpenVINO).
         dtypes: the dtypes of ``loaded`` it takes: float32 to run it; the OpenVINO backend, which only exports
             through it, also takes a bf16-loaded model (the export is float32, OpenVINO's hint runs it in bf16).
     """
@@ -209,6 +210,10 @@ class OnnxBackend(Backend):
                  quantize: str | None = None, dtypes: tuple[torch.dtype, ...] = (torch.float32,)):
         super().__init__(loaded)
         self.quantize = check_quantize(quantize)
+        if self.quantize == "int8-full":
+            raise ModelLoadError("quantize='int8-full' runs on OpenVINO (pip install 'layerwise[openvino]'; "
+                                 "backend='auto' or 'openvino'), not backend='onnx': ONNX Runtime's int8 is "
+                                 "quantize='int8'")
         problem = self.unsupported(loaded, dtypes)
         if problem:
             raise ModelLoadError(f"backend='onnx' {problem}")
