@@ -1,6 +1,8 @@
 """Speed and fidelity of layer features: layerwise's paths against the fastest peers, side by side in one run.
 
-Run: ``./dev bench run [--model default|bert-base-shape|minilm-shape] [--texts 2000] [--repeats 5] [--no-side]``.
+Run: ``./dev bench run [--model default|bert-base-shape|minilm-shape] [--texts 2000] [--repeats 5] [--no-side]
+[--doc-tokens 512] [--exit-layers 2,4]``. ``--doc-tokens N`` times ``--texts`` documents of about N tokens each
+(consecutive corpus sentences joined) instead of sentences: where attention's share of the work grows.
 
 Contestants (mean-pooled last layer; every output is compared with the float32 PyTorch reference before timing):
 
@@ -10,6 +12,8 @@ Contestants (mean-pooled last layer; every output is compared with the float32 P
 * ``layerwise int8``   ``Extractor(quantize="int8")``: int8 weights on OpenVINO where the extra is installed, else
   dynamic int8 through ONNX Runtime
 * ``layerwise int8 onnx``  ``Extractor(backend="onnx", quantize="int8")``: ONNX Runtime's dynamic int8
+* ``layerwise int8-full``  ``Extractor(quantize="int8-full")``: int8 weights and activations on OpenVINO, calibrated
+  on the bundled sample (needs the ``[openvino]`` extra)
 * ``layerwise openvino``, ``layerwise openvino bf16``: ``Extractor(backend="openvino")`` float32, and with
   ``compute_dtype="bfloat16"`` (OpenVINO's bf16 hint), where the ``[openvino]`` extra is installed
 * ``raw onnxruntime``, ``raw openvino``, ``raw openvino bf16``: the runtimes called directly on the same graphs, as a
@@ -91,6 +95,23 @@ def make_texts(n: int) -> list[str]:
     rng = random.Random(0)
     rng.shuffle(texts)  # unsorted input, as users have it
     return texts
+
+
+def make_documents(n: int, tokenizer, tokens: int = 512) -> list[str]:
+    """``n`` documents of consecutive corpus sentences joined until the next would pass ``tokens`` tokens (special
+    tokens included): the long-input workload, where attention's share of the work grows with the length."""
+    sentences = make_texts(n * tokens // 8)
+    lengths = [len(ids) - 2 for ids in tokenizer(sentences, add_special_tokens=True)["input_ids"]]
+    docs, current, used = [], [], 2
+    for sentence, length in zip(sentences, lengths):
+        if used + length > tokens and current:
+            docs.append(" ".join(current))
+            current, used = [], 2
+            if len(docs) == n:
+                break
+        current.append(sentence)
+        used += length
+    return docs
 
 
 def dev_sentences() -> list[str]:
@@ -255,6 +276,8 @@ def main(argv=None) -> None:
                                                 "int8-onnx, int8-full, openvino, openvino-bf16, raw-ort, raw-ov, "
                                                 "raw-ov-bf16, st-torch, st-onnx, st-onnx-O3, st-int8, unsorted, seed)")
     ap.add_argument("--no-side", action="store_true", help="leave out sentence-transformers' ONNX backends")
+    ap.add_argument("--doc-tokens", type=int, default=0, help="time --texts documents of about this many tokens "
+                                                                "each (e.g. 512) instead of sentences")
     ap.add_argument("--exit-layers", default="", help="comma-separated k to time for early exit (default: none)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -270,7 +293,7 @@ def main(argv=None) -> None:
         cache = tmp / "onnx"
         ref = lw.Extractor(path, device="cpu", backend="torch")
         model, tok = ref.model, ref.tokenizer
-        texts = make_texts(args.texts)
+        texts = make_documents(args.texts, tok, args.doc_tokens) if args.doc_tokens else make_texts(args.texts)
         n_tokens = sum(len(i) for i in tok(texts)["input_ids"])
         mean_len = n_tokens / len(texts)
         L = ref.num_layers

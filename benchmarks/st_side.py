@@ -68,7 +68,8 @@ DEFAULT_ROOT = HERE / ".venv-st"
 # would pull gigabytes of CUDA wheels); it is repeated in the second step so that pip keeps it.
 REQUIREMENTS: tuple[tuple[str, ...], ...] = (
     ("torch==2.13.0",),
-    ("torch==2.13.0", "transformers<4.58", "sentence-transformers", "optimum[onnxruntime]>=2.1"),
+    ("torch==2.13.0", "transformers<4.58", "sentence-transformers", "optimum[onnxruntime]>=2.1",
+     "optimum-intel[openvino]~=1.27.0", "datasets<5"),
 )
 VERSIONED = (
     "torch",
@@ -78,6 +79,11 @@ VERSIONED = (
     "optimum-onnx",
     "onnxruntime",
     "onnx",
+    "optimum-intel",
+    "openvino",
+    "openvino-tokenizers",
+    "nncf",
+    "datasets",
     "numpy",
     "tokenizers",
     "huggingface-hub",

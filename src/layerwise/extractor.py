@@ -94,9 +94,12 @@ class Extractor:
               SavedModel to ``tf``. ``keras`` and ``tf`` need ``pip install 'layerwise[tf]'``. ONNX graphs are
               exported once per model and deepest layer and cached under ``onnx_cache`` (default
               ``$LAYERWISE_CACHE/onnx``, else ``~/.cache/layerwise/onnx``).
-            * ``quantize``: ``None`` (default) or ``"int8"``: dynamic int8 through ONNX Runtime (``auto``/``onnx``
-              backends, block site), faster than float32 on an AVX-512 VNNI CPU and an approximation (fidelity
-              figures in benchmarks/README.md).
+            * ``quantize``: ``None`` (default), ``"int8"`` or ``"int8-full"`` (``auto``/``openvino`` backends, block
+              site; approximations, faster than float32 on a VNNI or AMX CPU). ``"int8"``: int8 weights on OpenVINO
+              where the ``[openvino]`` extra is installed (precision ``int8-weights``), else ONNX Runtime's dynamic
+              int8 (``auto``/``onnx``); ``"int8-full"``: weights and activations in int8 on OpenVINO, calibrated on
+              ``quantize_calibration`` (a text file, one text a line) or a bundled sample. Fidelity and speed per
+              machine: benchmarks/README.md; the fidelity on the loaded model: ``describe()["fidelity"]``.
             * ``layer_modules``: the module path of the layer list (``"model.layers"``) for a model whose layers
               are not found automatically; verified against ``output_hidden_states`` at load.
             * ``padding_side``: ``"right"`` (default) or ``"left"`` (the decoder embedding-model convention); both

@@ -8,16 +8,18 @@ kind is a new module here plus one line in :data:`BACKENDS`.
 ============  ===========================================================  ==================================
 name          runtime                                                      sites
 ============  ===========================================================  ==================================
-``auto``      the default: ONNX Runtime for the block site where it gives  all of torch's (``block`` only
-              PyTorch's states within 1e-5 (checked once per depth),       with ``quantize="int8"``)
-              else PyTorch; ``quantize="int8"``: int8 through ONNX Runtime
+``auto``      the default: the fastest of ONNX Runtime, OpenVINO and       all of torch's (``block`` only
+              PyTorch for the block site among those within 1e-5 of        when quantised)
+              PyTorch (checked once per depth), else PyTorch;
+              ``quantize``: int8 on OpenVINO, else ONNX Runtime
 ``torch``     PyTorch with scoped forward hooks and early exit, any        block, raw, attention, intermediate,
               architecture (the layer map of :mod:`layerwise.model.layermap`)    pre_ln (those the model has)
 ``onnx``      ONNX Runtime (CPU): the encoder exported up to the deepest   block
               requested layer, cached on disk
 ``openvino``  OpenVINO (CPU, the ``[openvino]`` extra): that export       block
               converted to OpenVINO's IR (cached), the throughput hint,
-              async infer requests; float32 exact, or its bf16 hint
+              async infer requests; float32 exact, or its bf16 hint;
+              ``quantize="int8"`` / ``"int8-full"`` by NNCF
 ``keras``     Keras 3 / keras-hub backbones (a preset directory, or a      block
               Hugging Face directory converted on load); a functional
               sub-model ends at the deepest requested layer
