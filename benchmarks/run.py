@@ -22,8 +22,10 @@ Contestants (mean-pooled last layer; every output is compared with the float32 P
   overlaps tokenising with inference. The default must be within 5% of the fastest exact one
 * ``st torch``         sentence-transformers ``encode`` (batch 32, its own length sorting), this environment
 * ``st onnx``, ``st onnx-O3``, ``st int8``: sentence-transformers' ONNX backends (optimum export, O3 graph
-  optimisation, dynamic int8 for this CPU), run in a side environment (``benchmarks/st_side.py``: optimum needs
-  transformers 4) by a worker that times its own ``encode``; ``--no-side`` leaves them out
+  optimisation, dynamic int8 for this CPU), and ``st openvino``, ``st openvino-int8``: its OpenVINO backend
+  (optimum-intel export run with an explicit f32 precision hint; NNCF static int8 calibrated on the texts), run in a
+  side environment (``benchmarks/st_side.py``: optimum needs transformers 4) by a worker that times its own
+  ``encode``; ``--no-side`` leaves them out
 * ``batched unsorted``  the hand-written loop: batches of 32 in input order, ``output_hidden_states=True``
 * ``seed-style``       one sentence at a time padded to 512 with autograd on (timed on a few texts: very slow)
 
@@ -274,15 +276,17 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip", default="", help="comma-separated contestants to skip (auto, torch, bf16, int8, "
                                                 "int8-onnx, int8-full, openvino, openvino-bf16, raw-ort, raw-ov, "
-                                                "raw-ov-bf16, st-torch, st-onnx, st-onnx-O3, st-int8, unsorted, seed)")
-    ap.add_argument("--no-side", action="store_true", help="leave out sentence-transformers' ONNX backends")
+                                                "raw-ov-bf16, st-torch, st-onnx, st-onnx-O3, st-int8, st-openvino, "
+                                                "st-openvino-int8, unsorted, seed)")
+    ap.add_argument("--no-side", action="store_true",
+                    help="leave out sentence-transformers' ONNX and OpenVINO backends")
     ap.add_argument("--doc-tokens", type=int, default=0, help="time --texts documents of about this many tokens "
                                                                 "each (e.g. 512) instead of sentences")
     ap.add_argument("--exit-layers", default="", help="comma-separated k to time for early exit (default: none)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     if args.no_side:
-        skip |= {"st-onnx", "st-onnx-O3", "st-int8"}
+        skip |= {"st-onnx", "st-onnx-O3", "st-int8", "st-openvino", "st-openvino-int8"}
     threads = torch.get_num_threads()
     bf16_ok = native_on_cpu(torch.bfloat16)
     if not bf16_ok:
@@ -362,7 +366,8 @@ def main(argv=None) -> None:
                 f"layerwise auto, layer {k} of {L} (early exit)", "float32",
                 timed(lambda k=k: variants["auto"].encode(texts, layers=k, pool="mean")), k)
         side = None
-        side_names = [n for n in ("st-onnx", "st-onnx-O3", "st-int8") if n not in skip]
+        side_names = [n for n in ("st-onnx", "st-onnx-O3", "st-int8", "st-openvino", "st-openvino-int8")
+                      if n not in skip]
         side_facts: dict = {}
         if args.model == "default" and side_names:
             from benchmarks.st_side import SideST
@@ -371,7 +376,9 @@ def main(argv=None) -> None:
             side_facts = side.prepare(texts)
             labels = {"st-onnx": ("sentence-transformers backend='onnx'", "float32"),
                       "st-onnx-O3": ("sentence-transformers ONNX O3", "float32"),
-                      "st-int8": ("sentence-transformers int8 (dynamic)", "int8")}
+                      "st-int8": ("sentence-transformers int8 (dynamic)", "int8"),
+                      "st-openvino": ("sentence-transformers backend='openvino'", "float32"),
+                      "st-openvino-int8": ("sentence-transformers OpenVINO int8 (static, calibrated)", "int8")}
             for name in side_names:
                 if name in side.names:
                     contestants[name] = Contestant(labels[name][0], labels[name][1],

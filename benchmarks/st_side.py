@@ -2,11 +2,11 @@
 
 What it is
     A helper for ``benchmarks/run.py``: :func:`ensure_env` builds a separate virtual environment with
-    sentence-transformers (ST) and its ONNX extras, and :class:`SideST` starts a worker process in it (this same
-    file run as a script, ``<side python> -I benchmarks/st_side.py --worker ...``) and talks to it with JSON lines
-    over stdin/stdout. The worker loads every contestant once in :meth:`SideST.prepare` (exports included) and then
-    times exactly ``model.encode(texts, batch_size=batch_size, convert_to_numpy=True)`` with ``time.perf_counter``
-    inside its own process; embeddings come back through an ``.npy`` file, outside the timing.
+    sentence-transformers (ST) and its ONNX and OpenVINO extras, and :class:`SideST` starts a worker process in it
+    (this same file run as a script, ``<side python> -I benchmarks/st_side.py --worker ...``) and talks to it with
+    JSON lines over stdin/stdout. The worker loads every contestant once in :meth:`SideST.prepare` (exports
+    included) and then times exactly ``model.encode(texts, batch_size=batch_size, convert_to_numpy=True)`` with
+    ``time.perf_counter`` inside its own process; embeddings come back through an ``.npy`` file, outside the timing.
 
     Contestants (the names are the keys of :meth:`SideST.prepare`'s result):
 
@@ -16,11 +16,29 @@ What it is
     * ``st-onnx-O3``  ``export_optimized_onnx_model(model, "O3", ...)`` -> ``onnx/model_O3.onnx``
     * ``st-int8``     ``export_dynamic_quantized_onnx_model(model, <cfg>, ...)`` with cfg ``avx512_vnni``,
                       ``avx512`` or ``avx2`` after /proc/cpuinfo -> ``onnx/model_qint8_<cfg>.onnx``
+    * ``st-openvino`` ``backend="openvino"``: optimum-intel exports the PyTorch weights to
+                      ``openvino/openvino_model.xml`` (f32 IR, in a second copy of the model directory), run in f32
+    * ``st-openvino-int8``  ``export_static_quantized_openvino_model(model, OVQuantizationConfig(num_samples=n), ...,
+                      dataset_name=<local folder>, ...)`` -> ``openvino/openvino_model_qint8_quantized.xml``: NNCF
+                      post-training static int8 (weights and activations), calibrated on the first ``n = min(300,
+                      len(texts))`` prepared texts. ST calls ``datasets.load_dataset(dataset_name, ...)`` (glue/sst2
+                      from the hub by default); the worker writes the texts to ``workdir/st-calib/train.jsonl`` and
+                      passes that folder (config "default", split "train", column "sentence"), which loads offline.
+                      It quantizes a fresh instance of the exported IR: the quantizer changes the model it is given
+                      in place (quantizing st-openvino's own instance made st-openvino return int8 results).
 
     Threads: torch gets ``torch.set_num_threads(threads)`` (and ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``); the ONNX
     contestants get an ``onnxruntime.SessionOptions`` with ``intra_op_num_threads=threads`` through ST's
     ``model_kwargs={"provider": "CPUExecutionProvider", "session_options": ...}``, which ST forwards to optimum's
-    ``ORTModelForFeatureExtraction.from_pretrained``.
+    ``ORTModelForFeatureExtraction.from_pretrained``. The OpenVINO contestants get ``model_kwargs={"ov_config":
+    {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+    "NUM_STREAMS": "1"}}``, which ST forwards to ``OVModelForFeatureExtraction.from_pretrained`` and optimum-intel
+    to ``openvino.Core().compile_model``. The precision hint is needed: on a CPU with native bf16 (AMX, AVX512-BF16)
+    OpenVINO's default ``INFERENCE_PRECISION_HINT`` is bf16, even for an f32 IR. LATENCY rather than THROUGHPUT:
+    optimum-intel calls the compiled model synchronously, one batch at a time, so THROUGHPUT's several streams
+    would each get a share of the threads with only one of them busy. The compiled model's own values of these
+    properties, and the runtime precisions of its matrix products (``matmul_runtime_precisions``: all ``f32`` for
+    st-openvino, ``u8``/``i8`` for st-openvino-int8), are in the facts.
 
 Why a side environment
     ST's ONNX backend needs ``optimum[onnxruntime]``. Since optimum 2.x the ONNX parts live in ``optimum-onnx``,
@@ -33,6 +51,14 @@ Why a side environment
     Left unconstrained, pip resolves sentence-transformers 6.x first and then backtracks *optimum* down through
     1.27, 1.26, ... (old optimums without an upper bound on transformers); the requirement list therefore says
     ``transformers<4.58`` (the conflict itself) and ``optimum[onnxruntime]>=2.1``.
+
+    ST's OpenVINO backend needs ``optimum-intel[openvino]``. optimum-intel 2.x requires ``optimum~=2.2.0`` (2.0) or
+    ``optimum~=2.3.0`` (2.1, 2.2), which optimum-onnx 0.1.0's ``optimum~=2.1.0`` excludes; optimum-intel 1.27.0 is
+    the newest release that coexists with it (it requires ``optimum-onnx~=0.1.0``, ``transformers>=4.45,<4.58``,
+    ``openvino>=2025.4``, ``nncf>=2.19``), so the list pins ``optimum-intel[openvino]~=1.27.0`` (pip installs
+    openvino and openvino-tokenizers 2026.4.x, nncf 3.x with it). ``datasets`` is for st-openvino-int8's calibration
+    set (ST's quantization function requires it even with a local folder); ``datasets<5`` because datasets 5
+    requires ``huggingface-hub>=1.31`` and transformers 4.57 ``huggingface-hub<1.0``.
 
 How to run
     From the main venv (this module imports only the standard library and numpy)::
@@ -88,7 +114,7 @@ VERSIONED = (
     "tokenizers",
     "huggingface-hub",
 )
-CONTESTANTS = ("st-torch", "st-onnx", "st-onnx-O3", "st-int8")
+CONTESTANTS = ("st-torch", "st-onnx", "st-onnx-O3", "st-int8", "st-openvino", "st-openvino-int8")
 STAMP = ".stamp.json"
 
 
@@ -134,8 +160,8 @@ def ensure_env(root: Path = DEFAULT_ROOT) -> Path:
         if stamp.get("hash") == want and py.exists():
             return py
 
-        print(f"st_side: installing the side env at {root} (sentence-transformers + optimum[onnxruntime], "
-              "about 2-3 minutes, once)", file=sys.stderr, flush=True)
+        print(f"st_side: installing the side env at {root} (sentence-transformers + optimum[onnxruntime] + "
+              "optimum-intel[openvino], about 2-3 minutes, once)", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         # The base interpreter, so the side env does not inherit this venv; same Python version (cp311 wheels).
         base = getattr(sys, "_base_executable", None) or sys.executable
@@ -193,7 +219,10 @@ class SideST:
         py = Path(self._python) if self._python else ensure_env()
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.update(OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads), HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONNOUSERSITE="1")
+                   TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONNOUSERSITE="1",
+                   # datasets caches st-openvino-int8's calibration set under optimum-intel's cache_dir default,
+                   # huggingface_hub's HUGGINGFACE_HUB_CACHE = $HF_HOME/hub: keep it in workdir, not in ~/.cache
+                   HF_HOME=str(self.workdir / "hf-home"))
         self._stderr_file = open(self.stderr_path, "w")
         # -I: isolated (no script dir on sys.path, so benchmarks/*.py can not shadow libraries; no user site).
         cmd = [str(py), "-I", str(Path(__file__).resolve()), "--worker", "--model", self.model_path,
@@ -392,6 +421,40 @@ class _Worker:
             kw["file_name"] = file_name
         return kw
 
+    def _ov_kwargs(self, file_name: str | None = None) -> dict:
+        # Explicit precision (f32: OpenVINO would otherwise run f32 models in bf16 on CPUs with native bf16) and
+        # threads. LATENCY (optimum-intel's default, given here explicitly): OVModel calls the compiled model
+        # synchronously, one request at a time, so THROUGHPUT's extra streams would only split the threads.
+        kw: dict = {"ov_config": {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": str(self.threads),
+                                  "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}}
+        if file_name:
+            kw["file_name"] = file_name
+        return kw
+
+    @staticmethod
+    def _ov_facts(model) -> dict:
+        """The compiled model's settings as OpenVINO reports them, and the precisions its matrix products run in."""
+        try:
+            cm = model.transformers_model.request
+            out: dict = {}
+            for key in ("INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "PERFORMANCE_HINT", "NUM_STREAMS",
+                        "EXECUTION_DEVICES"):
+                try:
+                    v = cm.get_property(key)
+                    out[key] = v.to_string() if hasattr(v, "to_string") else str(v)  # ov.Type -> "f32"
+                except Exception as e:  # facts only
+                    out[key] = f"unavailable: {e!r}"
+            prec: dict[str, int] = {}
+            for op in cm.get_runtime_model().get_ops():
+                rt = op.get_rt_info()
+                if str(rt["layerType"].astype(str)) in ("FullyConnected", "MatMul"):
+                    p = str(rt["runtimePrecision"].astype(str))
+                    prec[p] = prec.get(p, 0) + 1
+            out["matmul_runtime_precisions"] = prec
+            return out
+        except Exception as e:  # facts only
+            return {"ov_facts_error": repr(e)}
+
     @staticmethod
     def _session_facts(model) -> dict:
         try:
@@ -477,8 +540,59 @@ class _Worker:
                            "onnx_bytes": f.stat().st_size, **extra, **self._session_facts(m)}
             return load
 
+        ovdir = self.workdir / "st-model-ov"
+
+        def openvino_model():
+            if ovdir.exists():
+                shutil.rmtree(ovdir)
+            shutil.copytree(self.model_path, ovdir, ignore=shutil.ignore_patterns("onnx", "openvino"))
+            t0 = time.perf_counter()
+            exported = SentenceTransformer(str(ovdir), device="cpu", backend="openvino", model_kwargs=self._ov_kwargs())
+            exported.save_pretrained(str(ovdir))
+            export_s = time.perf_counter() - t0
+            rel = "openvino/openvino_model.xml"
+            m = SentenceTransformer(str(ovdir), device="cpu", backend="openvino", model_kwargs=self._ov_kwargs(rel))
+            state["openvino"] = m
+            f = ovdir / rel
+            return m, {"backend": "openvino", "export_s": round(export_s, 3), "ov_file": str(f),
+                       "ov_bin_bytes": f.with_suffix(".bin").stat().st_size, **self._ov_facts(m)}
+
+        def openvino_int8():
+            from optimum.intel import OVQuantizationConfig
+            from sentence_transformers import export_static_quantized_openvino_model
+
+            if "openvino" not in state:
+                raise RuntimeError("st-openvino failed, nothing to quantize")
+            # A fresh copy to quantize: OVQuantizer works on the model it is given in place (quantizing st-openvino's
+            # own instance turned its outputs into the int8 model's).
+            base = SentenceTransformer(str(ovdir), device="cpu", backend="openvino",
+                                       model_kwargs=self._ov_kwargs("openvino/openvino_model.xml"))
+            # The calibration set: the first (up to) 300 prepared texts, as a local dataset folder (a hub dataset
+            # name is what ST passes to datasets.load_dataset by default; a local folder loads offline).
+            calib = self.workdir / "st-calib"
+            if calib.exists():
+                shutil.rmtree(calib)
+            calib.mkdir(parents=True)
+            n = min(300, len(texts))
+            with open(calib / "train.jsonl", "w") as f:
+                for t in texts[:n]:
+                    f.write(json.dumps({"sentence": t}) + "\n")
+            t0 = time.perf_counter()
+            export_static_quantized_openvino_model(base, OVQuantizationConfig(num_samples=n), str(ovdir),
+                                                   dataset_name=str(calib), dataset_config_name="default",
+                                                   dataset_split="train", column_name="sentence")
+            export_s = time.perf_counter() - t0
+            rel = "openvino/openvino_model_qint8_quantized.xml"
+            m = SentenceTransformer(str(ovdir), device="cpu", backend="openvino", model_kwargs=self._ov_kwargs(rel))
+            f = ovdir / rel
+            return m, {"backend": "openvino", "export_s": round(export_s, 3), "ov_file": str(f),
+                       "ov_bin_bytes": f.with_suffix(".bin").stat().st_size, "calibration_texts": n,
+                       "quantization": "static int8 (OVQuantizationConfig, NNCF post-training)",
+                       **self._ov_facts(m)}
+
         for name, fn in (("st-torch", torch_model), ("st-onnx", onnx_model), ("st-onnx-O3", derived("O3")),
-                         ("st-int8", derived("int8"))):
+                         ("st-int8", derived("int8")), ("st-openvino", openvino_model),
+                         ("st-openvino-int8", openvino_int8)):
             print(f"st_side worker: preparing {name}", file=sys.stderr, flush=True)
             facts[name] = self._load(name, fn, texts)
         return {"facts": facts}
