@@ -62,6 +62,7 @@ import layerwise as lw
 from benchmarks import limits
 from layerwise.model.hardware import cpu_flags, native_on_cpu
 
+SETTLE = 0.5  # seconds of rest before each timed run: spinning worker threads of the last contestant wind down
 SHAPES = {
     "bert-base-shape": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "minilm-shape": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
@@ -395,6 +396,7 @@ def main(argv=None) -> None:
             seed_times: list[float] = []
             for _ in range(args.repeats):
                 for c in contestants.values():
+                    time.sleep(SETTLE)  # the previous contestant's idle threads (here or in the side process) stop
                     seconds, out = c.run()
                     c.times.append(seconds)
                     if c.output is None:

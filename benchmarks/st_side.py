@@ -501,17 +501,21 @@ class _Worker:
             m = SentenceTransformer(self.model_path, device="cpu")
             return m, {"backend": "torch", "model_path": self.model_path}
 
-        def onnx_model():
-            if mdir.exists():
-                shutil.rmtree(mdir)
-            shutil.copytree(self.model_path, mdir, ignore=shutil.ignore_patterns("onnx", "openvino"))
+        def exported(directory: Path, backend: str, kwargs, rel: str):
+            """ST's own export of a fresh copy of the model to ``backend``, saved, then loaded from ``rel``."""
+            if directory.exists():
+                shutil.rmtree(directory)
+            shutil.copytree(self.model_path, directory, ignore=shutil.ignore_patterns("onnx", "openvino"))
             t0 = time.perf_counter()
-            exported = SentenceTransformer(str(mdir), device="cpu", backend="onnx", model_kwargs=self._onnx_kwargs())
-            exported.save_pretrained(str(mdir))
+            SentenceTransformer(str(directory), device="cpu", backend=backend,
+                                model_kwargs=kwargs()).save_pretrained(str(directory))
             export_s = time.perf_counter() - t0
-            m = SentenceTransformer(str(mdir), device="cpu", backend="onnx",
-                                    model_kwargs=self._onnx_kwargs("onnx/model.onnx"))
-            state["onnx"] = m
+            m = SentenceTransformer(str(directory), device="cpu", backend=backend, model_kwargs=kwargs(rel))
+            state[backend] = m
+            return m, export_s
+
+        def onnx_model():
+            m, export_s = exported(mdir, "onnx", self._onnx_kwargs, "onnx/model.onnx")
             f = mdir / "onnx" / "model.onnx"
             return m, {"backend": "onnx", "export_s": round(export_s, 3), "onnx_file": str(f),
                        "onnx_bytes": f.stat().st_size, **self._session_facts(m)}
@@ -543,16 +547,8 @@ class _Worker:
         ovdir = self.workdir / "st-model-ov"
 
         def openvino_model():
-            if ovdir.exists():
-                shutil.rmtree(ovdir)
-            shutil.copytree(self.model_path, ovdir, ignore=shutil.ignore_patterns("onnx", "openvino"))
-            t0 = time.perf_counter()
-            exported = SentenceTransformer(str(ovdir), device="cpu", backend="openvino", model_kwargs=self._ov_kwargs())
-            exported.save_pretrained(str(ovdir))
-            export_s = time.perf_counter() - t0
             rel = "openvino/openvino_model.xml"
-            m = SentenceTransformer(str(ovdir), device="cpu", backend="openvino", model_kwargs=self._ov_kwargs(rel))
-            state["openvino"] = m
+            m, export_s = exported(ovdir, "openvino", self._ov_kwargs, rel)
             f = ovdir / rel
             return m, {"backend": "openvino", "export_s": round(export_s, 3), "ov_file": str(f),
                        "ov_bin_bytes": f.with_suffix(".bin").stat().st_size, **self._ov_facts(m)}
