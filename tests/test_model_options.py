@@ -24,13 +24,13 @@ from tiny import pickle_only_copy
 # every field away from its default
 FULL = lw.ModelOptions(
     model="some/model-dir", device="cpu", compute_dtype="bfloat16", backend="torch", quantize="int8-full",
-    quantize_calibration="calibration.txt", padding_side="left", layer_modules="encoder.layer", max_length=64, stride=8, allow_pickle=True,
-    trust_remote_code=True, revision="main", tokenizer="tok-dir", onnx_cache="onnx-cache",
+    quantize_calibration="calibration.txt", padding_side="left", layer_modules="encoder.layer", max_length=64,
+    stride=8, allow_pickle=True, trust_remote_code=True, revision="main", tokenizer="tok-dir", onnx_cache="onnx-cache",
 )
 FLAGS = ["--model", "some/model-dir", "--device", "cpu", "--compute-dtype", "bfloat16", "--backend", "torch",
-         "--quantize", "int8-full", "--quantize-calibration", "calibration.txt", "--padding-side", "left", "--layer-modules", "encoder.layer", "--max-length", "64",
-         "--stride", "8", "--allow-pickle", "--trust-remote-code", "--revision", "main", "--tokenizer", "tok-dir",
-         "--onnx-cache", "onnx-cache"]
+         "--quantize", "int8-full", "--quantize-calibration", "calibration.txt", "--padding-side", "left",
+         "--layer-modules", "encoder.layer", "--max-length", "64", "--stride", "8", "--allow-pickle",
+         "--trust-remote-code", "--revision", "main", "--tokenizer", "tok-dir", "--onnx-cache", "onnx-cache"]
 
 
 class Loaded(Exception):

@@ -6,8 +6,10 @@ the ``[openvino]`` extra is installed) and PyTorch. Which one is faster depends 
 OpenVINO on the AMD EPYC development machines, PyTorch on an Intel Xeon with AMX (``benchmarks/README.md``). So the
 first time a depth is used, each compiled runtime runs the same probe batch as PyTorch and must agree within 1e-5
 (relative to the states' scale, the project's tolerance for "the same states"); then the exact ones and PyTorch are
-timed on ``RACE_BATCHES`` batches of ``RACE_SHAPE`` started as the pipeline starts them (an asynchronous runtime
-overlapping them; alternating, best of ``RACE_ROUNDS``) and the fastest serves that depth.
+timed on the batches of ``RACE_SHAPES`` (one token budget, the shapes length-sorted batches take) started as the
+pipeline starts them (an asynchronous runtime overlapping them; alternating, best of ``RACE_ROUNDS``) and the fastest
+serves that depth. One repeated shape would favour a runtime that caches per shape (PyTorch bf16 won a 16x64 race
+by 15% on an AMX Xeon and then ran SST-2 30% slower than OpenVINO's bf16).
 
 The race's result is kept on disk (``races.json`` beside the exported graphs), keyed by the CPU model, the thread
 count, the weights' fingerprint, the depth and the runtimes' versions, so a later process on the same machine skips
@@ -50,8 +52,7 @@ from .pytorch import TorchBackend
 
 EXACT = 1e-5  # max abs difference to PyTorch, relative to max(1, largest state): "the same states"
 BF16_AGREE = 0.999  # min per-token cosine of two bf16 runtimes' states: the same up to bf16 rounding
-RACE_SHAPE = (16, 64)  # (texts, tokens) of the batches the runtimes are timed on
-RACE_BATCHES = 4  # batches per timed run, started ahead as the pipeline starts them (an async runtime overlaps them)
+RACE_SHAPES = ((64, 16), (32, 32), (16, 64), (8, 128))  # (texts, tokens) of the batches timed: 1,024 tokens each
 RACE_ROUNDS = 3
 CHOICES = ("fastest", "onnx", "openvino", "torch")
 LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
@@ -81,7 +82,7 @@ class RaceRecord:
 
         versions = {"torch": torch.__version__, "onnx": onnxruntime.__version__, "openvino": openvino_version()}
         parts = {"cpu": cpu_model(), "threads": threads, "weights": fingerprint, "depth": depth,
-                 "shape": list(RACE_SHAPE), "batches": RACE_BATCHES,
+                 "shapes": [list(shape) for shape in RACE_SHAPES],
                  "runtimes": {r: versions[r] for r in sorted(runtimes)}}
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -244,13 +245,14 @@ class AutoBackend(TorchBackend):
 
     def race(self, depth: int, runtimes: Sequence[str] = ("onnx", "openvino")) -> dict[str, float]:
         """Seconds per batch (best of ``RACE_ROUNDS``, alternating) of PyTorch and each of ``runtimes`` that is
-        available, on ``RACE_BATCHES`` ``RACE_SHAPE`` batches of layers ``0..depth`` started the way the pipeline
+        available, on one batch of each of ``RACE_SHAPES`` through layers ``0..depth``, started the way the pipeline
         starts them (:meth:`Backend.start`, up to :meth:`Backend.ahead` at once, so an asynchronous runtime is timed
         with its overlap), after one warm-up run each: ``{"torch": s, "onnx": s, ...}``."""
-        n, t = RACE_SHAPE
         vocab = int(getattr(self.loaded.model.config, "vocab_size", 1000))
-        ids = torch.randint(min(1000, vocab - 1), vocab, (n, t), generator=torch.Generator().manual_seed(0))
-        mask = torch.ones_like(ids)
+        seeded = torch.Generator().manual_seed(0)
+        longest = self.loaded.max_length  # a model with fewer positions gets the same budget in shorter rows
+        shapes = [(n * t // min(t, longest), min(t, longest)) for n, t in RACE_SHAPES]
+        batches = [torch.randint(min(1000, vocab - 1), vocab, shape, generator=seeded) for shape in shapes]
         layers = list(range(depth + 1))
         contestants: dict[str, Backend] = {"torch": self}
         contestants.update({n: b for n, b in self.compiled_runtimes.items() if n in runtimes})
@@ -264,10 +266,10 @@ class AutoBackend(TorchBackend):
             start = torch_start if name == "torch" else backend.start
             ahead = 1 if name == "torch" else max(1, backend.ahead(layers, "block"))
             started: list[Callable[[], torch.Tensor]] = []
-            for _ in range(RACE_BATCHES):
+            for ids in batches:
                 if len(started) >= ahead:
                     started.pop(0)()
-                started.append(start(ids, mask, layers, "block"))
+                started.append(start(ids, torch.ones_like(ids), layers, "block"))
             for done in started:
                 done()
 
@@ -278,7 +280,7 @@ class AutoBackend(TorchBackend):
             for name in contestants:
                 t0 = time.perf_counter()
                 runs(name)
-                best[name] = min(best[name], (time.perf_counter() - t0) / RACE_BATCHES)
+                best[name] = min(best[name], (time.perf_counter() - t0) / len(batches))
         return best
 
     def timed_race(self, depth: int, runtimes: Sequence[str]) -> tuple[dict[str, float], bool]:
@@ -319,10 +321,10 @@ class AutoBackend(TorchBackend):
             else:
                 times, known = self.timed_race(depth, exact)
                 use = min(times, key=lambda name: times[name])
-                shape = "x".join(map(str, RACE_SHAPE))
+                shapes = ", ".join("x".join(map(str, shape)) for shape in RACE_SHAPES)
                 others = ", ".join(f"{LABELS[n]}'s {s * 1e3:.1f} ms" for n, s in times.items() if n != use)
                 why = (f"exact; {'fastest' if use != 'torch' else 'PyTorch fastest'} here: {times[use] * 1e3:.1f} ms "
-                       f"vs {others} on a {shape} batch ({RACE_BATCHES} started ahead)"
+                       f"vs {others} a batch on batches of {shapes} started ahead"
                        + (" (timed earlier on this machine)" if known else "")
                        + (f"; {inexact} not exact there" if inexact else ""))
             self._serving[depth], self._why[depth] = use, why
@@ -383,5 +385,5 @@ class AutoBackend(TorchBackend):
         return super().forward(input_ids, attention_mask, layers, site)
 
 
-__all__ = ["BF16_AGREE", "CHOICES", "EXACT", "RACE_BATCHES", "RACE_ROUNDS", "RACE_SHAPE", "AutoBackend", "RaceRecord",
+__all__ = ["BF16_AGREE", "CHOICES", "EXACT", "RACE_ROUNDS", "RACE_SHAPES", "AutoBackend", "RaceRecord",
            "runtime_choice"]
