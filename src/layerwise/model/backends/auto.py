@@ -2,8 +2,9 @@
 
 For the block site of a family-table encoder in float32 on the CPU there are up to three candidates: ONNX Runtime
 (:mod:`layerwise.model.backends.ort`, a core dependency), OpenVINO (:mod:`layerwise.model.backends.openvino`, where
-the ``[openvino]`` extra is installed) and PyTorch. Which one is faster depends on the CPU: ONNX Runtime and
-OpenVINO on the AMD EPYC development machines, PyTorch on an Intel Xeon with AMX (``benchmarks/README.md``). So the
+the ``[openvino]`` extra is installed) and PyTorch. Which one is faster depends on the CPU: OpenVINO, then ONNX
+Runtime, on the AMD EPYC development machines; PyTorch and OpenVINO within 1% of each other on an Intel Xeon with
+AMX (``benchmarks/README.md``). So the
 first time a depth is used, each compiled runtime runs the same probe batch as PyTorch and must agree within 1e-5
 (relative to the states' scale, the project's tolerance for "the same states"); then the exact ones and PyTorch are
 timed on the batches of ``RACE_SHAPES`` (one token budget, the shapes length-sorted batches take) started as the

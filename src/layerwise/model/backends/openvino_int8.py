@@ -143,9 +143,10 @@ def quantize_full(fresh: Callable[[], Any], tokenizer: Any, texts: list[str]) ->
                                  preset=nncf.QuantizationPreset.MIXED, subset_size=len(items), ignored_scope=scope)
 
     quantized = quantize([])
-    matmuls = sorted({name for _, names in activation_quantizers(quantized) for name in names})
+    quantizers = activation_quantizers(quantized)
+    matmuls = sorted({name for _, names in quantizers for name in names})
     base = error(quantized)
-    ranked = sensitivity(quantized, error, base)
+    ranked = sensitivity(quantized, quantizers, error, base)
     keep: list[str] = []
     for share, names in ranked:
         if share < KEEP_SHARE or len(keep) + len(names) > MAX_KEPT_SHARE * len(matmuls):
@@ -181,17 +182,19 @@ def activation_quantizers(model: Any) -> list[tuple[Any, list[str]]]:
     return found
 
 
-def sensitivity(model: Any, error: Callable[[Any], float], base: float) -> list[tuple[float, list[str]]]:
+def sensitivity(model: Any, quantizers: list[tuple[Any, list[str]]], error: Callable[[Any], float],
+                base: float) -> list[tuple[float, list[str]]]:
     """The share of ``base`` (the error of ``model``) each activation quantiser carries: the error removed when that
     one quantiser is bypassed, over ``base``; largest first, with the products each feeds.
 
     Args:
         model: the fully quantised ``openvino.Model``.
+        quantizers: its :func:`activation_quantizers`.
         error: the measured error of a model (see :func:`quantize_full`).
         base: ``error(model)``.
     """
     ranked = []
-    for op, names in activation_quantizers(model):
+    for op, names in quantizers:
         trial = model.clone()
         node = next(n for n in trial.get_ops() if n.get_friendly_name() == op.get_friendly_name())
         source = node.input_value(0)
