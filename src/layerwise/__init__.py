@@ -25,6 +25,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    ExportError,
     ExtractError,
     InputError,
     LayerwiseError,
@@ -45,6 +46,7 @@ _LAZY = {
     "COMBINE_MODES": ".encoding.vocab",
     "Client": ".client",
     "EncodeSpec": ".encoding.spec",
+    "ExportResult": ".cut.export",
     "Encoded": ".encoding.reduce",
     "ExtractOptions": ".extraction.options",
     "ExtractSummary": ".extraction.engine",
@@ -66,6 +68,7 @@ _LAZY = {
     "capture": ".model.capture",
     "combine": ".encoding.combine",
     "default_model_path": ".model.loading",
+    "export_model": ".cut.export",
     "extract": ".extraction.engine",
     "load_model": ".model.loading",
     "open_store": ".store.reader",
@@ -82,6 +85,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from . import explore, heads, probe
     from .client import Client
     from .corpus.readers import ReadOptions
+    from .cut.export import ExportResult, export_model
     from .encoding.combine import LayerAttention, ScalarMix, combine
     from .encoding.layers import resolve_layers
     from .encoding.pooling import AttentionPool, pool, pool_words
@@ -130,6 +134,8 @@ __all__ = [
     "Client",
     "EncodeSpec",
     "Encoded",
+    "ExportError",
+    "ExportResult",
     "ExtractError",
     "ExtractOptions",
     "ExtractSummary",
@@ -162,6 +168,7 @@ __all__ = [
     "capture",
     "combine",
     "default_model_path",
+    "export_model",
     "extract",
     "load_model",
     "open_store",

@@ -16,6 +16,8 @@ error                       raised when
 ``StoreFullError``          the disk filled up while writing; the same command resumes once space is freed
 ``StoreCorruptError``       a store's files are damaged (a missing or truncated shard, a bad manifest)
 ``ExtractError``            an extraction cannot start or must stop (bad options, a bad record under ``strict``)
+``ExportError``             a model export cannot be written (the output is taken, the disk is full) or the
+                            written directory failed its check against layerwise (the numbers are in the message)
 ``ServiceError``            the layerwise service answered a request with an error (status and detail)
 ==========================  ==================================================================================
 
@@ -91,6 +93,10 @@ class ExtractError(LayerwiseError):
     """A run that cannot start or must stop: bad options, a store mismatch, a full disk, a bad record (strict)."""
 
 
+class ExportError(LayerwiseError):
+    """A model export cannot be written, or the written directory does not match layerwise on the probe set."""
+
+
 class ServiceError(LayerwiseError):
     """The layerwise service answered (or, inside the service, answers) with an error.
 
@@ -109,6 +115,6 @@ class ServiceError(LayerwiseError):
         super().__init__(f"HTTP {status}: {detail}")
 
 
-__all__ = ["ExtractError", "InputError", "LayerwiseError", "MappingError", "MissingExtraError",
+__all__ = ["ExportError", "ExtractError", "InputError", "LayerwiseError", "MappingError", "MissingExtraError",
            "ModelLoadError", "ServiceError",
            "SpecError", "StoreCorruptError", "StoreError", "StoreFullError"]

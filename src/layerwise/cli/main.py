@@ -5,7 +5,22 @@ from __future__ import annotations
 import typer
 
 from ..version import __version__
-from . import demo, encode, evaluate, explore, export, extract, inspect, merge, predict, probe, serve, train, verify
+from . import (
+    demo,
+    encode,
+    evaluate,
+    explore,
+    export,
+    export_model,
+    extract,
+    inspect,
+    merge,
+    predict,
+    probe,
+    serve,
+    train,
+    verify,
+)
 from .options import DEBUG_ENV, set_debug
 
 
@@ -44,6 +59,7 @@ app.command("inspect")(inspect.inspect)
 app.command("verify")(verify.verify)
 app.command("merge")(merge.merge)
 app.command("export")(export.export)
+app.command("export-model")(export_model.export_model)
 app.command("train")(train.train)
 app.command("evaluate")(evaluate.evaluate)
 app.command("predict")(predict.predict)

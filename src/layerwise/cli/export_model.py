@@ -1,0 +1,53 @@
+"""``layerwise export-model MODEL -o DIR --layers K``: a chosen layer written as a model transformers and
+sentence-transformers load, checked against layerwise before it is reported."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..model.options import ModelOptions
+from .options import PromptOpt, WeightsOpt, err_console, model_flags, parse_layers, parse_weights, user_errors
+
+
+@model_flags
+def export_model(
+    source: Optional[str] = typer.Argument(
+        None, metavar="MODEL", help="Model directory or hub id (or --model; default: the embedded all-MiniLM-L6-v2)."
+    ),
+    output: str = typer.Option(..., "--output", "-o", help="The directory to write (new, empty, or an earlier "
+                               "export with --overwrite)."),
+    layers: str = typer.Option(..., "--layers", "-l", help="The layer K to export (3, -1), or several mixed by "
+                               "--combine ('2,3', '-2:')."),
+    pool: str = typer.Option("mean", "--pool", "-p", help="mean, cls, max or last (sentence-transformers' Pooling)."),
+    normalize: bool = typer.Option(False, "--normalize", help="L2-normalise the vectors (a Normalize module)."),
+    site: str = typer.Option(
+        "block", "--site", help="block (layer K as the cut model computes it: a final norm, where the architecture "
+        "has one, runs after it) or raw (where that equals the layer without it)."),
+    combine: str = typer.Option("mean", "--combine", "-c", help="Several layers: mean, sum or weighted (--weights); "
+                                "sentence-transformers' WeightedLayerPooling."),
+    weights: Optional[str] = WeightsOpt,
+    prompt: str = PromptOpt,
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier layerwise export at -o (never "
+                                   "anything else)."),
+    *,
+    model_options: ModelOptions,
+) -> None:
+    """Write layer K of MODEL as a Hugging Face directory that is also a sentence-transformers model, check it
+    against layerwise (transformers: states within 1e-5; sentence-transformers: cosine >= 0.99999) and report the
+    numbers (also in DIR/layerwise-export.json)."""
+    from ..cut import export_model as run_export
+    from ..errors import LayerwiseError
+
+    with user_errors():
+        if source is not None and model_options.model is not None:
+            raise LayerwiseError(f"the model is given twice ({source!r} and --model {model_options.model!r}); "
+                                 f"give one")
+        options = model_options.replace(model=source) if source is not None else model_options
+        result = run_export(output, options, layers=parse_layers(layers), pool=pool, normalize=normalize, site=site,
+                            combine=combine, weights=parse_weights(weights), prompt=prompt, overwrite=overwrite)
+        err_console.print(result.summary(), highlight=False, soft_wrap=True)
+        err_console.print(f"load it: SentenceTransformer({str(result.directory)!r}), "
+                          f"AutoModel.from_pretrained({str(result.directory)!r}), or layerwise serve --model "
+                          f"{result.directory}", highlight=False, soft_wrap=True)

@@ -1,0 +1,259 @@
+"""``export_model``: a chosen layer (or mix of layers) written as a model every other tool loads, and checked.
+
+The steps: load the source model (PyTorch, float32), plan the export (:mod:`layerwise.cut.plan`: what can be
+written, or a refusal that names the alternatives), compute layerwise's reference on the fixed probe set, cut the
+model after layer ``K`` and write it with its tokenizer (:mod:`layerwise.cut.checkpoint`) and the
+sentence-transformers files (:mod:`layerwise.cut.st_modules`) into a directory beside the output, check that
+directory with plain transformers and sentence-transformers (:mod:`layerwise.cut.verify`), write
+``layerwise-export.json``, and only then move it into place. A failed check leaves nothing at the output and raises
+:class:`~layerwise.ExportError` with the measured numbers.
+
+The output directory is never one the user wrote: it must not exist, be empty, or hold an earlier layerwise export
+(its ``layerwise-export.json``), which is replaced only with ``overwrite=True``.
+
+Example::
+
+    >>> import layerwise as lw
+    >>> result = lw.export_model("minilm-l3", layers=3, pool="mean", normalize=True)      # doctest: +SKIP
+    >>> result.report["checks"]["transformers"]["max_abs_diff"] <= 1e-5                   # doctest: +SKIP
+    True
+    >>> from sentence_transformers import SentenceTransformer
+    >>> SentenceTransformer("minilm-l3").encode(["I love Paris"]).shape                    # doctest: +SKIP
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..encoding.layers import LayerSpec
+from ..encoding.spec import EncodeSpec
+from ..errors import ExportError
+from ..model.options import ModelOptions
+from ..version import __version__
+from .plan import ExportPlan, plan_export
+
+REPORT_NAME = "layerwise-export.json"
+FORMAT = "layerwise-export"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """A written and checked export.
+
+    Attributes:
+        directory: where it is: a Hugging Face directory that is also a sentence-transformers model.
+        report: the contents of its ``layerwise-export.json`` (source, plan, files, checks).
+    """
+
+    directory: Path
+    report: dict[str, Any]
+
+    @property
+    def passed(self) -> bool:
+        """Every check that ran passed (an export is only returned when they did)."""
+        return bool(self.report["passed"])
+
+    def summary(self) -> str:
+        """One line per check, with the measured numbers."""
+        checks = self.report["checks"]
+        tf = checks["transformers"]
+        lines = [f"{self.directory}: layer {self.report['export']['layers']} of {self.report['source']['num_layers']} "
+                 f"of {self.report['source']['model']} ({self.report['export']['bytes'] / 2**20:,.1f} MiB, "
+                 f"{self.report['export']['weights_dtype']})",
+                 f"transformers {tf['class']}: max |diff| {tf['max_abs_diff']:.2e} over {tf['layers_compared']} "
+                 f"(bound {tf['bound']:.0e})"]
+        st = checks["sentence_transformers"]
+        if st.get("checked"):
+            lines.append(f"sentence-transformers {st['version']} ({' > '.join(st['modules'])}): min cosine "
+                         f"{st['min_cosine']:.7f} (bound {st['bound']}), max |diff| {st['max_abs_diff']:.2e}")
+        else:
+            lines.append(f"sentence-transformers: not checked: {st['why']}")
+        return "\n".join(lines)
+
+
+def _source_options(model: ModelOptions | str | os.PathLike | None, options: dict[str, Any]) -> ModelOptions:
+    """The source's options, run on PyTorch float32 (what the export is checked against)."""
+    opts = ModelOptions.of(model, **options)
+    if opts.backend not in (None, "auto", "torch"):
+        raise ExportError(f"backend={opts.backend!r}: an export writes the model's PyTorch weights and is checked on "
+                          f"PyTorch; drop backend (CLI --backend) or pass backend='torch'")
+    if opts.quantize is not None:
+        raise ExportError(f"quantize={opts.quantize!r}: an export writes the model's own weights; drop quantize")
+    if opts.compute_dtype not in (None, "float32"):
+        raise ExportError(f"compute_dtype={opts.compute_dtype!r}: an export is checked in float32 (its weights keep "
+                          f"the source's own precision: a bfloat16 checkpoint is written in bfloat16); drop it")
+    return opts.replace(backend="torch")
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    """Refuse an output that is a file, or a non-empty directory that is not an earlier layerwise export (or is one
+    and ``overwrite`` is not set)."""
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise ExportError(f"{output} is a file; an export writes a directory. Choose another output (-o)")
+    if not any(output.iterdir()):
+        return
+    if not is_export(output):
+        raise ExportError(f"{output} holds files that layerwise did not write (no {REPORT_NAME}); it is never "
+                          f"replaced. Choose another output (-o) or an empty directory")
+    if not overwrite:
+        raise ExportError(f"{output} holds an earlier layerwise export; pass overwrite=True (CLI --overwrite) to "
+                          f"replace it, or choose another output (-o)")
+
+
+def is_export(directory: Path) -> bool:
+    """Whether ``directory`` holds a layerwise export (its ``layerwise-export.json`` with the format marker)."""
+    try:
+        data = json.loads((directory / REPORT_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def _place(built: Path, output: Path) -> None:
+    """Move the checked ``built`` directory to ``output`` (an earlier export there is removed only afterwards)."""
+    old = None
+    if output.exists():
+        old = output.parent / f".{output.name}.replaced-{os.getpid()}"
+        os.replace(output, old)
+    os.replace(built, output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _files(directory: Path) -> tuple[list[str], int]:
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+    return files, sum((directory / f).stat().st_size for f in files)
+
+
+def export_model(
+    output: str | os.PathLike,
+    model: ModelOptions | str | os.PathLike | None = None,
+    *,
+    layers: LayerSpec = -1,
+    pool: str = "mean",
+    normalize: bool = False,
+    site: str = "block",
+    combine: str = "mean",
+    weights: Sequence[float] | None = None,
+    prompt: str = "",
+    overwrite: bool = False,
+    **options: Any,
+) -> ExportResult:
+    """Write layer ``K`` (or a mean or weighted mix of layers up to ``K``) of a model as a directory that transformers
+    and sentence-transformers load, check it against layerwise, and return the result.
+
+    The directory holds the model cut after layer ``K`` (config with ``K`` layers, safetensors weights of layers
+    ``0..K`` only, the tokenizer) and the sentence-transformers modules that pool it, so
+    ``AutoModel.from_pretrained(DIR)`` gives layer ``K``'s states ``[batch, tokens, hidden]`` as
+    ``last_hidden_state`` and ``SentenceTransformer(DIR).encode(texts)`` layerwise's vectors ``[n_texts, hidden]``.
+
+    Args:
+        output: the directory to write (must not exist, be empty, or hold an earlier export with ``overwrite``).
+        model: a :class:`~layerwise.ModelOptions`, a model directory or hub id, or ``None`` for the embedded
+            all-MiniLM-L6-v2.
+        layers: a layer spec (``3``, ``-1``, ``"-4:"``); several layers are mixed by ``combine``.
+        pool: ``mean | cls | max | last``.
+        normalize: L2-normalise the vectors (sentence-transformers' ``Normalize`` module).
+        site: ``block`` (layer ``K`` as the cut model computes it: an architecture with a final norm runs it after
+            layer ``K``) or ``raw`` (where that equals the layer without it).
+        combine: ``mean | sum | weighted`` for several layers (sentence-transformers' ``WeightedLayerPooling``).
+        weights: one weight per layer for ``combine="weighted"``.
+        prompt: text put before every text (the directory's default prompt).
+        overwrite: replace an earlier layerwise export at ``output``.
+        options: more :class:`~layerwise.ModelOptions` fields (``revision``, ``trust_remote_code``...).
+
+    Returns:
+        :class:`ExportResult`; its report is also written as ``DIR/layerwise-export.json``.
+
+    Raises:
+        SpecError: a choice the directory cannot express (naming what can be exported instead).
+        ExportError: the output is taken, the disk is too full, or the written directory failed its check (the
+            numbers are in the message; nothing is left at the output).
+    """
+    from ..extractor import Extractor
+    from .checkpoint import check_free_space, cut_model, model_facts, weights_bytes, write_checkpoint
+    from .st_modules import write_st_files
+    from .verify import check_sentence_transformers, check_transformers, probe_texts, reference
+
+    out = Path(output).expanduser()
+    check_output(out, overwrite)
+    opts = _source_options(model, options)
+    spec = EncodeSpec(layers=layers, site=site, combine=combine, weights=weights, pool=pool, normalize=normalize,
+                      prompt=prompt, truncate=True)
+    ex = Extractor.from_options(opts)
+    spec = spec.resolve(ex)
+    facts = model_facts(ex.loaded)
+    plan = plan_export(spec, facts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(out.parent, weights_bytes(ex.loaded.model))
+    texts = probe_texts()
+    ref = reference(ex, plan, texts)
+    source = {"model": str(ex.loaded.name), "fingerprint": ex.fingerprint(), "architecture": facts.architecture,
+              "model_type": facts.model_type, "num_layers": facts.num_layers, "hidden_size": ex.hidden_size}
+    built = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(built, ignore_errors=True)
+    built.mkdir()
+    try:
+        cut_model(ex.loaded, plan.depth)
+        dtype = write_checkpoint(ex.loaded, built, _config_record(plan, source))
+        modules = write_st_files(plan, ex.hidden_size, built)
+        checks = {"transformers": check_transformers(built, plan, ref, facts.model_type),
+                  "sentence_transformers": check_sentence_transformers(built, ref)}
+        passed = all(c.get("passed", True) for c in checks.values())
+        files, size = _files(built)
+        report = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "layerwise": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "source": source,
+            "export": {**plan.to_dict(), "weights_dtype": str(dtype).removeprefix("torch."),
+                       "sentence_transformers_modules": modules, "files": files, "bytes": size},
+            "probe": {"texts": len(texts), "sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()},
+            "checks": checks,
+            "passed": passed,
+        }
+        if not passed:
+            raise ExportError(_failure(report))
+        (built / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        _place(built, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(built)
+        raise
+    return ExportResult(directory=out, report=report)
+
+
+def _config_record(plan: ExportPlan, source: dict[str, Any]) -> dict[str, Any]:
+    """What ``config.json`` says under ``"layerwise"``: where the cut came from and whether the final norm runs."""
+    return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.depth,
+            "site": plan.spec.site, "final_norm": plan.final_norm,
+            "final_norm_after_layer": plan.final_norm is not None, "report": REPORT_NAME}
+
+
+def _failure(report: dict[str, Any]) -> str:
+    checks = report["checks"]
+    tf, st = checks["transformers"], checks["sentence_transformers"]
+    parts = []
+    if not tf["passed"]:
+        if not tf["ids_equal"]:
+            parts.append(f"the written tokenizer gives other token ids than layerwise for {tf['ids_differ_at']}")
+        parts.append(f"transformers {tf['class']}: max |diff| {tf['max_abs_diff']:.3e} (bound {tf['bound']:.0e}; "
+                     f"per layer {tf['per_layer']})")
+    if st.get("checked") and not st["passed"]:
+        parts.append(f"sentence-transformers: min cosine {st['min_cosine']:.7f} (bound {st['bound']})")
+    return ("the exported directory does not match layerwise on the probe set, so nothing was written: "
+            + "; ".join(parts) + ". Please report it with the model and the command")
+
+
+__all__ = ["ExportResult", "FORMAT", "REPORT_NAME", "check_output", "export_model", "is_export"]

@@ -1,0 +1,250 @@
+"""What an export writes, decided before anything is written: :class:`ExportPlan` and the refusals.
+
+:func:`plan_export` turns an :class:`~layerwise.EncodeSpec` (sentence level) and the facts of a loaded model into an
+:class:`ExportPlan`, or refuses with a :class:`~layerwise.SpecError` that names what can be exported instead. It
+imports no torch.
+
+What a plain Hugging Face directory and sentence-transformers' own modules (no remote code) can express:
+
+======================  ======================================================================================
+spec field              exportable values
+======================  ======================================================================================
+``layers``              one layer ``K``, or several mixed by ``combine``; the directory holds layers ``1..K``
+                        (``K`` is the deepest one) and layer 0 (the embeddings)
+``site``                ``block``: the cut model's own layer ``K``. An architecture with a final norm (GPT-2's
+                        ``ln_f``, Llama's ``norm``, T5's ``final_layer_norm``, ModernBERT's ``final_norm``) runs
+                        it after its last layer, so the cut keeps it after layer ``K`` (what any ``K``-layer model
+                        of the architecture computes, and what a serving engine gives when its layer count is
+                        lowered); ``raw`` (the layer without it) where the cut computes exactly that, i.e.
+                        without a final norm, and not DeBERTa-v2's layer 1 (its convolution runs after it)
+``combine``             one layer: any fixed mode; several: ``mean``, ``sum`` or ``weighted`` (a positive weight
+                        sum): sentence-transformers' ``WeightedLayerPooling``, which divides by the weights' sum, so
+                        the vectors are ``scale = 1 / sum(weights)`` times layerwise's (``sum``: ``1 / K``; equal
+                        with ``normalize``); ``concat``, ``stack`` and the learned modes are refused
+``pool``                ``mean | cls | max | last`` (sentence-transformers' ``Pooling`` modes ``mean``, ``cls``,
+                        ``max``, ``lasttoken``)
+``normalize``           sentence-transformers' ``Normalize`` module
+``prompt``              the directory's default prompt (``config_sentence_transformers.json``)
+``truncate``            always: sentence-transformers cuts a text at ``max_seq_length`` (the model's window)
+                        where layerwise windows it
+others                  their defaults (``skip_special_tokens``, ``add_eos``, ``dimensions``, ``output_dtype``
+                        other than ``float32``: refused, each naming why)
+======================  ======================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..encoding.spec import EncodeSpec
+from ..errors import SpecError
+
+EXPORT_POOLS: tuple[str, ...] = ("mean", "cls", "max", "last")
+EXPORT_MIXES: tuple[str, ...] = ("mean", "sum", "weighted")
+EXPORT_SITES: tuple[str, ...] = ("block", "raw")
+# layerwise pool -> sentence-transformers' Pooling flag (the keys every sentence-transformers version reads)
+ST_POOLING_FLAGS: dict[str, str] = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "last": "pooling_mode_lasttoken",
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan needs to know about the source model (read from a :class:`~layerwise.LoadedModel`).
+
+    Attributes:
+        architecture: the layer map's name (``"bert"``, ``"gpt2"``...).
+        model_type: the config's ``model_type``.
+        num_layers: ``L``.
+        final_norm: the module path of the norm run after the last layer (``"ln_f"``), or ``None``.
+        conv_after_first: DeBERTa-v2's convolution runs after layer 1.
+        layer_path: the module path of the layer list (``"encoder.layer"``; ALBERT's has a ``*``).
+        encoder_decoder: the checkpoint is an encoder-decoder (its encoder is what layerwise loaded).
+        encoder_class: transformers' encoder-only class for it (``"T5EncoderModel"``), or ``None``.
+        albert_groups: ALBERT's ``(num_hidden_groups, inner_group_num)``; ``(1, 1)`` elsewhere.
+        window: the longest input in tokens, special tokens included (sentence-transformers' ``max_seq_length``).
+    """
+
+    architecture: str
+    model_type: str
+    num_layers: int
+    final_norm: str | None
+    conv_after_first: bool
+    layer_path: str
+    encoder_decoder: bool
+    encoder_class: str | None
+    albert_groups: tuple[int, int]
+    window: int
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What one export writes (every field is also in ``layerwise-export.json``).
+
+    Attributes:
+        spec: the resolved spec whose vectors the directory gives (``truncate=True``, sentence level).
+        depth: ``K``, the deepest layer: the directory holds layers ``1..K``.
+        final_norm: the module path of the norm the cut runs after layer ``K`` (``None``: none).
+        norm_added: the final norm runs after layer ``K`` where the source's ``hidden_states[K]`` has none
+            (``K < L`` on an architecture with a final norm, site ``block``).
+        mix_start: the first layer of sentence-transformers' ``WeightedLayerPooling`` (``None``: one layer, no
+            mix).
+        mix_weights: its weights over layers ``mix_start..K`` (zero for a layer not in the spec).
+        scale: the directory's vectors are ``scale`` times layerwise's (before ``normalize``).
+        window: ``max_seq_length``: longer texts are cut there.
+    """
+
+    spec: EncodeSpec
+    depth: int
+    final_norm: str | None
+    norm_added: bool
+    mix_start: int | None
+    mix_weights: tuple[float, ...] | None
+    scale: float
+    window: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (the spec as its JSON dict)."""
+        import json
+
+        return {
+            "spec": json.loads(self.spec.to_json()),
+            "layers": self.depth,
+            "final_norm": self.final_norm,
+            "final_norm_after_layer": self.norm_added or (self.final_norm is not None),
+            "mix": (None if self.mix_start is None
+                    else {"start": self.mix_start, "weights": list(self.mix_weights or ())}),
+            "scale": self.scale,
+            "max_seq_length": self.window,
+        }
+
+
+def serve_hint(fields: str) -> str:
+    """How to get what cannot be exported from layerwise's own service instead (``fields``: ``"layers=3;site=raw"``)."""
+    return (f"serve it with layerwise instead: layerwise serve --model MODEL --alias layer='{fields}' (or those "
+            f"fields in each request)")
+
+
+def _alternatives(spec: EncodeSpec, layers: tuple[int, ...]) -> str:
+    joined = ",".join(str(i) for i in layers)
+    mode = spec.combine if isinstance(spec.combine, str) else "concat"
+    return (f"export one layer (--layers {max(layers)}), or a mean or weighted mix of these layers (--layers {joined} "
+            f"--combine mean, or --combine weighted --weights ...), which sentence-transformers' WeightedLayerPooling "
+            f"expresses; for this mix itself, {serve_hint(f'layers={joined};combine={mode}')}, or extract it "
+            f"(layerwise extract)")
+
+
+def _check_mix(spec: EncodeSpec, layers: tuple[int, ...]) -> tuple[float, ...] | None:
+    """The mix weights over ``layers`` (``None`` for one layer); a mix sentence-transformers cannot express is
+    refused, naming what can be exported instead."""
+    if len(layers) == 1:
+        return None
+    mode = spec.combine
+    if not isinstance(mode, str):
+        raise SpecError(f"a trained combine module ({type(mode).__name__}) cannot be exported: "
+                        f"{_alternatives(spec, layers)}. A trained ScalarMix's softmax weights can be given as "
+                        f"--combine weighted --weights")
+    if mode not in EXPORT_MIXES:
+        why = {"concat": "sentence-transformers has no module that concatenates layers without remote code",
+               "stack": "sentence-transformers' vectors have one axis; a stack keeps the layers as a second one",
+               "scalar_mix": "a learned mix has no fixed weights until it is trained",
+               "attention": "a learned attention over layers has no module in sentence-transformers"}.get(mode, "")
+        raise SpecError(f"combine={mode!r} cannot be exported as a sentence-transformers model ({why}). Valid "
+                        f"mixes for export are: {', '.join(EXPORT_MIXES)}. Instead: {_alternatives(spec, layers)}")
+    weights = tuple(float(w) for w in spec.weights) if mode == "weighted" and spec.weights else (1.0,) * len(layers)
+    if not sum(weights) > 0:
+        raise SpecError(f"the weights {list(weights)} sum to {sum(weights)!r}; sentence-transformers' "
+                        f"WeightedLayerPooling divides the mix by their sum, so it must be positive. Scale the "
+                        f"weights to a positive sum (the mix's direction is then kept), or export one layer")
+    return weights
+
+
+def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
+    """The :class:`ExportPlan` of ``spec`` (any layer spec; resolved against ``facts``) for one source model.
+
+    Raises:
+        SpecError: a field that a transformers directory with sentence-transformers' modules cannot express
+            (the message names the field, the valid values and what to export or run instead).
+    """
+    if spec.level != "sentence":
+        raise SpecError(f"level={spec.level!r} cannot be exported: the directory gives one vector per text "
+                        f"(level 'sentence'); its token states are transformers' last_hidden_state of the exported "
+                        f"model (AutoModel.from_pretrained(DIR))")
+    pool = spec.pool
+    if not isinstance(pool, str) or pool not in EXPORT_POOLS:
+        shown = pool if isinstance(pool, str) else type(pool).__name__
+        extra = (f" (the model's pooler: export pool 'cls', or {serve_hint('pool=pooler')})"
+                 if pool == "pooler" else "")
+        raise SpecError(f"pool {shown!r} cannot be exported{extra}. Valid pools for export are: "
+                        f"{', '.join(EXPORT_POOLS)} (sentence-transformers' Pooling modes mean, cls, max, lasttoken)")
+    refused = {
+        "skip_special_tokens": (spec.skip_special_tokens, "sentence-transformers pools every token, special ones "
+                                "included; export without it"),
+        "add_eos": (spec.add_eos, "sentence-transformers adds only what the tokenizer adds; export without it"),
+        "dimensions": (spec.dimensions is not None, "pass truncate_dim to SentenceTransformer(DIR, truncate_dim=N) "
+                       "when loading the export"),
+        "output_dtype": (spec.output_dtype != "float32", "sentence-transformers quantizes at encode time: "
+                         "model.encode(texts, precision='int8' | 'binary' ...)"),
+    }
+    for name, (bad, fix) in refused.items():
+        if bad:
+            raise SpecError(f"{name}={getattr(spec, name)!r} cannot be exported: {fix}")
+    if spec.site not in EXPORT_SITES:
+        raise SpecError(f"site {spec.site!r} cannot be exported: a cut model gives its layers' outputs. Valid sites "
+                        f"for export are: {', '.join(EXPORT_SITES)}")
+    if facts.encoder_decoder and facts.encoder_class is None:
+        raise SpecError(f"{facts.model_type!r} is an encoder-decoder and transformers has no encoder-only class "
+                        f"for it that AutoModel or sentence-transformers loads, so a cut of its encoder cannot be "
+                        f"written as a standard directory (T5, mT5 and UMT5 can: T5EncoderModel); "
+                        f"{serve_hint('layers=K')}")
+    groups, inner = facts.albert_groups
+    layers = _layer_indices(spec, facts)
+    depth = max(layers)
+    if depth == 0:
+        raise SpecError("layer 0 (the embeddings) alone cannot be exported as a model with layers; export layer 1 "
+                        "or deeper, or mix layer 0 with a deeper one (--layers 0,1 --combine mean)")
+    if facts.architecture == "albert" and (groups != 1 or depth % inner):
+        raise SpecError(f"this ALBERT has {groups} layer groups of {inner} layers; a cut after layer {depth} changes "
+                        f"which shared layer each call uses. Export a layer that is a multiple of {inner} from a "
+                        f"one-group ALBERT (every released ALBERT has one group)")
+    if spec.site == "raw":
+        if facts.final_norm is not None:
+            raise SpecError(
+                f"site 'raw' (layer {depth} without the final norm {facts.final_norm!r}) cannot be written as a "
+                f"{facts.architecture} directory: the architecture always runs {facts.final_norm!r} after its last "
+                f"layer. Export --site block (layer {depth} followed by {facts.final_norm!r}, as every "
+                f"{depth}-layer {facts.architecture} computes); for the raw layer, "
+                f"{serve_hint(f'layers={depth};site=raw')}")
+        if facts.conv_after_first and 1 in layers:
+            raise SpecError("site 'raw' of layer 1 cannot be written as a deberta-v2 directory: its convolution runs "
+                            "after layer 1 in every cut. Export --site block (hidden_states[1], after the "
+                            "convolution); for the raw layer, " + serve_hint("layers=1;site=raw"))
+    weights = _check_mix(spec, layers)
+    mix_start = mix_weights = None
+    scale = 1.0
+    if weights is not None:
+        mix_start = min(layers)
+        per_layer = [0.0] * (depth - mix_start + 1)
+        for layer, weight in zip(layers, weights):
+            per_layer[layer - mix_start] += weight
+        mix_weights = tuple(per_layer)
+        scale = 1.0 / math.fsum(weights)
+    norm_added = facts.final_norm is not None and depth < facts.num_layers and spec.site == "block"
+    return ExportPlan(spec=spec, depth=depth, final_norm=facts.final_norm, norm_added=norm_added,
+                      mix_start=mix_start, mix_weights=mix_weights, scale=scale, window=facts.window)
+
+
+def _layer_indices(spec: EncodeSpec, facts: ModelFacts) -> tuple[int, ...]:
+    """The spec's layers resolved against the source model (its layer rule and range checks)."""
+    from ..encoding.layers import resolve_layers
+
+    return tuple(resolve_layers(spec.layers, facts.num_layers))
+
+
+__all__ = ["EXPORT_MIXES", "EXPORT_POOLS", "EXPORT_SITES", "ExportPlan", "ModelFacts", "ST_POOLING_FLAGS",
+           "plan_export", "serve_hint"]

@@ -1,0 +1,244 @@
+"""``lw.export_model`` / ``layerwise export-model``: a chosen layer written as a model other tools load.
+
+Each exported directory is checked here independently of the export's own check: it is loaded with plain transformers
+and sentence-transformers, and compared with the *source* model run by plain transformers
+(``output_hidden_states=True``; the final norm found here by its module name), not with layerwise's layer map.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+import layerwise as lw
+from layerwise.cli.main import app
+from layerwise.cut.plan import ModelFacts, plan_export
+
+SentenceTransformer = pytest.importorskip("sentence_transformers", reason="in the test extra").SentenceTransformer
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "I love Paris in the springtime.",
+         "The quick brown fox jumps over the lazy dog, again and again!"]
+# the issue's architectures: the seven BERT families, MPNet, ModernBERT, T5 (encoder), GPT-2 and Llama
+ARCHS = ("bert", "roberta", "distilbert", "albert", "electra", "deberta-v2", "xlm-roberta", "mpnet", "modernbert",
+         "t5", "gpt2", "llama")
+FINAL_NORMS = {"modernbert": "final_norm", "t5": "encoder.final_layer_norm", "gpt2": "ln_f", "llama": "norm"}
+DECODERS = ("gpt2", "llama")
+
+
+def plain(directory):
+    """The model of ``directory`` as a plain transformers user loads it (T5: its encoder-only class)."""
+    config = transformers.AutoConfig.from_pretrained(directory)
+    cls = transformers.T5EncoderModel if config.model_type == "t5" else transformers.AutoModel
+    return cls.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def states(directory, texts):
+    """``(hidden_states, last_hidden_state, attention_mask)`` of plain transformers on ``texts`` (right padding)."""
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        out = plain(directory)(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                               output_hidden_states=True)
+    return out.hidden_states, out.last_hidden_state, enc["attention_mask"]
+
+
+def mean_pool(x, mask):
+    m = mask.unsqueeze(-1).to(x.dtype)
+    return ((x * m).sum(1) / m.sum(1)).numpy()
+
+
+def last_pool(x, mask):
+    return x[torch.arange(x.shape[0]), mask.sum(1) - 1].numpy()
+
+
+def cosines(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_exports_layer_1_that_transformers_and_st_load(arch, arch_dirs, tmp_path):
+    src = arch_dirs[arch]
+    pool = "last" if arch in DECODERS else "mean"
+    result = lw.export_model(tmp_path / "out", str(src), layers=1, pool=pool)
+    out = result.directory
+    report = json.loads((out / "layerwise-export.json").read_text())
+    assert report["passed"] and report["checks"]["transformers"]["max_abs_diff"] <= 1e-5
+    assert report["checks"]["sentence_transformers"]["min_cosine"] >= 0.99999
+    config = json.loads((out / "config.json").read_text())
+    assert transformers.AutoConfig.from_pretrained(out).num_hidden_layers == 1
+    assert config["layerwise"]["layers"] == 1 and config["layerwise"]["source_num_layers"] >= 2
+    assert (config["layerwise"]["final_norm"] is not None) == (arch in FINAL_NORMS)
+    # the source by plain transformers: layer 1, with the final norm after it where the architecture has one
+    src_hidden, _, _ = states(src, TEXTS)
+    want = src_hidden[1]
+    if arch in FINAL_NORMS:
+        module = plain(src).get_submodule(FINAL_NORMS[arch])
+        with torch.inference_mode():
+            want = module(want)
+    _, got, mask = states(out, TEXTS)
+    real = mask.bool()
+    assert (got[real] - want[real]).abs().max() <= 1e-5
+    # sentence-transformers gives the pooled vectors of that layer
+    vectors = SentenceTransformer(str(out), device="cpu").encode(TEXTS)
+    expected = (last_pool if pool == "last" else mean_pool)(want, mask)
+    assert cosines(vectors, expected).min() >= 0.99999
+    # the weights are exactly what the cut model needs: nothing missing, nothing left over from deeper layers
+    cls = transformers.T5EncoderModel if arch == "t5" else transformers.AutoModel
+    _, info = cls.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_the_default_model_layer_3_in_sentence_transformers(tmp_path, default_extractor):
+    result = lw.export_model(tmp_path / "l3", layers=3, normalize=True)
+    model = SentenceTransformer(str(result.directory), device="cpu")
+    got = model.encode(TEXTS)
+    want = default_extractor.encode(TEXTS, layers=3, pool="mean", normalize=True, truncate=True)
+    assert np.abs(got - want).max() < 1e-5
+    with safe_open(str(result.directory / "model.safetensors"), "pt") as f:
+        layers = {int(n.split(".")[2]) for n in f.keys() if n.startswith("encoder.layer.")}
+    assert layers == {0, 1, 2}  # layers 1..3 are modules 0..2; nothing of 4..6
+    assert json.loads((result.directory / "sentence_bert_config.json").read_text())["max_seq_length"] == 256
+    report = result.report
+    assert report["source"]["fingerprint"] == default_extractor.fingerprint() and report["export"]["layers"] == 3
+    assert report["export"]["bytes"] < 0.8 * 90_000_000 and report["export"]["weights_dtype"] == "float32"
+    assert "min cosine 1.0000000" in result.summary()
+
+
+@pytest.mark.parametrize("arch", ("bert", "deberta-v2", "t5", "gpt2"))
+def test_a_weighted_mix_is_weighted_layer_pooling(arch, arch_dirs, tmp_path):
+    src = arch_dirs[arch]
+    result = lw.export_model(tmp_path / "mix", str(src), layers=[0, 2], combine="weighted", weights=[1.0, 3.0],
+                             pool="max", normalize=True)
+    modules = json.loads((result.directory / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "WeightedLayerPooling", "Pooling",
+                                                             "Normalize"]
+    hidden, _, mask = states(src, TEXTS)  # layer 2 is the last: the final norm is the model's own
+    mix = (hidden[0] + 3 * hidden[2]) / 4
+    mix = mix.masked_fill(~mask.bool().unsqueeze(-1), -torch.inf).amax(1).numpy()
+    got = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
+    assert cosines(got, mix).min() >= 0.99999
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+
+
+def test_refusals_name_what_can_be_exported(arch_dirs, tmp_path):
+    with pytest.raises(lw.SpecError, match=r"combine='concat'.*--combine mean.*layerwise serve"):
+        lw.export_model(tmp_path / "a", str(arch_dirs["bert"]), layers="-2:", combine="concat")
+    with pytest.raises(lw.SpecError, match=r"site 'raw'.*'ln_f'.*--site block.*layers=1;site=raw"):
+        lw.export_model(tmp_path / "b", str(arch_dirs["gpt2"]), layers=1, site="raw")
+    with pytest.raises(lw.SpecError, match=r"pool 'pooler'.*export pool 'cls'.*mean, cls, max, last"):
+        lw.export_model(tmp_path / "c", str(arch_dirs["bert"]), layers=1, pool="pooler")
+    with pytest.raises(lw.SpecError, match=r"sum to 0.0.*positive"):
+        lw.export_model(tmp_path / "d", str(arch_dirs["bert"]), layers="1:", combine="weighted", weights=[1, -1])
+    with pytest.raises(lw.ExportError, match="backend='onnx'"):
+        lw.export_model(tmp_path / "e", str(arch_dirs["bert"]), layers=1, backend="onnx")
+    assert not any(tmp_path.iterdir())  # a refusal writes nothing
+    # raw is exported where it is what the cut computes (no final norm)
+    assert lw.export_model(tmp_path / "f", str(arch_dirs["bert"]), layers=1, site="raw").passed
+
+
+FACTS = dict(architecture="bert", model_type="bert", num_layers=6, final_norm=None, conv_after_first=False,
+             layer_path="encoder.layer", encoder_decoder=False, encoder_class=None, albert_groups=(1, 1), window=128)
+
+
+def test_plan_refusals_from_facts():
+    spec = lw.EncodeSpec(layers=3, truncate=True)
+    with pytest.raises(lw.SpecError, match="encoder-decoder.*T5EncoderModel"):
+        plan_export(spec, ModelFacts(**{**FACTS, "model_type": "bart", "encoder_decoder": True}))
+    with pytest.raises(lw.SpecError, match="2 layer groups"):
+        plan_export(spec, ModelFacts(**{**FACTS, "architecture": "albert", "albert_groups": (2, 1)}))
+    with pytest.raises(lw.SpecError, match="layer 1 cannot be written as a deberta-v2"):
+        plan_export(lw.EncodeSpec(layers="1:3", site="raw"), ModelFacts(**{**FACTS, "conv_after_first": True}))
+    with pytest.raises(lw.SpecError, match="skip_special_tokens"):
+        plan_export(lw.EncodeSpec(layers=3, skip_special_tokens=True), ModelFacts(**FACTS))
+    with pytest.raises(lw.SpecError, match="level='token'"):
+        plan_export(lw.EncodeSpec(layers=3, level="token"), ModelFacts(**FACTS))
+    plan = plan_export(lw.EncodeSpec(layers=[2, 4], combine="sum"), ModelFacts(**{**FACTS, "final_norm": "norm"}))
+    assert (plan.depth, plan.mix_start, plan.mix_weights, plan.scale, plan.norm_added) == (4, 2, (1.0, 0.0, 1.0),
+                                                                                        0.5, True)
+
+
+def test_the_output_is_never_a_directory_the_user_wrote(arch_dirs, tmp_path):
+    src = str(arch_dirs["bert"])
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(lw.ExportError, match="did not write"):
+        lw.export_model(mine, src, layers=1)
+    assert (mine / "notes.txt").read_text() == "mine" and len(list(mine.iterdir())) == 1
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(lw.ExportError, match="is a file"):
+        lw.export_model(tmp_path / "file", src, layers=1)
+    first = lw.export_model(tmp_path / "out", src, layers=1)
+    with pytest.raises(lw.ExportError, match="overwrite"):
+        lw.export_model(tmp_path / "out", src, layers=2)
+    second = lw.export_model(tmp_path / "out", src, layers=2, overwrite=True)
+    assert (first.report["export"]["layers"], second.report["export"]["layers"]) == (1, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine", "out"]  # no partial or replaced copies
+
+
+def test_a_failed_check_leaves_nothing_and_says_the_numbers(arch_dirs, tmp_path, monkeypatch):
+    # real damage: weights rounded to float16 on the way out, as a careless export would
+    import layerwise.cut.checkpoint as checkpoint
+
+    monkeypatch.setattr(checkpoint, "exact_dtype", lambda model: torch.float16)
+    with pytest.raises(lw.ExportError, match=r"transformers BertModel: max \|diff\| [0-9.e+-]+ \(bound 1e-05"):
+        lw.export_model(tmp_path / "out", str(arch_dirs["bert"]), layers=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bfloat16_checkpoint_stays_bfloat16(arch_dirs, tmp_path):
+    model = transformers.AutoModel.from_pretrained(arch_dirs["bert"], dtype=torch.bfloat16)
+    src = tmp_path / "bf16"
+    model.save_pretrained(src)
+    transformers.AutoTokenizer.from_pretrained(arch_dirs["bert"]).save_pretrained(src)
+    result = lw.export_model(tmp_path / "out", str(src), layers=1)
+    assert result.report["export"]["weights_dtype"] == "bfloat16"
+    with safe_open(str(result.directory / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(n).dtype for n in f.keys() if "LayerNorm" in n} == {torch.bfloat16}
+
+
+def test_without_sentence_transformers_the_transformers_check_still_runs(arch_dirs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    result = lw.export_model(tmp_path / "out", str(arch_dirs["bert"]), layers=1)
+    assert result.report["checks"]["sentence_transformers"] == {
+        "checked": False, "why": "sentence-transformers is not installed (pip install sentence-transformers)"}
+    assert result.passed and (result.directory / "modules.json").is_file()
+    assert "not checked" in result.summary()
+
+
+def test_cli_export_model(arch_dirs, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    res = runner.invoke(app, ["export-model", str(arch_dirs["llama"]), "-o", str(out), "--layers", "1", "--pool",
+                              "last", "--normalize"])
+    assert res.exit_code == 0, res.output
+    assert "LlamaModel: max |diff|" in res.output and "SentenceTransformer(" in res.output
+    assert json.loads((out / "layerwise-export.json").read_text())["export"]["spec"]["pool"] == "last"
+    twice = runner.invoke(app, ["export-model", str(arch_dirs["bert"]), "--model", str(arch_dirs["bert"]), "-o",
+                                str(tmp_path / "x"), "--layers", "1"])
+    assert twice.exit_code == 2 and "given twice" in twice.output
+    refused = runner.invoke(app, ["export-model", "-m", str(arch_dirs["bert"]), "-o", str(tmp_path / "y"), "--layers",
+                                  "0:", "--combine", "concat"])
+    assert refused.exit_code == 2 and "Valid mixes for export are: mean, sum, weighted" in refused.output
+
+
+def test_layerwise_serve_gives_the_exported_layer_to_the_openai_client(tmp_path):
+    openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
+    from tiny import serving
+
+    result = lw.export_model(tmp_path / "minilm-l3", layers=3, normalize=True)
+    want = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
+    with serving(result.directory, tmp_path / "server.log") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+        got = client.embeddings.create(model="minilm-l3", input=TEXTS, encoding_format="float")
+    assert np.abs(np.array([d.embedding for d in got.data]) - want).max() < 1e-5
