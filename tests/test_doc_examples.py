@@ -103,3 +103,24 @@ def test_windows_example_gives_what_it_says():
     exec("\n".join(setup), scope)
     expression, comment = last.split("#", 1)
     assert repr(eval(expression, scope)) == comment.split(":")[0].strip()
+
+
+@pytest.mark.slow
+def test_readme_export_block_runs_and_its_serve_line_serves_the_export(tmp_path):
+    openai = pytest.importorskip("openai")
+    st = pytest.importorskip("sentence_transformers")
+    text = section(README, "A layer as a model")
+    export_block, serve_block = blocks(text, "bash")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", export_block], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "(1, 384)" and "min cosine 1.0000000" in res.stderr
+    args = shlex.split(serve_block.splitlines()[0])
+    assert args[:4] == ["layerwise", "serve", "--model", "minilm-l3"] and args[4] == "--port"
+    want = st.SentenceTransformer(str(tmp_path / "minilm-l3"), device="cpu").encode(["I love Paris"])
+    with cli_server(["serve", "--model", str(tmp_path / "minilm-l3"), "--log-level", "warning"],
+                    tmp_path / "server.log", "/health") as url:
+        got = openai.OpenAI(base_url=f"{url}/v1", api_key="x").embeddings.create(model="minilm-l3",
+                                                                                 input=["I love Paris"])
+    assert max(abs(a - b) for a, b in zip(got.data[0].embedding, want[0])) < 1e-5

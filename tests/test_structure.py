@@ -217,7 +217,7 @@ def test_one_error_family():
     import layerwise as lw
 
     family = [lw.SpecError, lw.ModelLoadError, lw.MappingError, lw.MissingExtraError, lw.InputError, lw.StoreError,
-              lw.StoreFullError, lw.StoreCorruptError, lw.ExtractError, lw.ServiceError]
+              lw.StoreFullError, lw.StoreCorruptError, lw.ExtractError, lw.ExportError, lw.ServiceError]
     assert all(issubclass(e, lw.LayerwiseError) for e in family) and issubclass(lw.LayerwiseError, ValueError)
     assert issubclass(lw.StoreFullError, lw.StoreError) and issubclass(lw.MappingError, lw.ModelLoadError)
     # every exception class defined in the package belongs to it
