@@ -242,3 +242,20 @@ def test_layerwise_serve_gives_the_exported_layer_to_the_openai_client(tmp_path)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         got = client.embeddings.create(model="minilm-l3", input=TEXTS, encoding_format="float")
     assert np.abs(np.array([d.embedding for d in got.data]) - want).max() < 1e-5
+
+
+def test_what_an_interrupted_export_left_is_cleaned_and_memory_is_checked_first(arch_dirs, tmp_path, monkeypatch):
+    import subprocess
+
+    import layerwise.cut.checkpoint as checkpoint
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".out.partial-{gone.stdout.strip()}"  # a killed export's half-written directory
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    mine = tmp_path / ".out.partial-notes"  # not a pid: not layerwise's, kept
+    mine.mkdir()
+    monkeypatch.setattr(checkpoint, "available_memory", lambda: 1000)
+    with pytest.raises(lw.LayerwiseError, match=r"loads it again .* MiB of memory is available"):
+        lw.export_model(tmp_path / "out", str(arch_dirs["bert"]), layers=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.partial-notes"]

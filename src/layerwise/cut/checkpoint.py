@@ -26,8 +26,9 @@ from .plan import ModelFacts
 PER_LAYER_CONFIG_LISTS: tuple[str, ...] = ("layer_types",)  # config lists with one entry per layer
 
 
-def model_facts(loaded: LoadedModel) -> ModelFacts:
-    """What :func:`~layerwise.cut.plan.plan_export` needs to know about ``loaded``."""
+def model_facts(loaded: LoadedModel, window: int | None = None) -> ModelFacts:
+    """What :func:`~layerwise.cut.plan.plan_export` needs to know about ``loaded`` (``window``: the longest input in
+    tokens, default the model's)."""
     config = loaded.model.config
     model_type = str(getattr(config, "model_type", "") or "")
     groups = (int(getattr(config, "num_hidden_groups", 1)), int(getattr(config, "inner_group_num", 1)))
@@ -41,7 +42,7 @@ def model_facts(loaded: LoadedModel) -> ModelFacts:
         encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)),
         encoder_class=ENCODER_CLASSES.get(model_type),
         albert_groups=groups if loaded.architecture == "albert" else (1, 1),
-        window=loaded.window,
+        window=window or loaded.window,
     )
 
 
@@ -116,6 +117,35 @@ def weights_bytes(model: nn.Module) -> int:
     return total
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take: ``MemAvailable``, lowered to the cgroup's limit minus its use
+    where one is set; ``None`` where neither can be read."""
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory(needed: int) -> None:
+    """Refuse to start the check when less than ``needed`` bytes (plus 20%) of memory are available: it loads the
+    written model once with transformers and once with sentence-transformers, one after the other."""
+    free = available_memory()
+    if free is not None and free < needed * 1.2:
+        raise LayerwiseError(
+            f"checking the export loads it again (about {needed / 2**20:,.0f} MiB) and {free / 2**20:,.0f} MiB of "
+            f"memory is available; close other programs or export on a machine with more memory")
+
+
 def check_free_space(directory: Path, needed: int) -> None:
     """Refuse to start when the disk holding ``directory`` has less than ``needed`` bytes (plus 10%) free."""
     free = shutil.disk_usage(directory).free
@@ -125,5 +155,5 @@ def check_free_space(directory: Path, needed: int) -> None:
             f"some space or write the export elsewhere (-o)")
 
 
-__all__ = ["PER_LAYER_CONFIG_LISTS", "check_free_space", "cut_model", "exact_dtype", "model_facts", "weights_bytes",
-           "write_checkpoint"]
+__all__ = ["PER_LAYER_CONFIG_LISTS", "available_memory", "check_free_space", "check_memory", "cut_model",
+           "exact_dtype", "model_facts", "weights_bytes", "write_checkpoint"]

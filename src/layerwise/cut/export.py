@@ -132,6 +132,22 @@ def _place(built: Path, output: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _remove_stale(output: Path) -> None:
+    """Remove what an interrupted export to ``output`` left beside it (``.NAME.partial-PID`` or
+    ``.NAME.replaced-PID`` of a process that is gone): layerwise's own names, never the user's files."""
+    for path in output.parent.glob(f".{output.name}.*-*"):
+        kind, _, pid = path.name.removeprefix(f".{output.name}.").rpartition("-")
+        if kind not in ("partial", "replaced") or not pid.isdigit() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that export is still running
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
 def _files(directory: Path) -> tuple[list[str], int]:
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
     return files, sum((directory / f).stat().st_size for f in files)
@@ -183,7 +199,7 @@ def export_model(
             numbers are in the message; nothing is left at the output).
     """
     from ..extractor import Extractor
-    from .checkpoint import check_free_space, cut_model, model_facts, weights_bytes, write_checkpoint
+    from .checkpoint import check_free_space, check_memory, cut_model, model_facts, weights_bytes, write_checkpoint
     from .st_modules import write_st_files
     from .verify import check_sentence_transformers, check_transformers, probe_texts, reference
 
@@ -194,10 +210,16 @@ def export_model(
                       prompt=prompt, truncate=True)
     ex = Extractor.from_options(opts)
     spec = spec.resolve(ex)
-    facts = model_facts(ex.loaded)
+    facts = model_facts(ex.loaded, window=ex.max_length)
+    if getattr(ex.loaded.model.config, "auto_map", None):
+        raise ExportError(f"{ex.loaded.name!r} runs modelling code shipped with it (trust_remote_code); a directory "
+                          f"written from it would need that code too, so it cannot be exported as a standard one. "
+                          f"Serve its layers with layerwise serve --trust-remote-code instead")
     plan = plan_export(spec, facts)
     out.parent.mkdir(parents=True, exist_ok=True)
-    check_free_space(out.parent, weights_bytes(ex.loaded.model))
+    _remove_stale(out)
+    size = weights_bytes(ex.loaded.model)
+    check_free_space(out.parent, size)
     texts = probe_texts()
     ref = reference(ex, plan, texts)
     source = {"model": str(ex.loaded.name), "fingerprint": ex.fingerprint(), "architecture": facts.architecture,
@@ -207,6 +229,7 @@ def export_model(
     built.mkdir()
     try:
         cut_model(ex.loaded, plan.depth)
+        check_memory(weights_bytes(ex.loaded.model))
         dtype = write_checkpoint(ex.loaded, built, _config_record(plan, source))
         modules = write_st_files(plan, ex.hidden_size, built)
         checks = {"transformers": check_transformers(built, plan, ref, facts.model_type),
