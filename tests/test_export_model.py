@@ -259,3 +259,9 @@ def test_what_an_interrupted_export_left_is_cleaned_and_memory_is_checked_first(
     with pytest.raises(lw.LayerwiseError, match=r"loads it again .* MiB of memory is available"):
         lw.export_model(tmp_path / "out", str(arch_dirs["bert"]), layers=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.partial-notes"]
+
+
+def test_the_result_shows_in_a_notebook_escaped(arch_dirs, tmp_path):
+    result = lw.export_model(tmp_path / "<b>out", str(arch_dirs["bert"]), layers=1)
+    html = result._repr_html_()
+    assert "&lt;b&gt;out" in html and "<b>out" not in html and "max |diff|" in html and "<script" not in html

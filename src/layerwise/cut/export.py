@@ -63,6 +63,14 @@ class ExportResult:
         """Every check that ran passed (an export is only returned when they did)."""
         return bool(self.report["passed"])
 
+    def _repr_html_(self) -> str:
+        """The summary as an escaped HTML card (notebooks)."""
+        from ..display import card
+
+        lines = self.summary().splitlines()
+        return card("ExportResult", [("directory", str(self.directory)), *((f"check {i}", line)
+                                     for i, line in enumerate(lines[1:], 1))], f"<div>{_esc(lines[0])}</div>")
+
     def summary(self) -> str:
         """One line per check, with the measured numbers."""
         checks = self.report["checks"]
@@ -79,6 +87,12 @@ class ExportResult:
         else:
             lines.append(f"sentence-transformers: not checked: {st['why']}")
         return "\n".join(lines)
+
+
+def _esc(text: str) -> str:
+    from ..display import esc
+
+    return esc(text)
 
 
 def _source_options(model: ModelOptions | str | os.PathLike | None, options: dict[str, Any]) -> ModelOptions:

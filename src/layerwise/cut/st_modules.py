@@ -7,7 +7,7 @@ window (``max_seq_length``) and, for a mix, ``config_args: {"output_hidden_state
 module hands every layer to the mix while ``config.json`` stays as transformers writes it); and
 ``config_sentence_transformers.json`` with the prompt. Nothing here imports sentence-transformers.
 
-Example (a mean of layers 2 and 3 of a 6-layer model, written as layers 0..3 and)::
+Example: a normalised mean of layers 2 and 3 of a 6-layer model is written as a 3-layer model and::
 
     modules.json: Transformer (""), WeightedLayerPooling ("1_WeightedLayerPooling": layer_start 2, weights
     [1, 1]), Pooling ("2_Pooling": mean), Normalize ("3_Normalize")
