@@ -135,8 +135,10 @@ def test_refusals_name_what_can_be_exported(arch_dirs, tmp_path):
         lw.export_model(tmp_path / "a", str(arch_dirs["bert"]), layers="-2:", combine="concat")
     with pytest.raises(lw.SpecError, match=r"site 'raw'.*'ln_f'.*--site block.*layers=1;site=raw"):
         lw.export_model(tmp_path / "b", str(arch_dirs["gpt2"]), layers=1, site="raw")
-    with pytest.raises(lw.SpecError, match=r"pool 'pooler'.*export pool 'cls'.*mean, cls, max, last"):
-        lw.export_model(tmp_path / "c", str(arch_dirs["bert"]), layers=1, pool="pooler")
+    with pytest.raises(lw.SpecError, match=r"pool='pooler' needs a model with a pooler"):
+        lw.export_model(tmp_path / "c", str(arch_dirs["electra"]), layers=1, pool="pooler")
+    with pytest.raises(lw.SpecError, match=r"pool 'mean_max'.*mean, cls, max, last, pooler.*pool=mean_max"):
+        lw.export_model(tmp_path / "c", str(arch_dirs["bert"]), layers=1, pool="mean_max")
     with pytest.raises(lw.SpecError, match=r"sum to 0.0.*positive"):
         lw.export_model(tmp_path / "d", str(arch_dirs["bert"]), layers="1:", combine="weighted", weights=[1, -1])
     with pytest.raises(lw.ExportError, match="backend='onnx'"):
@@ -265,3 +267,24 @@ def test_the_result_shows_in_a_notebook_escaped(arch_dirs, tmp_path):
     result = lw.export_model(tmp_path / "<b>out", str(arch_dirs["bert"]), layers=1)
     html = result._repr_html_()
     assert "&lt;b&gt;out" in html and "<b>out" not in html and "max |diff|" in html and "<script" not in html
+
+
+@pytest.mark.parametrize("arch", ("bert", "albert", "mpnet"))
+def test_the_pooler_is_cls_and_a_dense_module(arch, arch_dirs, tmp_path):
+    src = arch_dirs[arch]
+    result = lw.export_model(tmp_path / "out", str(src), layers=1, pool="pooler")
+    modules = json.loads((result.directory / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "Pooling", "Dense"]
+    got = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
+    # plain transformers on the cut: its own pooler_output, which is tanh(dense(layer 1's first token))
+    tok = transformers.AutoTokenizer.from_pretrained(result.directory)
+    enc = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        want = plain(result.directory)(**{k: enc[k] for k in ("input_ids", "attention_mask")}).pooler_output
+    assert cosines(got, want.numpy()).min() >= 0.99999
+    hidden, _, _ = states(src, TEXTS)
+    source = plain(src)
+    with torch.inference_mode():
+        dense = source.pooler if arch == "albert" else source.pooler.dense
+        by_hand = torch.tanh(dense(hidden[1][:, 0]))
+    assert cosines(got, by_hand.numpy()).min() >= 0.99999

@@ -20,7 +20,8 @@ def export_model(
                                "export with --overwrite)."),
     layers: str = typer.Option(..., "--layers", "-l", help="The layer K to export (3, -1), or several mixed by "
                                "--combine ('2,3', '-2:')."),
-    pool: str = typer.Option("mean", "--pool", "-p", help="mean, cls, max or last (sentence-transformers' Pooling)."),
+    pool: str = typer.Option("mean", "--pool", "-p", help="mean, cls, max, last (sentence-transformers' Pooling) "
+                             "or pooler (BERT-style: cls, then a Dense module)."),
     normalize: bool = typer.Option(False, "--normalize", help="L2-normalise the vectors (a Normalize module)."),
     site: str = typer.Option(
         "block", "--site", help="block (layer K as the cut model computes it: a final norm, where the architecture "

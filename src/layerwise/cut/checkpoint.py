@@ -43,7 +43,20 @@ def model_facts(loaded: LoadedModel, window: int | None = None) -> ModelFacts:
         encoder_class=ENCODER_CLASSES.get(model_type),
         albert_groups=groups if loaded.architecture == "albert" else (1, 1),
         window=window or loaded.window,
+        pooler=pooler_linear(loaded.model),
     )
+
+
+def pooler_linear(model: nn.Module) -> str | None:
+    """The module path of a BERT-style pooler's linear layer when tanh follows it (BERT, RoBERTa, XLM-R, MPNet:
+    ``pooler.dense`` with ``pooler.activation``; ALBERT: ``pooler`` with ``pooler_activation``), else ``None``."""
+    pooler = getattr(model, "pooler", None)
+    candidates = [("pooler.dense", getattr(pooler, "dense", None), getattr(pooler, "activation", None)),
+                  ("pooler", pooler, getattr(model, "pooler_activation", None))]
+    for path, linear, activation in candidates:
+        if isinstance(linear, nn.Linear) and isinstance(activation, nn.Tanh):
+            return path
+    return None
 
 
 def cut_model(loaded: LoadedModel, depth: int) -> None:
@@ -156,4 +169,4 @@ def check_free_space(directory: Path, needed: int) -> None:
 
 
 __all__ = ["PER_LAYER_CONFIG_LISTS", "available_memory", "check_free_space", "check_memory", "cut_model",
-           "exact_dtype", "model_facts", "weights_bytes", "write_checkpoint"]
+           "exact_dtype", "model_facts", "pooler_linear", "weights_bytes", "write_checkpoint"]

@@ -194,7 +194,7 @@ def export_model(
         model: a :class:`~layerwise.ModelOptions`, a model directory or hub id, or ``None`` for the embedded
             all-MiniLM-L6-v2.
         layers: a layer spec (``3``, ``-1``, ``"-4:"``); several layers are mixed by ``combine``.
-        pool: ``mean | cls | max | last``.
+        pool: ``mean | cls | max | last``, or ``pooler`` (a BERT-style pooler: ``tanh(dense(cls))``).
         normalize: L2-normalise the vectors (sentence-transformers' ``Normalize`` module).
         site: ``block`` (layer ``K`` as the cut model computes it: an architecture with a final norm runs it after
             layer ``K``) or ``raw`` (where that equals the layer without it).
@@ -245,7 +245,9 @@ def export_model(
         cut_model(ex.loaded, plan.depth)
         check_memory(weights_bytes(ex.loaded.model))
         dtype = write_checkpoint(ex.loaded, built, _config_record(plan, source))
-        modules = write_st_files(plan, ex.hidden_size, built)
+        pooler: Any = (ex.loaded.model.get_submodule(facts.pooler) if plan.spec.pool == "pooler" and facts.pooler
+                       else None)  # an nn.Linear (pooler_linear checked it)
+        modules = write_st_files(plan, ex.hidden_size, built, pooler)
         checks = {"transformers": check_transformers(built, plan, ref, facts.model_type),
                   "sentence_transformers": check_sentence_transformers(built, ref)}
         passed = all(c.get("passed", True) for c in checks.values())

@@ -22,7 +22,8 @@ spec field              exportable values
                         the vectors are ``scale = 1 / sum(weights)`` times layerwise's (``sum``: ``1 / K``; equal
                         with ``normalize``); ``concat``, ``stack`` and the learned modes are refused
 ``pool``                ``mean | cls | max | last`` (sentence-transformers' ``Pooling`` modes ``mean``, ``cls``,
-                        ``max``, ``lasttoken``)
+                        ``max``, ``lasttoken``), and ``pooler`` where the model has a BERT-style pooler
+                        (``tanh(dense(cls))``: ``Pooling`` ``cls`` then a ``Dense`` module with its weights)
 ``normalize``           sentence-transformers' ``Normalize`` module
 ``prompt``              the directory's default prompt (``config_sentence_transformers.json``)
 ``truncate``            always: sentence-transformers cuts a text at ``max_seq_length`` (the model's window)
@@ -41,7 +42,7 @@ from typing import Any
 from ..encoding.spec import EncodeSpec
 from ..errors import SpecError
 
-EXPORT_POOLS: tuple[str, ...] = ("mean", "cls", "max", "last")
+EXPORT_POOLS: tuple[str, ...] = ("mean", "cls", "max", "last", "pooler")
 EXPORT_MIXES: tuple[str, ...] = ("mean", "sum", "weighted")
 EXPORT_SITES: tuple[str, ...] = ("block", "raw")
 # layerwise pool -> sentence-transformers' Pooling flag (the keys every sentence-transformers version reads)
@@ -68,6 +69,8 @@ class ModelFacts:
         encoder_class: transformers' encoder-only class for it (``"T5EncoderModel"``), or ``None``.
         albert_groups: ALBERT's ``(num_hidden_groups, inner_group_num)``; ``(1, 1)`` elsewhere.
         window: the longest input in tokens, special tokens included (sentence-transformers' ``max_seq_length``).
+        pooler: the module path of a BERT-style pooler's linear layer followed by tanh (``"pooler.dense"``), or
+            ``None``.
     """
 
     architecture: str
@@ -80,6 +83,7 @@ class ModelFacts:
     encoder_class: str | None
     albert_groups: tuple[int, int]
     window: int
+    pooler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -176,12 +180,16 @@ def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
                         f"(level 'sentence'); its token states are transformers' last_hidden_state of the exported "
                         f"model (AutoModel.from_pretrained(DIR))")
     pool = spec.pool
+    if pool == "pooler" and facts.pooler is None:
+        raise SpecError(f"pool 'pooler' cannot be exported: this {facts.architecture} has no BERT-style pooler "
+                        f"(a linear layer and tanh) that sentence-transformers' Dense module expresses. Valid pools "
+                        f"for export are: {', '.join(p for p in EXPORT_POOLS if p != 'pooler')}")
     if not isinstance(pool, str) or pool not in EXPORT_POOLS:
         shown = pool if isinstance(pool, str) else type(pool).__name__
-        extra = (f" (the model's pooler: export pool 'cls', or {serve_hint('pool=pooler')})"
-                 if pool == "pooler" else "")
-        raise SpecError(f"pool {shown!r} cannot be exported{extra}. Valid pools for export are: "
-                        f"{', '.join(EXPORT_POOLS)} (sentence-transformers' Pooling modes mean, cls, max, lasttoken)")
+        raise SpecError(f"pool {shown!r} cannot be exported: sentence-transformers has no module for it. Valid "
+                        f"pools for export are: {', '.join(EXPORT_POOLS)} (sentence-transformers' Pooling modes "
+                        f"mean, cls, max, lasttoken; pooler: cls and a Dense module); or "
+                        f"{serve_hint(f'pool={shown}')}")
     refused = {
         "skip_special_tokens": (spec.skip_special_tokens, "sentence-transformers pools every token, special ones "
                                 "included; export without it"),

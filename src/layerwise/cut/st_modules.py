@@ -2,7 +2,8 @@
 
 The files use the keys and module names every sentence-transformers version from 3.0 reads (version 6 reads them
 without warnings): ``modules.json`` naming ``sentence_transformers.models.Transformer`` (the directory itself),
-``WeightedLayerPooling`` for a mix of layers, ``Pooling`` and ``Normalize``; ``sentence_bert_config.json`` with the
+``WeightedLayerPooling`` for a mix of layers, ``Pooling``, ``Dense`` (the model's pooler: its linear layer and tanh)
+and ``Normalize``; ``sentence_bert_config.json`` with the
 window (``max_seq_length``) and, for a mix, ``config_args: {"output_hidden_states": true}`` (so the Transformer
 module hands every layer to the mix while ``config.json`` stays as transformers writes it); and
 ``config_sentence_transformers.json`` with the prompt. Nothing here imports sentence-transformers.
@@ -33,13 +34,14 @@ def _json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def write_st_files(plan: ExportPlan, width: int, directory: Path) -> list[str]:
+def write_st_files(plan: ExportPlan, width: int, directory: Path, pooler: torch.nn.Linear | None = None) -> list[str]:
     """Write the sentence-transformers files of ``plan`` into ``directory`` (which holds the cut model).
 
     Args:
         plan: the export.
         width: the model's hidden size (the vectors' length).
         directory: the export directory.
+        pooler: for ``pool="pooler"``, the model's pooler linear layer ``[hidden] -> [hidden]`` (tanh follows it).
 
     Returns:
         The module types in ``modules.json`` order (``["Transformer", "Pooling", "Normalize"]``...).
@@ -56,12 +58,24 @@ def write_st_files(plan: ExportPlan, width: int, directory: Path) -> list[str]:
         bert_config["config_args"] = {"output_hidden_states": True}
     folder = f"{len(modules)}_Pooling"
     modules.append(("Pooling", folder))
-    pool = str(plan.spec.pool)
+    pool = "cls" if plan.spec.pool == "pooler" else str(plan.spec.pool)
     pooling = {"word_embedding_dimension": width,
                **{flag: mode == pool for mode, flag in ST_POOLING_FLAGS.items()},
                "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
                "include_prompt": True}
     _json(directory / folder / "config.json", pooling)
+    if plan.spec.pool == "pooler":
+        if pooler is None:
+            raise ValueError("pool='pooler' needs the model's pooler layer")
+        folder = f"{len(modules)}_Dense"
+        modules.append(("Dense", folder))
+        _json(directory / folder / "config.json", {"in_features": pooler.in_features, "out_features":
+                                                   pooler.out_features, "bias": pooler.bias is not None,
+                                                   "activation_function": "torch.nn.modules.activation.Tanh"})
+        tensors = {"linear.weight": pooler.weight.detach().float().contiguous()}
+        if pooler.bias is not None:
+            tensors["linear.bias"] = pooler.bias.detach().float().contiguous()
+        save_file(tensors, str(directory / folder / "model.safetensors"))
     if plan.spec.normalize:
         folder = f"{len(modules)}_Normalize"
         modules.append(("Normalize", folder))
