@@ -10,6 +10,7 @@ minute from the package index). Locally the test is skipped unless ``LAYERWISE_S
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -52,10 +53,23 @@ def infinity(tmp_path_factory) -> Path:
     return venv / "bin" / "infinity_emb"
 
 
+def readme_command() -> list[str]:
+    """The README's Infinity line (``DO_NOT_TRACK=1 infinity_emb v2 --model-id ./minilm-l3 ...``), split."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    (line,) = [ln for ln in text.splitlines() if "infinity_emb v2" in ln]
+    return shlex.split(line)
+
+
 def serve(command: Path, models: dict[str, Path], log: Path):
-    """``infinity_emb v2`` serving ``models`` (name -> directory), offline, no telemetry; its base URL once healthy."""
+    """``infinity_emb v2`` serving ``models`` (name -> directory) with the README's flags, offline, no telemetry;
+    its base URL once healthy."""
+    env_var, exe, *flags = readme_command()
+    assert (env_var, exe, flags[0]) == ("DO_NOT_TRACK=1", "infinity_emb", "v2")
+    given = dict(zip(flags[1::2], flags[2::2]))
+    assert given["--model-id"] == "./minilm-l3" and "--port" in given
     port = free_port()
-    args = [str(command), "v2", "--port", str(port), "--engine", "torch", "--device", "cpu"]
+    args = [str(command), "v2", "--port", str(port)]
+    args += [x for k, v in given.items() if k not in ("--model-id", "--port") for x in (k, v)]
     for name, directory in models.items():
         args += ["--model-id", str(directory), "--served-model-name", name]
     env = {**os.environ, "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}

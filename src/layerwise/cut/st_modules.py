@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from ..errors import ExportError
 from .plan import ST_POOLING_FLAGS, ExportPlan
 
 FORMAT_VERSION = "3.0.0"  # the sentence-transformers release whose file format these files follow
@@ -66,7 +67,7 @@ def write_st_files(plan: ExportPlan, width: int, directory: Path, pooler: torch.
     _json(directory / folder / "config.json", pooling)
     if plan.spec.pool == "pooler":
         if pooler is None:
-            raise ValueError("pool='pooler' needs the model's pooler layer")
+            raise ExportError("pool='pooler' needs the model's pooler layer (pass it as pooler=)")
         folder = f"{len(modules)}_Dense"
         modules.append(("Dense", folder))
         _json(directory / folder / "config.json", {"in_features": pooler.in_features, "out_features":
