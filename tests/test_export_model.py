@@ -167,6 +167,11 @@ def test_plan_refusals_from_facts():
     plan = plan_export(lw.EncodeSpec(layers=[2, 4], combine="sum"), ModelFacts(**{**FACTS, "final_norm": "norm"}))
     assert (plan.depth, plan.mix_start, plan.mix_weights, plan.scale, plan.norm_added) == (4, 2, (1.0, 0.0, 1.0),
                                                                                         0.5, True)
+    mean = plan_export(lw.EncodeSpec(layers=[2, 4], combine="mean"), ModelFacts(**FACTS))
+    assert (mean.mix_scale, mean.scale, mean.norm_added) == (1.0, 1.0, False)  # WeightedLayerPooling is a mean
+    weighted = plan_export(lw.EncodeSpec(layers=[2, 3], combine="weighted", weights=[1, 3], pool="pooler"),
+                           ModelFacts(**{**FACTS, "pooler": "pooler.dense"}))
+    assert (weighted.mix_scale, weighted.scale) == (0.25, 1.0)  # the pooler's dense weights make up for the 1/4
 
 
 def test_the_output_is_never_a_directory_the_user_wrote(arch_dirs, tmp_path):
@@ -186,6 +191,10 @@ def test_the_output_is_never_a_directory_the_user_wrote(arch_dirs, tmp_path):
     second = lw.export_model(tmp_path / "out", src, layers=2, overwrite=True)
     assert (first.report["export"]["layers"], second.report["export"]["layers"]) == (1, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine", "out"]  # no partial or replaced copies
+    (tmp_path / "out" / "README.md").write_text("my model card")  # the user's own file in an export: kept
+    with pytest.raises(lw.ExportError, match=r"files it did not write \(README.md\)"):
+        lw.export_model(tmp_path / "out", src, layers=1, overwrite=True)
+    assert (tmp_path / "out" / "README.md").read_text() == "my model card"
 
 
 def test_a_failed_check_leaves_nothing_and_says_the_numbers(arch_dirs, tmp_path, monkeypatch):
@@ -225,6 +234,7 @@ def test_cli_export_model(arch_dirs, tmp_path):
                               "last", "--normalize"])
     assert res.exit_code == 0, res.output
     assert "LlamaModel: max |diff|" in res.output and "SentenceTransformer(" in res.output
+    assert "--alias export='layers=1;pool=last;normalize=true'" in res.output
     assert json.loads((out / "layerwise-export.json").read_text())["export"]["spec"]["pool"] == "last"
     twice = runner.invoke(app, ["export-model", str(arch_dirs["bert"]), "--model", str(arch_dirs["bert"]), "-o",
                                 str(tmp_path / "x"), "--layers", "1"])
@@ -288,3 +298,50 @@ def test_the_pooler_is_cls_and_a_dense_module(arch, arch_dirs, tmp_path):
         dense = source.pooler if arch == "albert" else source.pooler.dense
         by_hand = torch.tanh(dense(hidden[1][:, 0]))
     assert cosines(got, by_hand.numpy()).min() >= 0.99999
+
+
+def deeper(src, out, layers: int = 4):
+    """A tiny random model like ``src`` with ``layers`` layers (the tiny ones have 2: a cut needs more)."""
+    config = transformers.AutoConfig.from_pretrained(src)
+    config.num_hidden_layers = layers
+    torch.manual_seed(1)
+    model = transformers.AutoModel.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
+
+
+def test_a_weighted_mix_of_a_cut_decoder_keeps_its_scale_and_the_final_norm(arch_dirs, tmp_path):
+    src = deeper(arch_dirs["gpt2"], tmp_path / "gpt2-4")
+    result = lw.export_model(tmp_path / "out", str(src), layers=[1, 2], combine="weighted", weights=[1.0, 3.0])
+    assert result.report["export"]["scale"] == 0.25 and result.report["export"]["final_norm_added"]
+    assert json.loads((result.directory / "config.json").read_text())["n_layer"] == 2
+    hidden, _, mask = states(src, TEXTS)  # the 4-layer source: hidden_states[2] has no norm; the cut runs ln_f
+    with torch.inference_mode():
+        mix = (hidden[1] + 3 * plain(src).ln_f(hidden[2])) / 4
+    got = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
+    assert np.abs(got - mean_pool(mix, mask)).max() < 1e-4 * np.abs(got).max()
+
+
+def test_a_prompt_is_the_default_prompt(arch_dirs, tmp_path):
+    src = arch_dirs["bert"]
+    result = lw.export_model(tmp_path / "out", str(src), layers=1, prompt="query: ")
+    hidden, _, mask = states(src, ["query: " + t for t in TEXTS])
+    got = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
+    assert cosines(got, mean_pool(hidden[1], mask)).min() >= 0.99999
+    assert result.serve_alias == 'layers=1;pool=mean;normalize=false;prompt="query: "'
+
+
+def test_the_pooler_after_a_weighted_mix_is_layerwise_s(arch_dirs, tmp_path):
+    src = arch_dirs["bert"]
+    result = lw.export_model(tmp_path / "out", str(src), layers=[1, 2], combine="weighted", weights=[1.0, 3.0],
+                             pool="pooler")
+    hidden, _, _ = states(src, TEXTS)
+    with torch.inference_mode():
+        want = torch.tanh(plain(src).pooler.dense((hidden[1] + 3 * hidden[2])[:, 0]))  # no division by 4
+    got = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
+    assert np.abs(got - want.numpy()).max() < 1e-5

@@ -51,4 +51,5 @@ def export_model(
         err_console.print(result.summary(), highlight=False, soft_wrap=True)
         err_console.print(f"load it: SentenceTransformer({str(result.directory)!r}), "
                           f"AutoModel.from_pretrained({str(result.directory)!r}), or layerwise serve --model "
-                          f"{result.directory}", highlight=False, soft_wrap=True)
+                          f"{result.directory} --alias export='{result.serve_alias}'", highlight=False,
+                          soft_wrap=True)

@@ -115,7 +115,13 @@ def write_checkpoint(loaded: LoadedModel, directory: Path, record: dict[str, Any
     finally:
         if dtype != torch.float32:
             model.to(torch.float32)
-    loaded.tokenizer.save_pretrained(directory)
+    tokenizer = loaded.tokenizer
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "right"  # as layerwise pads: a left-padding tokenizer would put pads where cls reads
+    try:
+        tokenizer.save_pretrained(directory)
+    finally:
+        tokenizer.padding_side = side
     return dtype
 
 

@@ -39,7 +39,7 @@ from ..encoding.spec import EncodeSpec
 from ..errors import ExportError
 from ..model.options import ModelOptions
 from ..version import __version__
-from .plan import ExportPlan, plan_export
+from .plan import ExportPlan, plan_export, serve_alias
 
 REPORT_NAME = "layerwise-export.json"
 FORMAT = "layerwise-export"
@@ -70,6 +70,12 @@ class ExportResult:
         lines = self.summary().splitlines()
         return card("ExportResult", [("directory", str(self.directory)), *((f"check {i}", line)
                                      for i, line in enumerate(lines[1:], 1))], f"<div>{_esc(lines[0])}</div>")
+
+    @property
+    def serve_alias(self) -> str:
+        """The ``layerwise serve --model DIR --alias NAME='...'`` fields that serve the exported spec from the
+        directory."""
+        return str(self.report["export"]["serve_alias"])
 
     def summary(self) -> str:
         """One line per check, with the measured numbers."""
@@ -124,6 +130,13 @@ def check_output(output: Path, overwrite: bool) -> None:
     if not overwrite:
         raise ExportError(f"{output} holds an earlier layerwise export; pass overwrite=True (CLI --overwrite) to "
                           f"replace it, or choose another output (-o)")
+    listed = set(json.loads((output / REPORT_NAME).read_text(encoding="utf-8"))["export"].get("files", []))
+    added = sorted(str(p.relative_to(output)) for p in output.rglob("*")
+                   if p.is_file() and str(p.relative_to(output)) not in listed | {REPORT_NAME})
+    if added:
+        shown = ", ".join(added[:5]) + (f" and {len(added) - 5} more" if len(added) > 5 else "")
+        raise ExportError(f"{output} holds an earlier layerwise export and files it did not write ({shown}); they "
+                          f"are never replaced. Move them out, or choose another output (-o)")
 
 
 def is_export(directory: Path) -> bool:
@@ -135,13 +148,21 @@ def is_export(directory: Path) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
-def _place(built: Path, output: Path) -> None:
-    """Move the checked ``built`` directory to ``output`` (an earlier export there is removed only afterwards)."""
+def _place(built: Path, output: Path, overwrite: bool) -> None:
+    """Move the checked ``built`` directory to ``output``, checking the output again first (it may have changed
+    while the export ran); an earlier export there is removed only once the new one is in place, and put back if
+    the move fails."""
+    check_output(output, overwrite)
     old = None
     if output.exists():
         old = output.parent / f".{output.name}.replaced-{os.getpid()}"
         os.replace(output, old)
-    os.replace(built, output)
+    try:
+        os.replace(built, output)
+    except OSError:
+        if old is not None:
+            os.replace(old, output)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -248,15 +269,17 @@ def export_model(
         pooler: Any = (ex.loaded.model.get_submodule(facts.pooler) if plan.spec.pool == "pooler" and facts.pooler
                        else None)  # an nn.Linear (pooler_linear checked it)
         modules = write_st_files(plan, ex.hidden_size, built, pooler)
-        checks = {"transformers": check_transformers(built, plan, ref, facts.model_type),
-                  "sentence_transformers": check_sentence_transformers(built, ref)}
+        device = ex.loaded.device  # the checks run where the reference ran: the same kernels
+        checks = {"transformers": check_transformers(built, plan, ref, facts.model_type, device),
+                  "sentence_transformers": check_sentence_transformers(built, ref, plan.scale, device)}
         passed = all(c.get("passed", True) for c in checks.values())
         files, size = _files(built)
         report = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "layerwise": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": source,
-            "export": {**plan.to_dict(), "weights_dtype": str(dtype).removeprefix("torch."),
+            "export": {**plan.to_dict(), "serve_alias": serve_alias(plan),
+                       "weights_dtype": str(dtype).removeprefix("torch."),
                        "sentence_transformers_modules": modules, "files": files, "bytes": size},
             "probe": {"texts": len(texts), "sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()},
             "checks": checks,
@@ -265,7 +288,7 @@ def export_model(
         if not passed:
             raise ExportError(_failure(report))
         (built / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        _place(built, out)
+        _place(built, out, overwrite)
     except BaseException:
         with contextlib.suppress(OSError):
             shutil.rmtree(built)
@@ -277,7 +300,8 @@ def _config_record(plan: ExportPlan, source: dict[str, Any]) -> dict[str, Any]:
     """What ``config.json`` says under ``"layerwise"``: where the cut came from and whether the final norm runs."""
     return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.depth,
             "site": plan.spec.site, "final_norm": plan.final_norm,
-            "final_norm_after_layer": plan.final_norm is not None, "report": REPORT_NAME}
+            "final_norm_after_layer": plan.final_norm is not None, "final_norm_added": plan.norm_added,
+            "report": REPORT_NAME}
 
 
 def _failure(report: dict[str, Any]) -> str:

@@ -19,8 +19,10 @@ spec field              exportable values
                         without a final norm, and not DeBERTa-v2's layer 1 (its convolution runs after it)
 ``combine``             one layer: any fixed mode; several: ``mean``, ``sum`` or ``weighted`` (a positive weight
                         sum): sentence-transformers' ``WeightedLayerPooling``, which divides by the weights' sum, so
-                        the vectors are ``scale = 1 / sum(weights)`` times layerwise's (``sum``: ``1 / K``; equal
-                        with ``normalize``); ``concat``, ``stack`` and the learned modes are refused
+                        a ``sum`` or ``weighted`` mix gives ``scale = 1 / sum(weights)`` times layerwise's vectors
+                        (``sum``: one over the number of layers; equal with ``normalize``, and with ``pooler``,
+                        whose dense weights make up for it); ``concat``, ``stack`` and the learned modes are
+                        refused
 ``pool``                ``mean | cls | max | last`` (sentence-transformers' ``Pooling`` modes ``mean``, ``cls``,
                         ``max``, ``lasttoken``), and ``pooler`` where the model has a BERT-style pooler
                         (``tanh(dense(cls))``: ``Pooling`` ``cls`` then a ``Dense`` module with its weights)
@@ -35,6 +37,7 @@ others                  their defaults (``skip_special_tokens``, ``add_eos``, ``
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -99,7 +102,10 @@ class ExportPlan:
         mix_start: the first layer of sentence-transformers' ``WeightedLayerPooling`` (``None``: one layer, no
             mix).
         mix_weights: its weights over layers ``mix_start..K`` (zero for a layer not in the spec).
-        scale: the directory's vectors are ``scale`` times layerwise's (before ``normalize``).
+        mix_scale: the mix sentence-transformers computes is ``mix_scale`` times layerwise's combination (1 for one
+            layer or ``mean``; ``1 / sum(weights)`` for ``sum`` and ``weighted``).
+        scale: the directory's vectors are ``scale`` times layerwise's (1 with ``normalize`` or ``pool="pooler"``,
+            else ``mix_scale``).
         window: ``max_seq_length``: longer texts are cut there.
     """
 
@@ -109,20 +115,21 @@ class ExportPlan:
     norm_added: bool
     mix_start: int | None
     mix_weights: tuple[float, ...] | None
+    mix_scale: float
     scale: float
     window: int
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the spec as its JSON dict)."""
-        import json
-
         return {
             "spec": json.loads(self.spec.to_json()),
             "layers": self.depth,
             "final_norm": self.final_norm,
-            "final_norm_after_layer": self.norm_added or (self.final_norm is not None),
+            "final_norm_after_layer": self.final_norm is not None,
+            "final_norm_added": self.norm_added,
             "mix": (None if self.mix_start is None
                     else {"start": self.mix_start, "weights": list(self.mix_weights or ())}),
+            "mix_scale": self.mix_scale,
             "scale": self.scale,
             "max_seq_length": self.window,
         }
@@ -132,6 +139,22 @@ def serve_hint(fields: str) -> str:
     """How to get what cannot be exported from layerwise's own service instead (``fields``: ``"layers=3;site=raw"``)."""
     return (f"serve it with layerwise instead: layerwise serve --model MODEL --alias layer='{fields}' (or those "
             f"fields in each request)")
+
+
+def serve_alias(plan: ExportPlan) -> str:
+    """The ``layerwise serve --alias`` fields of the exported spec, for serving the exported directory with layerwise
+    (its layers keep their numbers): layerwise's vectors, which the directory gives times ``plan.scale``."""
+    spec = plan.spec
+    layers = spec.layer_indices
+    fields = [f"layers={','.join(map(str, layers))}" if len(layers) > 1 else f"layers={layers[0]}"]
+    if len(layers) > 1:
+        fields.append(f"combine={spec.combine}")
+        if spec.combine == "weighted" and spec.weights:
+            fields.append(f"weights={json.dumps([float(w) for w in spec.weights])}")
+    fields += [f"pool={spec.pool}", f"normalize={'true' if spec.normalize else 'false'}"]
+    if spec.prompt:
+        fields.append(f"prompt={json.dumps(spec.prompt)}")
+    return ";".join(fields)
 
 
 def _alternatives(spec: EncodeSpec, layers: tuple[int, ...]) -> str:
@@ -150,9 +173,10 @@ def _check_mix(spec: EncodeSpec, layers: tuple[int, ...]) -> tuple[float, ...] |
         return None
     mode = spec.combine
     if not isinstance(mode, str):
-        raise SpecError(f"a trained combine module ({type(mode).__name__}) cannot be exported: "
-                        f"{_alternatives(spec, layers)}. A trained ScalarMix's softmax weights can be given as "
-                        f"--combine weighted --weights")
+        joined = ",".join(str(i) for i in layers)
+        raise SpecError(f"a trained combine module ({type(mode).__name__}) cannot be exported: export one layer "
+                        f"(--layers {max(layers)}), or a fixed mix (--layers {joined} --combine weighted --weights "
+                        f"...): a trained ScalarMix's softmax weights, times its gamma, are such weights")
     if mode not in EXPORT_MIXES:
         why = {"concat": "sentence-transformers has no module that concatenates layers without remote code",
                "stack": "sentence-transformers' vectors have one axis; a stack keeps the layers as a second one",
@@ -186,16 +210,17 @@ def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
                         f"for export are: {', '.join(p for p in EXPORT_POOLS if p != 'pooler')}")
     if not isinstance(pool, str) or pool not in EXPORT_POOLS:
         shown = pool if isinstance(pool, str) else type(pool).__name__
+        instead = f"; or {serve_hint(f'pool={shown}')}" if isinstance(pool, str) else ""
         raise SpecError(f"pool {shown!r} cannot be exported: sentence-transformers has no module for it. Valid "
                         f"pools for export are: {', '.join(EXPORT_POOLS)} (sentence-transformers' Pooling modes "
-                        f"mean, cls, max, lasttoken; pooler: cls and a Dense module); or "
-                        f"{serve_hint(f'pool={shown}')}")
+                        f"mean, cls, max, lasttoken; pooler: cls and a Dense module){instead}")
     refused = {
         "skip_special_tokens": (spec.skip_special_tokens, "sentence-transformers pools every token, special ones "
                                 "included; export without it"),
         "add_eos": (spec.add_eos, "sentence-transformers adds only what the tokenizer adds; export without it"),
-        "dimensions": (spec.dimensions is not None, "pass truncate_dim to SentenceTransformer(DIR, truncate_dim=N) "
-                       "when loading the export"),
+        "dimensions": (spec.dimensions is not None, "export without it and pass truncate_dim when loading: "
+                       "SentenceTransformer(DIR, truncate_dim=N) (with encode(..., normalize_embeddings=True) where "
+                       "layerwise normalised after cutting)"),
         "output_dtype": (spec.output_dtype != "float32", "sentence-transformers quantizes at encode time: "
                          "model.encode(texts, precision='int8' | 'binary' ...)"),
     }
@@ -234,17 +259,19 @@ def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
                             "convolution); for the raw layer, " + serve_hint("layers=1;site=raw"))
     weights = _check_mix(spec, layers)
     mix_start = mix_weights = None
-    scale = 1.0
+    mix_scale = 1.0
     if weights is not None:
         mix_start = min(layers)
         per_layer = [0.0] * (depth - mix_start + 1)
         for layer, weight in zip(layers, weights):
             per_layer[layer - mix_start] += weight
         mix_weights = tuple(per_layer)
-        scale = 1.0 / math.fsum(weights)
+        mix_scale = 1.0 if spec.combine == "mean" else 1.0 / math.fsum(weights)
+    scale = 1.0 if spec.normalize or pool == "pooler" else mix_scale
     norm_added = facts.final_norm is not None and depth < facts.num_layers and spec.site == "block"
     return ExportPlan(spec=spec, depth=depth, final_norm=facts.final_norm, norm_added=norm_added,
-                      mix_start=mix_start, mix_weights=mix_weights, scale=scale, window=facts.window)
+                      mix_start=mix_start, mix_weights=mix_weights, mix_scale=mix_scale, scale=scale,
+                      window=facts.window)
 
 
 def _layer_indices(spec: EncodeSpec, facts: ModelFacts) -> tuple[int, ...]:
@@ -255,4 +282,4 @@ def _layer_indices(spec: EncodeSpec, facts: ModelFacts) -> tuple[int, ...]:
 
 
 __all__ = ["EXPORT_MIXES", "EXPORT_POOLS", "EXPORT_SITES", "ExportPlan", "ModelFacts", "ST_POOLING_FLAGS",
-           "plan_export", "serve_hint"]
+           "plan_export", "serve_alias", "serve_hint"]

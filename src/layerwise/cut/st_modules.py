@@ -1,12 +1,13 @@
 """The sentence-transformers files of an export: the same directory loads as ``SentenceTransformer(DIR)``.
 
-The files use the keys and module names every sentence-transformers version from 3.0 reads (version 6 reads them
-without warnings): ``modules.json`` naming ``sentence_transformers.models.Transformer`` (the directory itself),
-``WeightedLayerPooling`` for a mix of layers, ``Pooling``, ``Dense`` (the model's pooler: its linear layer and tanh)
-and ``Normalize``; ``sentence_bert_config.json`` with the
-window (``max_seq_length``) and, for a mix, ``config_args: {"output_hidden_states": true}`` (so the Transformer
-module hands every layer to the mix while ``config.json`` stays as transformers writes it); and
-``config_sentence_transformers.json`` with the prompt. Nothing here imports sentence-transformers.
+The files use the keys and module names sentence-transformers reads from version 3.1 (module weights in
+safetensors; version 6 reads them without warnings): ``modules.json`` naming
+``sentence_transformers.models.Transformer`` (the directory itself), ``WeightedLayerPooling`` for a mix of layers,
+``Pooling``, ``Dense`` (the model's pooler: its linear layer and tanh) and ``Normalize``;
+``sentence_bert_config.json`` with the window (``max_seq_length``) and, for a mix,
+``config_args: {"output_hidden_states": true}`` (so the Transformer module hands every layer to the mix while
+``config.json`` stays as transformers writes it); and ``config_sentence_transformers.json`` with the prompt. Nothing
+here imports sentence-transformers.
 
 Example: a normalised mean of layers 2 and 3 of a 6-layer model is written as a 3-layer model and::
 
@@ -26,7 +27,7 @@ from safetensors.torch import save_file
 from ..errors import ExportError
 from .plan import ST_POOLING_FLAGS, ExportPlan
 
-FORMAT_VERSION = "3.0.0"  # the sentence-transformers release whose file format these files follow
+FORMAT_VERSION = "3.1.0"  # the sentence-transformers release whose file format these files follow
 PROMPT_NAME = "layerwise"
 
 
@@ -73,7 +74,8 @@ def write_st_files(plan: ExportPlan, width: int, directory: Path, pooler: torch.
         _json(directory / folder / "config.json", {"in_features": pooler.in_features, "out_features":
                                                    pooler.out_features, "bias": pooler.bias is not None,
                                                    "activation_function": "torch.nn.modules.activation.Tanh"})
-        tensors = {"linear.weight": pooler.weight.detach().float().contiguous()}
+        # the mix reaches the pooler as mix_scale times layerwise's: the dense weights make up for it exactly
+        tensors = {"linear.weight": (pooler.weight.detach().float() / plan.mix_scale).contiguous()}
         if pooler.bias is not None:
             tensors["linear.bias"] = pooler.bias.detach().float().contiguous()
         save_file(tensors, str(directory / folder / "model.safetensors"))

@@ -11,7 +11,8 @@ and long texts, several registers and languages), cut at the window as sentence-
   ``last_hidden_state`` on the real tokens: the largest absolute difference must be at most :data:`TOKEN_BOUND`.
   The token ids of the written tokenizer must be layerwise's.
 * :func:`check_sentence_transformers` loads it with ``SentenceTransformer`` and compares the vectors: the smallest
-  cosine must be at least :data:`COSINE_BOUND`.
+  cosine must be at least :data:`COSINE_BOUND`, and their lengths must agree within :data:`NORM_BOUND` (relative,
+  after the plan's ``scale``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .plan import ExportPlan
 
 TOKEN_BOUND = 1e-5
 COSINE_BOUND = 0.99999
+NORM_BOUND = 1e-4  # the vectors' lengths, relative: the scale of a mix is checked, not only its direction
 
 
 def probe_texts() -> list[str]:
@@ -45,17 +47,16 @@ def probe_texts() -> list[str]:
 
 
 class ExportMix(nn.Module):
-    """What the exported directory computes from the layers it mixes, as a layerwise combine module.
+    """The spec's combination of layers with the final norm where the cut adds it, as a layerwise combine module.
 
     ``h [k, *lead, W]`` (the spec's layers in order) -> ``[*lead, W]``: the final norm applied to the entries that
-    are layer ``K`` when the cut adds it, then ``sum_i w_i h_i`` with the weights scaled to sum 1 (one layer: that
-    layer).
+    are layer ``K`` when the cut adds it, then ``sum_i w_i h_i`` with the spec's own weights (``mean``: ``1/k``
+    each, ``sum``: 1 each; one layer: that layer).
     """
 
     def __init__(self, weights: Sequence[float], final: nn.Module | None, normed: Sequence[bool]):
         super().__init__()
-        total = math.fsum(weights)
-        self.weights = [w / total for w in weights]
+        self.weights = [float(w) for w in weights]
         self.final = final
         self.normed = list(normed)
 
@@ -73,7 +74,8 @@ class Reference:
         ids: each text's token ids, cut at the window.
         states: exported layer index -> one ``[n_tokens, W]`` tensor per text (layer ``K`` with the final norm
             where the cut adds it).
-        vectors: ``[n_texts, W]`` float32: the plan's spec, pooled (times the plan's scale).
+        vectors: ``[n_texts, W]`` float32: layerwise's vectors of the plan's spec (the directory's are ``plan.scale``
+            times these).
     """
 
     texts: list[str]
@@ -98,7 +100,10 @@ def reference(ex: Extractor, plan: ExportPlan, texts: list[str]) -> Reference:
             if final is not None and layer == plan.depth:
                 x = final(x.to(ex.loaded.device)).cpu()
             states[layer] = [x[r, : len(t.ids)].float() for r, t in enumerate(toks)]
-    weights = list(spec.weights) if spec.combine == "weighted" and spec.weights else [1.0] * len(layers)
+    if len(layers) > 1 and spec.combine == "weighted" and spec.weights:
+        weights = [float(w) for w in spec.weights]
+    else:
+        weights = [1.0 / len(layers) if spec.combine == "mean" or len(layers) == 1 else 1.0] * len(layers)
     mix = ExportMix(weights, final, [layer == plan.depth for layer in layers])
     vectors = ex.encode(texts, layers=list(layers), combine=mix, pool=spec.pool, site=spec.site, truncate=True,
                         normalize=spec.normalize, prompt=spec.prompt)
@@ -116,8 +121,10 @@ def base_class(model_type: str) -> Any:
     return transformers.AutoModel
 
 
-def check_transformers(directory: Path, plan: ExportPlan, ref: Reference, model_type: str) -> dict[str, Any]:
-    """Load ``directory`` with plain transformers and compare it with ``ref`` (see the module docstring).
+def check_transformers(directory: Path, plan: ExportPlan, ref: Reference, model_type: str,
+                       device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load ``directory`` with plain transformers on ``device`` (the reference's) and compare it with ``ref`` (see the
+    module docstring).
 
     Returns:
         ``{"class", "layers_compared", "max_abs_diff", "per_layer", "bound", "ids_equal", "passed"}``.
@@ -126,7 +133,7 @@ def check_transformers(directory: Path, plan: ExportPlan, ref: Reference, model_
 
     cls = base_class(model_type)
     with quiet_transformers():
-        net = cls.from_pretrained(directory, dtype=torch.float32).eval()
+        net = cls.from_pretrained(directory, dtype=torch.float32).eval().to(device)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     ids = [tokenizer(text, truncation=True, max_length=plan.window)["input_ids"] for text in ref.texts]
     bad = [r for r, (a, b) in enumerate(zip(ids, ref.ids)) if list(a) != b]
@@ -136,12 +143,12 @@ def check_transformers(directory: Path, plan: ExportPlan, ref: Reference, model_
         if r in bad or not row:
             continue
         with torch.inference_mode():  # one text a call, no padding: the same shapes as the reference's
-            out = net(input_ids=torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.long),
-                      output_hidden_states=True)
+            batch = torch.tensor([row], device=device)
+            out = net(input_ids=batch, attention_mask=torch.ones_like(batch), output_hidden_states=True)
         for key in compared:
             got = out.last_hidden_state if key == "last_hidden_state" else out.hidden_states[int(key)]
             want = ref.states[plan.depth if key == "last_hidden_state" else int(key)][r]
-            diff = float((got[0].float() - want).abs().max())
+            diff = float((got[0].float().cpu() - want).abs().max())
             per_layer[key] = max(per_layer[key], diff if math.isfinite(diff) else math.inf)
     max_diff = max(per_layer.values())
     return {"class": type(net).__name__, "layers_compared": compared, "per_layer": per_layer,
@@ -162,12 +169,14 @@ def _quiet_logger(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def check_sentence_transformers(directory: Path, ref: Reference) -> dict[str, Any]:
-    """Load ``directory`` with ``SentenceTransformer`` and compare its vectors with ``ref`` (the smallest cosine).
+def check_sentence_transformers(directory: Path, ref: Reference, scale: float = 1.0,
+                                device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Load ``directory`` with ``SentenceTransformer`` on ``device`` and compare its vectors with ``scale`` times
+    ``ref``'s: the smallest cosine, and the lengths (within :data:`NORM_BOUND`, relative), so a wrong scale fails too.
 
     Returns:
-        ``{"version", "modules", "min_cosine", "max_abs_diff", "bound", "passed"}``, or ``{"checked": False, "why"}``
-        when sentence-transformers is not installed.
+        ``{"version", "modules", "min_cosine", "max_abs_diff", "max_norm_ratio_diff", "bound", "passed"}``, or
+        ``{"checked": False, "why"}`` when sentence-transformers is not installed.
     """
     try:
         import sentence_transformers
@@ -176,17 +185,20 @@ def check_sentence_transformers(directory: Path, ref: Reference) -> dict[str, An
         return {"checked": False, "why": "sentence-transformers is not installed (pip install sentence-transformers)"}
     with quiet_transformers(), _quiet_logger("sentence_transformers"):
         # float32, as the reference: a bfloat16 checkpoint would otherwise compute in bfloat16 (as its source would)
-        model = SentenceTransformer(str(directory), device="cpu", local_files_only=True,
+        model = SentenceTransformer(str(directory), device=str(device), local_files_only=True,
                                     model_kwargs={"dtype": torch.float32})
     got = np.asarray(model.encode(ref.texts, batch_size=16, convert_to_numpy=True), dtype=np.float64)
-    want = ref.vectors.astype(np.float64)
-    cos = (got * want).sum(1) / np.maximum(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-30)
+    want = ref.vectors.astype(np.float64) * scale
+    got_norm, want_norm = np.linalg.norm(got, axis=1), np.linalg.norm(want, axis=1)
+    cos = (got * want).sum(1) / np.maximum(got_norm * want_norm, 1e-30)
     min_cos = float(cos.min())
     max_diff = float(np.abs(got - want).max())
+    ratio = float(np.abs(got_norm / np.maximum(want_norm, 1e-30) - 1).max())
+    passed = math.isfinite(min_cos) and min_cos >= COSINE_BOUND and math.isfinite(ratio) and ratio <= NORM_BOUND
     return {"checked": True, "version": sentence_transformers.__version__,
             "modules": [type(m).__name__ for m in model], "min_cosine": min_cos, "max_abs_diff": max_diff,
-            "bound": COSINE_BOUND, "passed": math.isfinite(min_cos) and min_cos >= COSINE_BOUND}
+            "max_norm_ratio_diff": ratio, "bound": COSINE_BOUND, "norm_bound": NORM_BOUND, "passed": passed}
 
 
-__all__ = ["COSINE_BOUND", "ExportMix", "Reference", "TOKEN_BOUND", "base_class", "check_sentence_transformers",
-           "check_transformers", "probe_texts", "reference"]
+__all__ = ["COSINE_BOUND", "NORM_BOUND", "TOKEN_BOUND", "ExportMix", "Reference", "base_class",
+           "check_sentence_transformers", "check_transformers", "probe_texts", "reference"]
