@@ -133,8 +133,9 @@ def test_a_weighted_mix_is_weighted_layer_pooling(arch, arch_dirs, tmp_path):
 def test_refusals_name_what_can_be_exported(arch_dirs, tmp_path):
     with pytest.raises(lw.SpecError, match=r"combine='concat'.*--combine mean.*layerwise serve"):
         lw.export_model(tmp_path / "a", str(arch_dirs["bert"]), layers="-2:", combine="concat")
-    with pytest.raises(lw.SpecError, match=r"site 'raw'.*'ln_f'.*--site block.*layers=1;site=raw"):
-        lw.export_model(tmp_path / "b", str(arch_dirs["gpt2"]), layers=1, site="raw")
+    with pytest.raises(lw.SpecError, match=r"site 'raw' of the last layer.*'ln_f'.*--site block.*--layers 1 --site "
+                       r"raw.*layers=2;site=raw"):
+        lw.export_model(tmp_path / "b", str(arch_dirs["gpt2"]), layers=-1, site="raw")
     with pytest.raises(lw.SpecError, match=r"pool='pooler' needs a model with a pooler"):
         lw.export_model(tmp_path / "c", str(arch_dirs["electra"]), layers=1, pool="pooler")
     with pytest.raises(lw.SpecError, match=r"pool 'mean_max'.*mean, cls, max, last, pooler.*pool=mean_max"):
@@ -148,6 +149,35 @@ def test_refusals_name_what_can_be_exported(arch_dirs, tmp_path):
     assert lw.export_model(tmp_path / "f", str(arch_dirs["bert"]), layers=1, site="raw").passed
 
 
+@pytest.mark.parametrize("arch", tuple(FINAL_NORMS))
+def test_raw_before_a_final_norm_keeps_one_more_layer_and_reads_the_state_before_it(arch, arch_dirs, tmp_path):
+    src = arch_dirs[arch]
+    pool = "last" if arch in DECODERS else "mean"
+    result = lw.export_model(tmp_path / "raw", str(src), layers=1, site="raw", pool=pool)
+    out = result.directory
+    config = json.loads((out / "config.json").read_text())["layerwise"]
+    assert transformers.AutoConfig.from_pretrained(out).num_hidden_layers == 2
+    assert (config["layers"], config["layer"], config["read"], config["site"]) == (2, 1, "hidden_states[1]", "raw")
+    assert not config["vectors_see_final_norm"] and "hidden_states[1], before the final norm" in result.summary()
+    # the source's layer 1 as plain transformers gives it (no norm), and the directory's hidden_states[1]
+    src_hidden, _, _ = states(src, TEXTS)
+    got_hidden, _, mask = states(out, TEXTS)
+    real = mask.bool()
+    assert (got_hidden[1][real] - src_hidden[1][real]).abs().max() <= 1e-5
+    with torch.inference_mode():  # not the cut's block: the final norm changes the layer
+        normed = plain(src).get_submodule(FINAL_NORMS[arch])(src_hidden[1])
+    assert (normed[real] - src_hidden[1][real]).abs().max() > 1e-3
+    # sentence-transformers reads it through WeightedLayerPooling (weights [1, 0]): layerwise's raw layer 1
+    modules = [m["type"].rsplit(".", 1)[1] for m in json.loads((out / "modules.json").read_text())]
+    assert modules == ["Transformer", "WeightedLayerPooling", "Pooling"]
+    vectors = SentenceTransformer(str(out), device="cpu").encode(TEXTS)
+    expected = (last_pool if pool == "last" else mean_pool)(src_hidden[1], mask)
+    assert cosines(vectors, expected).min() >= 0.99999
+    assert np.allclose(np.linalg.norm(vectors, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
+    ours = lw.Extractor(str(src), device="cpu").encode(TEXTS, layers=1, site="raw", pool=pool, truncate=True)
+    assert np.abs(vectors - ours).max() < 1e-4
+
+
 FACTS = dict(architecture="bert", model_type="bert", num_layers=6, final_norm=None, conv_after_first=False,
              layer_path="encoder.layer", encoder_decoder=False, encoder_class=None, albert_groups=(1, 1), window=128)
 
@@ -158,6 +188,12 @@ def test_plan_refusals_from_facts():
         plan_export(spec, ModelFacts(**{**FACTS, "model_type": "bart", "encoder_decoder": True}))
     with pytest.raises(lw.SpecError, match="2 layer groups"):
         plan_export(spec, ModelFacts(**{**FACTS, "architecture": "albert", "albert_groups": (2, 1)}))
+    raw = plan_export(lw.EncodeSpec(layers=[2, 4], combine="sum", site="raw"),
+                      ModelFacts(**{**FACTS, "final_norm": "norm"}))
+    assert (raw.depth, raw.kept, raw.mix_start, raw.mix_weights, raw.norm_added, raw.vectors_normed) == (
+        4, 5, 2, (1.0, 0.0, 1.0, 0.0), True, False)
+    with pytest.raises(lw.SpecError, match="site 'raw' of the last layer"):
+        plan_export(lw.EncodeSpec(layers=6, site="raw"), ModelFacts(**{**FACTS, "final_norm": "norm"}))
     with pytest.raises(lw.SpecError, match="layer 1 cannot be written as a deberta-v2"):
         plan_export(lw.EncodeSpec(layers="1:3", site="raw"), ModelFacts(**{**FACTS, "conv_after_first": True}))
     with pytest.raises(lw.SpecError, match="skip_special_tokens"):
@@ -165,8 +201,8 @@ def test_plan_refusals_from_facts():
     with pytest.raises(lw.SpecError, match="level='token'"):
         plan_export(lw.EncodeSpec(layers=3, level="token"), ModelFacts(**FACTS))
     plan = plan_export(lw.EncodeSpec(layers=[2, 4], combine="sum"), ModelFacts(**{**FACTS, "final_norm": "norm"}))
-    assert (plan.depth, plan.mix_start, plan.mix_weights, plan.scale, plan.norm_added) == (4, 2, (1.0, 0.0, 1.0),
-                                                                                        0.5, True)
+    assert (plan.depth, plan.kept, plan.mix_start, plan.mix_weights, plan.scale, plan.norm_added) == (
+        4, 4, 2, (1.0, 0.0, 1.0), 0.5, True)
     mean = plan_export(lw.EncodeSpec(layers=[2, 4], combine="mean"), ModelFacts(**FACTS))
     assert (mean.mix_scale, mean.scale, mean.norm_added) == (1.0, 1.0, False)  # WeightedLayerPooling is a mean
     weighted = plan_export(lw.EncodeSpec(layers=[2, 3], combine="weighted", weights=[1, 3], pool="pooler"),

@@ -25,7 +25,8 @@ def export_model(
     normalize: bool = typer.Option(False, "--normalize", help="L2-normalise the vectors (a Normalize module)."),
     site: str = typer.Option(
         "block", "--site", help="block (layer K as the cut model computes it: a final norm, where the architecture "
-        "has one, runs after it) or raw (where that equals the layer without it)."),
+        "has one, runs after it) or raw (without it: layerwise's layer K; with a final norm the directory keeps layer "
+        "K+1 and reads hidden_states[K])."),
     combine: str = typer.Option("mean", "--combine", "-c", help="Several layers: mean, sum or weighted (--weights); "
                                 "sentence-transformers' WeightedLayerPooling."),
     weights: Optional[str] = WeightsOpt,

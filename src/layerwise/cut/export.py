@@ -81,9 +81,13 @@ class ExportResult:
         """One line per check, with the measured numbers."""
         checks = self.report["checks"]
         tf = checks["transformers"]
-        lines = [f"{self.directory}: layer {self.report['export']['layers']} of {self.report['source']['num_layers']} "
-                 f"of {self.report['source']['model']} ({self.report['export']['bytes'] / 2**20:,.1f} MiB, "
-                 f"{self.report['export']['weights_dtype']})",
+        export = self.report["export"]
+        kept = export.get("layers_kept", export["layers"])
+        read = (f"; it holds {kept} layers and gives layer {export['layers']} as hidden_states[{export['layers']}], "
+                f"before the final norm" if kept != export["layers"] else "")
+        lines = [f"{self.directory}: layer {export['layers']} of {self.report['source']['num_layers']} "
+                 f"of {self.report['source']['model']} ({export['bytes'] / 2**20:,.1f} MiB, "
+                 f"{export['weights_dtype']}{read})",
                  f"transformers {tf['class']}: max |diff| {tf['max_abs_diff']:.2e} over {tf['layers_compared']} "
                  f"(bound {tf['bound']:.0e})"]
         st = checks["sentence_transformers"]
@@ -209,6 +213,9 @@ def export_model(
     ``0..K`` only, the tokenizer) and the sentence-transformers modules that pool it, so
     ``AutoModel.from_pretrained(DIR)`` gives layer ``K``'s states ``[batch, tokens, hidden]`` as
     ``last_hidden_state`` and ``SentenceTransformer(DIR).encode(texts)`` layerwise's vectors ``[n_texts, hidden]``.
+    ``site="raw"`` on an architecture with a final norm keeps layer ``K + 1`` too: ``hidden_states[K]`` is then
+    layer ``K`` without the norm, and sentence-transformers reads it (``config.json``'s ``layerwise.read`` says
+    which state).
 
     Args:
         output: the directory to write (must not exist, be empty, or hold an earlier export with ``overwrite``).
@@ -218,7 +225,8 @@ def export_model(
         pool: ``mean | cls | max | last``, or ``pooler`` (a BERT-style pooler: ``tanh(dense(cls))``).
         normalize: L2-normalise the vectors (sentence-transformers' ``Normalize`` module).
         site: ``block`` (layer ``K`` as the cut model computes it: an architecture with a final norm runs it after
-            layer ``K``) or ``raw`` (where that equals the layer without it).
+            layer ``K``) or ``raw`` (layer ``K`` without a final norm: layerwise's own layer ``K``; on an
+            architecture with one, a layer below the last, at the cost of one more layer).
         combine: ``mean | sum | weighted`` for several layers (sentence-transformers' ``WeightedLayerPooling``).
         weights: one weight per layer for ``combine="weighted"``.
         prompt: text put before every text (the directory's default prompt).
@@ -263,7 +271,7 @@ def export_model(
     shutil.rmtree(built, ignore_errors=True)
     built.mkdir()
     try:
-        cut_model(ex.loaded, plan.depth)
+        cut_model(ex.loaded, plan.kept)
         check_memory(weights_bytes(ex.loaded.model))
         dtype = write_checkpoint(ex.loaded, built, _config_record(plan, source))
         pooler: Any = (ex.loaded.model.get_submodule(facts.pooler) if plan.spec.pool == "pooler" and facts.pooler
@@ -298,10 +306,12 @@ def export_model(
 
 def _config_record(plan: ExportPlan, source: dict[str, Any]) -> dict[str, Any]:
     """What ``config.json`` says under ``"layerwise"``: where the cut came from and whether the final norm runs."""
-    return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.depth,
+    return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.kept,
+            "layer": plan.depth, "read": ("last_hidden_state" if plan.kept == plan.depth
+                                          else f"hidden_states[{plan.depth}]"),
             "site": plan.spec.site, "final_norm": plan.final_norm,
             "final_norm_after_layer": plan.final_norm is not None, "final_norm_added": plan.norm_added,
-            "report": REPORT_NAME}
+            "vectors_see_final_norm": plan.vectors_normed, "report": REPORT_NAME}
 
 
 def _failure(report: dict[str, Any]) -> str:

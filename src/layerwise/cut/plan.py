@@ -15,8 +15,12 @@ spec field              exportable values
                         ``ln_f``, Llama's ``norm``, T5's ``final_layer_norm``, ModernBERT's ``final_norm``) runs
                         it after its last layer, so the cut keeps it after layer ``K`` (what any ``K``-layer model
                         of the architecture computes, and what a serving engine gives when its layer count is
-                        lowered); ``raw`` (the layer without it) where the cut computes exactly that, i.e.
-                        without a final norm, and not DeBERTa-v2's layer 1 (its convolution runs after it)
+                        lowered); ``raw`` (layerwise's layer ``K``: without that norm). Without a final norm the cut
+                        computes it as it is (not DeBERTa-v2's layer 1: its convolution runs after it). With one,
+                        ``K < L``: the directory keeps layer ``K + 1`` too and sentence-transformers reads
+                        ``hidden_states[K]``, which transformers gives before any norm, through
+                        ``WeightedLayerPooling`` (weight 0 on layer ``K + 1``; ``config.json`` says which state to
+                        read); the last layer raw is refused (a directory runs the norm after its last layer)
 ``combine``             one layer: any fixed mode; several: ``mean``, ``sum`` or ``weighted`` (a positive weight
                         sum): sentence-transformers' ``WeightedLayerPooling``, which divides by the weights' sum, so
                         a ``sum`` or ``weighted`` mix gives ``scale = 1 / sum(weights)`` times layerwise's vectors
@@ -95,13 +99,15 @@ class ExportPlan:
 
     Attributes:
         spec: the resolved spec whose vectors the directory gives (``truncate=True``, sentence level).
-        depth: ``K``, the deepest layer: the directory holds layers ``1..K``.
-        final_norm: the module path of the norm the cut runs after layer ``K`` (``None``: none).
-        norm_added: the final norm runs after layer ``K`` where the source's ``hidden_states[K]`` has none
-            (``K < L`` on an architecture with a final norm, site ``block``).
-        mix_start: the first layer of sentence-transformers' ``WeightedLayerPooling`` (``None``: one layer, no
-            mix).
-        mix_weights: its weights over layers ``mix_start..K`` (zero for a layer not in the spec).
+        depth: ``K``, the deepest layer of the vectors.
+        kept: the layers the directory holds (``1..kept``): ``K``, or ``K + 1`` for site ``raw`` before a final
+            norm (the directory's ``hidden_states[K]`` is then layer ``K`` without it).
+        final_norm: the module path of the norm the cut runs after layer ``kept`` (``None``: none).
+        norm_added: the final norm runs after layer ``kept`` where the source's ``hidden_states[kept]`` has none
+            (``kept < L`` on an architecture with a final norm).
+        mix_start: the first layer of sentence-transformers' ``WeightedLayerPooling`` (``None``: one layer read
+            as the directory's last state, no mix).
+        mix_weights: its weights over layers ``mix_start..kept`` (zero for a layer not in the spec).
         mix_scale: the mix sentence-transformers computes is ``mix_scale`` times layerwise's combination (1 for one
             layer or ``mean``; ``1 / sum(weights)`` for ``sum`` and ``weighted``).
         scale: the directory's vectors are ``scale`` times layerwise's (1 with ``normalize`` or ``pool="pooler"``,
@@ -111,6 +117,7 @@ class ExportPlan:
 
     spec: EncodeSpec
     depth: int
+    kept: int
     final_norm: str | None
     norm_added: bool
     mix_start: int | None
@@ -119,14 +126,21 @@ class ExportPlan:
     scale: float
     window: int
 
+    @property
+    def vectors_normed(self) -> bool:
+        """The vectors read layer ``K`` after the final norm the cut added (site ``block``, ``K < L``)."""
+        return self.norm_added and self.kept == self.depth
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the spec as its JSON dict)."""
         return {
             "spec": json.loads(self.spec.to_json()),
             "layers": self.depth,
+            "layers_kept": self.kept,
             "final_norm": self.final_norm,
             "final_norm_after_layer": self.final_norm is not None,
             "final_norm_added": self.norm_added,
+            "vectors_see_final_norm": self.vectors_normed,
             "mix": (None if self.mix_start is None
                     else {"start": self.mix_start, "weights": list(self.mix_weights or ())}),
             "mix_scale": self.mix_scale,
@@ -245,31 +259,37 @@ def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
         raise SpecError(f"this ALBERT has {groups} layer groups of {inner} layers; a cut after layer {depth} changes "
                         f"which shared layer each call uses. Export a layer that is a multiple of {inner} from a "
                         f"one-group ALBERT (every released ALBERT has one group)")
+    kept = depth
     if spec.site == "raw":
-        if facts.final_norm is not None:
+        if facts.final_norm is not None and depth == facts.num_layers:
             raise SpecError(
-                f"site 'raw' (layer {depth} without the final norm {facts.final_norm!r}) cannot be written as a "
-                f"{facts.architecture} directory: the architecture always runs {facts.final_norm!r} after its last "
-                f"layer. Export --site block (layer {depth} followed by {facts.final_norm!r}, as every "
-                f"{depth}-layer {facts.architecture} computes); for the raw layer, "
+                f"site 'raw' of the last layer ({depth}, without the final norm {facts.final_norm!r}) cannot be "
+                f"written as a {facts.architecture} directory: the architecture always runs {facts.final_norm!r} "
+                f"after its last layer. Export --site block (layer {depth} followed by {facts.final_norm!r}, the "
+                f"model's own output), or raw of a layer below {depth} (--layers {depth - 1} --site raw: the "
+                f"directory keeps one more layer and reads the state before it); for the raw last layer, "
                 f"{serve_hint(f'layers={depth};site=raw')}")
+        if facts.final_norm is not None:
+            kept = depth + 1  # hidden_states[K] of a deeper directory has no norm: read it, drop layer K + 1's
         if facts.conv_after_first and 1 in layers:
             raise SpecError("site 'raw' of layer 1 cannot be written as a deberta-v2 directory: its convolution runs "
                             "after layer 1 in every cut. Export --site block (hidden_states[1], after the "
                             "convolution); for the raw layer, " + serve_hint("layers=1;site=raw"))
     weights = _check_mix(spec, layers)
+    if weights is None and kept > depth:
+        weights = (1.0,)  # one layer, read below the directory's last state
     mix_start = mix_weights = None
     mix_scale = 1.0
     if weights is not None:
         mix_start = min(layers)
-        per_layer = [0.0] * (depth - mix_start + 1)
+        per_layer = [0.0] * (kept - mix_start + 1)
         for layer, weight in zip(layers, weights):
             per_layer[layer - mix_start] += weight
         mix_weights = tuple(per_layer)
-        mix_scale = 1.0 if spec.combine == "mean" else 1.0 / math.fsum(weights)
+        mix_scale = 1.0 if spec.combine == "mean" or len(layers) == 1 else 1.0 / math.fsum(weights)
     scale = 1.0 if spec.normalize or pool == "pooler" else mix_scale
-    norm_added = facts.final_norm is not None and depth < facts.num_layers and spec.site == "block"
-    return ExportPlan(spec=spec, depth=depth, final_norm=facts.final_norm, norm_added=norm_added,
+    norm_added = facts.final_norm is not None and kept < facts.num_layers
+    return ExportPlan(spec=spec, depth=depth, kept=kept, final_norm=facts.final_norm, norm_added=norm_added,
                       mix_start=mix_start, mix_weights=mix_weights, mix_scale=mix_scale, scale=scale,
                       window=facts.window)
 

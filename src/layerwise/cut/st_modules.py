@@ -4,7 +4,8 @@ The files use the keys and module names sentence-transformers reads from version
 safetensors; version 6 reads them without warnings): ``modules.json`` naming
 ``sentence_transformers.models.Transformer`` (the directory itself), ``WeightedLayerPooling`` for a mix of layers,
 ``Pooling``, ``Dense`` (the model's pooler: its linear layer and tanh) and ``Normalize``;
-``sentence_bert_config.json`` with the window (``max_seq_length``) and, for a mix,
+``sentence_bert_config.json`` with the window (``max_seq_length``) and, for a mix (or a raw layer read below the
+directory's last state, a "mix" of weights ``[1, 0]``),
 ``config_args: {"output_hidden_states": true}`` (so the Transformer module hands every layer to the mix while
 ``config.json`` stays as transformers writes it); and ``config_sentence_transformers.json`` with the prompt. Nothing
 here imports sentence-transformers.
@@ -54,7 +55,7 @@ def write_st_files(plan: ExportPlan, width: int, directory: Path, pooler: torch.
         folder = f"{len(modules)}_WeightedLayerPooling"
         modules.append(("WeightedLayerPooling", folder))
         _json(directory / folder / "config.json", {"word_embedding_dimension": width, "layer_start": plan.mix_start,
-                                                   "num_hidden_layers": plan.depth})
+                                                   "num_hidden_layers": plan.kept})
         weights = torch.tensor(plan.mix_weights, dtype=torch.float32)
         save_file({"layer_weights": weights}, str(directory / folder / "model.safetensors"))
         bert_config["config_args"] = {"output_hidden_states": True}

@@ -4,8 +4,9 @@ sentence-transformers, against layerwise on the source model.
 The probe set is fixed: the bundled sample sentences and every eighth text of the bundled calibration sample (short
 and long texts, several registers and languages), cut at the window as sentence-transformers cuts them.
 
-* :func:`reference` runs layerwise on the *source* model before it is cut: the token states of each exported layer
-  (with the final norm applied after layer ``K`` where the cut adds it) and the pooled vectors of the plan's spec.
+* :func:`reference` runs layerwise on the *source* model before it is cut: the token states of each layer the
+  directory holds and reads (with the final norm applied after its last layer where the cut adds it) and the pooled
+  vectors of the plan's spec.
 * :func:`check_transformers` loads the directory with ``AutoModel`` (``T5EncoderModel`` and its kind for T5-family
   encoders, as sentence-transformers does) and compares every exported layer's ``hidden_states`` and
   ``last_hidden_state`` on the real tokens: the largest absolute difference must be at most :data:`TOKEN_BOUND`.
@@ -72,8 +73,8 @@ class Reference:
     Attributes:
         texts: the probe texts.
         ids: each text's token ids, cut at the window.
-        states: exported layer index -> one ``[n_tokens, W]`` tensor per text (layer ``K`` with the final norm
-            where the cut adds it).
+        states: layer index (the spec's layers and the directory's last, ``plan.kept``) -> one ``[n_tokens, W]``
+            tensor per text (layer ``kept`` with the final norm where the cut adds it).
         vectors: ``[n_texts, W]`` float32: layerwise's vectors of the plan's spec (the directory's are ``plan.scale``
             times these).
     """
@@ -90,21 +91,22 @@ def reference(ex: Extractor, plan: ExportPlan, texts: list[str]) -> Reference:
     layers = spec.layer_indices
     final = ex.loaded.layer_map.final if plan.norm_added else None
     toks = ex.tokenize(texts, words=False, truncate=True)
-    wanted = sorted(set(layers) | {plan.depth})
-    # one text a batch (a budget of one token): the shapes the transformers check runs, so kernels agree
-    stack = ex.hidden_states(texts, layers=wanted, site=spec.site, truncate=True, batch_tokens=1)
+    wanted = sorted(set(layers) | {plan.kept})
+    # one text a batch (a budget of one token): the shapes the transformers check runs, so kernels agree. The states
+    # transformers gives (site block): every plan's raw layer is its block state (plan_export refuses the others)
+    stack = ex.hidden_states(texts, layers=wanted, site="block", truncate=True, batch_tokens=1)
     states: dict[int, list[torch.Tensor]] = {}
     with torch.inference_mode():
         for pos, layer in enumerate(wanted):
             x = stack.tensor[pos]
-            if final is not None and layer == plan.depth:
+            if final is not None and layer == plan.kept:
                 x = final(x.to(ex.loaded.device)).cpu()
             states[layer] = [x[r, : len(t.ids)].float() for r, t in enumerate(toks)]
     if len(layers) > 1 and spec.combine == "weighted" and spec.weights:
         weights = [float(w) for w in spec.weights]
     else:
         weights = [1.0 / len(layers) if spec.combine == "mean" or len(layers) == 1 else 1.0] * len(layers)
-    mix = ExportMix(weights, final, [layer == plan.depth for layer in layers])
+    mix = ExportMix(weights, final, [plan.vectors_normed and layer == plan.depth for layer in layers])
     vectors = ex.encode(texts, layers=list(layers), combine=mix, pool=spec.pool, site=spec.site, truncate=True,
                         normalize=spec.normalize, prompt=spec.prompt)
     return Reference(texts=texts, ids=[list(t.ids) for t in toks], states=states,
@@ -147,7 +149,7 @@ def check_transformers(directory: Path, plan: ExportPlan, ref: Reference, model_
             out = net(input_ids=batch, attention_mask=torch.ones_like(batch), output_hidden_states=True)
         for key in compared:
             got = out.last_hidden_state if key == "last_hidden_state" else out.hidden_states[int(key)]
-            want = ref.states[plan.depth if key == "last_hidden_state" else int(key)][r]
+            want = ref.states[plan.kept if key == "last_hidden_state" else int(key)][r]
             diff = float((got[0].float().cpu() - want).abs().max())
             per_layer[key] = max(per_layer[key], diff if math.isfinite(diff) else math.inf)
     max_diff = max(per_layer.values())
