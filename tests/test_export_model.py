@@ -272,6 +272,11 @@ def test_cli_export_model(arch_dirs, tmp_path):
     assert "LlamaModel: max |diff|" in res.output and "SentenceTransformer(" in res.output
     assert "--alias export='layers=1;pool=last;normalize=true'" in res.output
     assert json.loads((out / "layerwise-export.json").read_text())["export"]["spec"]["pool"] == "last"
+    assert "WeightedLayerPooling" not in res.output  # a one-layer block export is what any server reads
+    raw = runner.invoke(app, ["export-model", str(arch_dirs["llama"]), "-o", str(tmp_path / "raw"), "--layers", "1",
+                              "--site", "raw"])
+    assert raw.exit_code == 0, raw.output
+    assert "before the final norm" in raw.output and "not with a server that pools the last state" in raw.output
     twice = runner.invoke(app, ["export-model", str(arch_dirs["bert"]), "--model", str(arch_dirs["bert"]), "-o",
                                 str(tmp_path / "x"), "--layers", "1"])
     assert twice.exit_code == 2 and "given twice" in twice.output

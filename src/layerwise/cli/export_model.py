@@ -54,3 +54,7 @@ def export_model(
                           f"AutoModel.from_pretrained({str(result.directory)!r}), or layerwise serve --model "
                           f"{result.directory} --alias export='{result.serve_alias}'", highlight=False,
                           soft_wrap=True)
+        if result.report["export"]["mix"] is not None:
+            err_console.print("its vectors need sentence-transformers' WeightedLayerPooling module: serve it with "
+                              "SentenceTransformer, Infinity or layerwise serve, not with a server that pools the last "
+                              "state itself (vLLM, TEI)", highlight=False, soft_wrap=True)
