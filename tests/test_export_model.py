@@ -122,6 +122,8 @@ def test_a_weighted_mix_is_weighted_layer_pooling(arch, arch_dirs, tmp_path):
     modules = json.loads((result.directory / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[1] for m in modules] == ["Transformer", "WeightedLayerPooling", "Pooling",
                                                              "Normalize"]
+    read = json.loads((result.directory / "config.json").read_text())["layerwise"]["read"]
+    assert read == "hidden_states[0..2] mixed by WeightedLayerPooling"
     hidden, _, mask = states(src, TEXTS)  # layer 2 is the last: the final norm is the model's own
     mix = (hidden[0] + 3 * hidden[2]) / 4
     mix = mix.masked_fill(~mask.bool().unsqueeze(-1), -torch.inf).amax(1).numpy()
@@ -157,7 +159,8 @@ def test_raw_before_a_final_norm_keeps_one_more_layer_and_reads_the_state_before
     out = result.directory
     config = json.loads((out / "config.json").read_text())["layerwise"]
     assert transformers.AutoConfig.from_pretrained(out).num_hidden_layers == 2
-    assert (config["layers"], config["layer"], config["read"], config["site"]) == (2, 1, "hidden_states[1]", "raw")
+    assert (config["layers"], config["layers_kept"], config["read"], config["site"]) == (1, 2, "hidden_states[1]",
+                                                                                         "raw")
     assert not config["vectors_see_final_norm"] and "hidden_states[1], before the final norm" in result.summary()
     # the source's layer 1 as plain transformers gives it (no norm), and the directory's hidden_states[1]
     src_hidden, _, _ = states(src, TEXTS)
@@ -192,8 +195,10 @@ def test_plan_refusals_from_facts():
                       ModelFacts(**{**FACTS, "final_norm": "norm"}))
     assert (raw.depth, raw.kept, raw.mix_start, raw.mix_weights, raw.norm_added, raw.vectors_normed) == (
         4, 5, 2, (1.0, 0.0, 1.0, 0.0), True, False)
-    with pytest.raises(lw.SpecError, match="site 'raw' of the last layer"):
+    with pytest.raises(lw.SpecError, match=r"site 'raw' of the last layer.*below 6 \(--layers 5 --site raw\)"):
         plan_export(lw.EncodeSpec(layers=6, site="raw"), ModelFacts(**{**FACTS, "final_norm": "norm"}))
+    with pytest.raises(lw.SpecError, match=r"raw of layers below 6 \(the directory"):  # a mix: no one-layer advice
+        plan_export(lw.EncodeSpec(layers=[2, 6], site="raw"), ModelFacts(**{**FACTS, "final_norm": "norm"}))
     with pytest.raises(lw.SpecError, match="layer 1 cannot be written as a deberta-v2"):
         plan_export(lw.EncodeSpec(layers="1:3", site="raw"), ModelFacts(**{**FACTS, "conv_after_first": True}))
     with pytest.raises(lw.SpecError, match="skip_special_tokens"):

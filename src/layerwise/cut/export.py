@@ -2,11 +2,11 @@
 
 The steps: load the source model (PyTorch, float32), plan the export (:mod:`layerwise.cut.plan`: what can be
 written, or a refusal that names the alternatives), compute layerwise's reference on the fixed probe set, cut the
-model after layer ``K`` and write it with its tokenizer (:mod:`layerwise.cut.checkpoint`) and the
-sentence-transformers files (:mod:`layerwise.cut.st_modules`) into a directory beside the output, check that
-directory with plain transformers and sentence-transformers (:mod:`layerwise.cut.verify`), write
-``layerwise-export.json``, and only then move it into place. A failed check leaves nothing at the output and raises
-:class:`~layerwise.ExportError` with the measured numbers.
+model after layer ``K`` (``K + 1`` for a raw layer read before a final norm) and write it with its tokenizer
+(:mod:`layerwise.cut.checkpoint`) and the sentence-transformers files (:mod:`layerwise.cut.st_modules`) into a
+directory beside the output, check that directory with plain transformers and sentence-transformers
+(:mod:`layerwise.cut.verify`), write ``layerwise-export.json``, and only then move it into place. A failed check
+leaves nothing at the output and raises :class:`~layerwise.ExportError` with the measured numbers.
 
 The output directory is never one the user wrote: it must not exist, be empty, or hold an earlier layerwise export
 (its ``layerwise-export.json``), which is replaced only with ``overwrite=True``.
@@ -306,12 +306,21 @@ def export_model(
 
 def _config_record(plan: ExportPlan, source: dict[str, Any]) -> dict[str, Any]:
     """What ``config.json`` says under ``"layerwise"``: where the cut came from and whether the final norm runs."""
-    return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.kept,
-            "layer": plan.depth, "read": ("last_hidden_state" if plan.kept == plan.depth
-                                          else f"hidden_states[{plan.depth}]"),
+    return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.depth,
+            "layers_kept": plan.kept,
+            "read": _read(plan),
             "site": plan.spec.site, "final_norm": plan.final_norm,
             "final_norm_after_layer": plan.final_norm is not None, "final_norm_added": plan.norm_added,
             "vectors_see_final_norm": plan.vectors_normed, "report": REPORT_NAME}
+
+
+def _read(plan: ExportPlan) -> str:
+    """Which states of the directory the vectors read: its last state, one earlier state, or a mix of states."""
+    if plan.mix_start is None:
+        return "last_hidden_state"
+    if len(plan.spec.layer_indices) == 1:
+        return f"hidden_states[{plan.depth}]"
+    return f"hidden_states[{plan.mix_start}..{plan.kept}] mixed by WeightedLayerPooling"
 
 
 def _failure(report: dict[str, Any]) -> str:

@@ -10,7 +10,8 @@ What a plain Hugging Face directory and sentence-transformers' own modules (no r
 spec field              exportable values
 ======================  ======================================================================================
 ``layers``              one layer ``K``, or several mixed by ``combine``; the directory holds layers ``1..K``
-                        (``K`` is the deepest one) and layer 0 (the embeddings)
+                        (``K`` is the deepest one; ``1..K+1`` for ``raw`` before a final norm, see ``site``) and
+                        layer 0 (the embeddings)
 ``site``                ``block``: the cut model's own layer ``K``. An architecture with a final norm (GPT-2's
                         ``ln_f``, Llama's ``norm``, T5's ``final_layer_norm``, ModernBERT's ``final_norm``) runs
                         it after its last layer, so the cut keeps it after layer ``K`` (what any ``K``-layer model
@@ -262,12 +263,13 @@ def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
     kept = depth
     if spec.site == "raw":
         if facts.final_norm is not None and depth == facts.num_layers:
+            below = f" (--layers {depth - 1} --site raw)" if len(layers) == 1 and depth > 1 else ""
             raise SpecError(
                 f"site 'raw' of the last layer ({depth}, without the final norm {facts.final_norm!r}) cannot be "
                 f"written as a {facts.architecture} directory: the architecture always runs {facts.final_norm!r} "
                 f"after its last layer. Export --site block (layer {depth} followed by {facts.final_norm!r}, the "
-                f"model's own output), or raw of a layer below {depth} (--layers {depth - 1} --site raw: the "
-                f"directory keeps one more layer and reads the state before it); for the raw last layer, "
+                f"model's own output), or raw of layers below {depth}{below} (the directory keeps one more layer "
+                f"and reads the states before it); for the raw last layer, "
                 f"{serve_hint(f'layers={depth};site=raw')}")
         if facts.final_norm is not None:
             kept = depth + 1  # hidden_states[K] of a deeper directory has no norm: read it, drop layer K + 1's
