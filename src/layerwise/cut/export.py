@@ -32,14 +32,18 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..encoding.layers import LayerSpec
 from ..encoding.spec import EncodeSpec
 from ..errors import ExportError
 from ..model.options import ModelOptions
 from ..version import __version__
-from .plan import ExportPlan, plan_export, serve_alias
+from .plan import ExportPlan, ModelFacts, plan_export, serve_alias
+
+if TYPE_CHECKING:
+    from ..extractor import Extractor
+    from .verify import Reference
 
 REPORT_NAME = "layerwise-export.json"
 FORMAT = "layerwise-export"
@@ -82,9 +86,10 @@ class ExportResult:
         checks = self.report["checks"]
         tf = checks["transformers"]
         export = self.report["export"]
-        kept = export.get("layers_kept", export["layers"])
-        read = (f"; it holds {kept} layers and gives layer {export['layers']} as hidden_states[{export['layers']}], "
-                f"before the final norm" if kept != export["layers"] else "")
+        kept = export["layers_kept"]
+        read = ""
+        if kept != export["layers"]:
+            read = f"; it holds {kept} layers and reads {export['read']}, before the final norm"
         lines = [f"{self.directory}: layer {export['layers']} of {self.report['source']['num_layers']} "
                  f"of {self.report['source']['model']} ({export['bytes'] / 2**20:,.1f} MiB, "
                  f"{export['weights_dtype']}{read})",
@@ -242,9 +247,8 @@ def export_model(
             numbers are in the message; nothing is left at the output).
     """
     from ..extractor import Extractor
-    from .checkpoint import check_free_space, check_memory, cut_model, model_facts, weights_bytes, write_checkpoint
-    from .st_modules import write_st_files
-    from .verify import check_sentence_transformers, check_transformers, probe_texts, reference
+    from .checkpoint import check_free_space, model_facts, weights_bytes
+    from .verify import probe_texts, reference
 
     out = Path(output).expanduser()
     check_output(out, overwrite)
@@ -263,39 +267,14 @@ def export_model(
     _remove_stale(out)
     size = weights_bytes(ex.loaded.model)
     check_free_space(out.parent, size)
-    texts = probe_texts()
-    ref = reference(ex, plan, texts)
+    ref = reference(ex, plan, probe_texts())
     source = {"model": str(ex.loaded.name), "fingerprint": ex.fingerprint(), "architecture": facts.architecture,
               "model_type": facts.model_type, "num_layers": facts.num_layers, "hidden_size": ex.hidden_size}
     built = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(built, ignore_errors=True)
     built.mkdir()
     try:
-        cut_model(ex.loaded, plan.kept)
-        check_memory(weights_bytes(ex.loaded.model))
-        dtype = write_checkpoint(ex.loaded, built, _config_record(plan, source))
-        pooler: Any = (ex.loaded.model.get_submodule(facts.pooler) if plan.spec.pool == "pooler" and facts.pooler
-                       else None)  # an nn.Linear (pooler_linear checked it)
-        modules = write_st_files(plan, ex.hidden_size, built, pooler)
-        device = ex.loaded.device  # the checks run where the reference ran: the same kernels
-        checks = {"transformers": check_transformers(built, plan, ref, facts.model_type, device),
-                  "sentence_transformers": check_sentence_transformers(built, ref, plan.scale, device)}
-        passed = all(c.get("passed", True) for c in checks.values())
-        files, size = _files(built)
-        report = {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "layerwise": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source": source,
-            "export": {**plan.to_dict(), "serve_alias": serve_alias(plan),
-                       "weights_dtype": str(dtype).removeprefix("torch."),
-                       "sentence_transformers_modules": modules, "files": files, "bytes": size},
-            "probe": {"texts": len(texts), "sha256": hashlib.sha256("\n".join(texts).encode()).hexdigest()},
-            "checks": checks,
-            "passed": passed,
-        }
-        if not passed:
-            raise ExportError(_failure(report))
-        (built / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        report = _write_and_check(ex, plan, facts, source, ref, built)
         _place(built, out, overwrite)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -304,23 +283,53 @@ def export_model(
     return ExportResult(directory=out, report=report)
 
 
+def _write_and_check(ex: Extractor, plan: ExportPlan, facts: ModelFacts, source: dict[str, Any], ref: Reference,
+                     built: Path) -> dict[str, Any]:
+    """Cut ``ex``'s model, write it and the sentence-transformers files into ``built``, check the directory against
+    ``ref`` and write ``layerwise-export.json``; return the report (:class:`~layerwise.ExportError` if a check
+    failed)."""
+    from .checkpoint import check_memory, cut_model, weights_bytes, write_checkpoint
+    from .st_modules import write_st_files
+    from .verify import check_sentence_transformers, check_transformers
+
+    cut_model(ex.loaded, plan.kept)
+    check_memory(weights_bytes(ex.loaded.model))
+    dtype = write_checkpoint(ex.loaded, built, _config_record(plan, source))
+    pooler: Any = (ex.loaded.model.get_submodule(facts.pooler) if plan.spec.pool == "pooler" and facts.pooler
+                   else None)  # an nn.Linear (pooler_linear checked it)
+    modules = write_st_files(plan, ex.hidden_size, built, pooler)
+    device = ex.loaded.device  # the checks run where the reference ran: the same kernels
+    checks = {"transformers": check_transformers(built, plan, ref, facts.model_type, device),
+              "sentence_transformers": check_sentence_transformers(built, ref, plan.scale, device)}
+    passed = all(c.get("passed", True) for c in checks.values())
+    files, size = _files(built)
+    report = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "layerwise": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": source,
+        "export": {**plan.to_dict(), "serve_alias": serve_alias(plan),
+                   "weights_dtype": str(dtype).removeprefix("torch."),
+                   "sentence_transformers_modules": modules, "files": files, "bytes": size},
+        "probe": {"texts": len(ref.texts), "sha256": hashlib.sha256("\n".join(ref.texts).encode()).hexdigest()},
+        "checks": checks,
+        "passed": passed,
+    }
+    if not passed:
+        raise ExportError(_failure(report))
+    (built / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+CONFIG_KEYS = ("layers", "layers_kept", "read", "final_norm", "final_norm_after_layer", "final_norm_added",
+               "vectors_see_final_norm")  # the plan's fields that config.json repeats
+
+
 def _config_record(plan: ExportPlan, source: dict[str, Any]) -> dict[str, Any]:
-    """What ``config.json`` says under ``"layerwise"``: where the cut came from and whether the final norm runs."""
-    return {"source": source["model"], "source_num_layers": source["num_layers"], "layers": plan.depth,
-            "layers_kept": plan.kept,
-            "read": _read(plan),
-            "site": plan.spec.site, "final_norm": plan.final_norm,
-            "final_norm_after_layer": plan.final_norm is not None, "final_norm_added": plan.norm_added,
-            "vectors_see_final_norm": plan.vectors_normed, "report": REPORT_NAME}
-
-
-def _read(plan: ExportPlan) -> str:
-    """Which states of the directory the vectors read: its last state, one earlier state, or a mix of states."""
-    if plan.mix_start is None:
-        return "last_hidden_state"
-    if len(plan.spec.layer_indices) == 1:
-        return f"hidden_states[{plan.depth}]"
-    return f"hidden_states[{plan.mix_start}..{plan.kept}] mixed by WeightedLayerPooling"
+    """What ``config.json`` says under ``"layerwise"``: where the cut came from, which state the vectors read and
+    whether the final norm runs."""
+    described = plan.to_dict()
+    return {"source": source["model"], "source_num_layers": source["num_layers"], "site": plan.spec.site,
+            **{key: described[key] for key in CONFIG_KEYS}, "report": REPORT_NAME}
 
 
 def _failure(report: dict[str, Any]) -> str:

@@ -132,12 +132,22 @@ class ExportPlan:
         """The vectors read layer ``K`` after the final norm the cut added (site ``block``, ``K < L``)."""
         return self.norm_added and self.kept == self.depth
 
+    @property
+    def read(self) -> str:
+        """Which states of the directory the vectors read: its last state, one earlier state, or a mix of states."""
+        if self.mix_start is None:
+            return "last_hidden_state"
+        if len(self.spec.layer_indices) == 1:
+            return f"hidden_states[{self.depth}]"
+        return f"hidden_states[{self.mix_start}..{self.kept}] mixed by WeightedLayerPooling"
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the spec as its JSON dict)."""
         return {
             "spec": json.loads(self.spec.to_json()),
             "layers": self.depth,
             "layers_kept": self.kept,
+            "read": self.read,
             "final_norm": self.final_norm,
             "final_norm_after_layer": self.final_norm is not None,
             "final_norm_added": self.norm_added,
@@ -260,40 +270,53 @@ def plan_export(spec: EncodeSpec, facts: ModelFacts) -> ExportPlan:
         raise SpecError(f"this ALBERT has {groups} layer groups of {inner} layers; a cut after layer {depth} changes "
                         f"which shared layer each call uses. Export a layer that is a multiple of {inner} from a "
                         f"one-group ALBERT (every released ALBERT has one group)")
-    kept = depth
-    if spec.site == "raw":
-        if facts.final_norm is not None and depth == facts.num_layers:
-            below = f" (--layers {depth - 1} --site raw)" if len(layers) == 1 and depth > 1 else ""
-            raise SpecError(
-                f"site 'raw' of the last layer ({depth}, without the final norm {facts.final_norm!r}) cannot be "
-                f"written as a {facts.architecture} directory: the architecture always runs {facts.final_norm!r} "
-                f"after its last layer. Export --site block (layer {depth} followed by {facts.final_norm!r}, the "
-                f"model's own output), or raw of layers below {depth}{below} (the directory keeps one more layer "
-                f"and reads the states before it); for the raw last layer, "
-                f"{serve_hint(f'layers={depth};site=raw')}")
-        if facts.final_norm is not None:
-            kept = depth + 1  # hidden_states[K] of a deeper directory has no norm: read it, drop layer K + 1's
-        if facts.conv_after_first and 1 in layers:
-            raise SpecError("site 'raw' of layer 1 cannot be written as a deberta-v2 directory: its convolution runs "
-                            "after layer 1 in every cut. Export --site block (hidden_states[1], after the "
-                            "convolution); for the raw layer, " + serve_hint("layers=1;site=raw"))
-    weights = _check_mix(spec, layers)
-    if weights is None and kept > depth:
-        weights = (1.0,)  # one layer, read below the directory's last state
-    mix_start = mix_weights = None
-    mix_scale = 1.0
-    if weights is not None:
-        mix_start = min(layers)
-        per_layer = [0.0] * (kept - mix_start + 1)
-        for layer, weight in zip(layers, weights):
-            per_layer[layer - mix_start] += weight
-        mix_weights = tuple(per_layer)
-        mix_scale = 1.0 if spec.combine == "mean" or len(layers) == 1 else 1.0 / math.fsum(weights)
+    kept = _kept_layers(spec, facts, layers)
+    mix_start, mix_weights, mix_scale = _mix_layout(spec, layers, kept)
     scale = 1.0 if spec.normalize or pool == "pooler" else mix_scale
     norm_added = facts.final_norm is not None and kept < facts.num_layers
     return ExportPlan(spec=spec, depth=depth, kept=kept, final_norm=facts.final_norm, norm_added=norm_added,
                       mix_start=mix_start, mix_weights=mix_weights, mix_scale=mix_scale, scale=scale,
                       window=facts.window)
+
+
+def _kept_layers(spec: EncodeSpec, facts: ModelFacts, layers: tuple[int, ...]) -> int:
+    """How many layers the directory holds for ``site``: ``K``, or ``K + 1`` for ``raw`` before a final norm (a
+    site the directory cannot give is refused, naming what to export or serve instead)."""
+    depth = max(layers)
+    if spec.site != "raw":
+        return depth
+    if facts.final_norm is not None and depth == facts.num_layers:
+        below = f" (--layers {depth - 1} --site raw)" if len(layers) == 1 and depth > 1 else ""
+        raise SpecError(
+            f"site 'raw' of the last layer ({depth}, without the final norm {facts.final_norm!r}) cannot be "
+            f"written as a {facts.architecture} directory: the architecture always runs {facts.final_norm!r} "
+            f"after its last layer. Export --site block (layer {depth} followed by {facts.final_norm!r}, the "
+            f"model's own output), or raw of layers below {depth}{below} (the directory keeps one more layer "
+            f"and reads the states before it); for the raw last layer, "
+            f"{serve_hint(f'layers={depth};site=raw')}")
+    if facts.conv_after_first and 1 in layers:
+        raise SpecError("site 'raw' of layer 1 cannot be written as a deberta-v2 directory: its convolution runs "
+                        "after layer 1 in every cut. Export --site block (hidden_states[1], after the "
+                        "convolution); for the raw layer, " + serve_hint("layers=1;site=raw"))
+    # hidden_states[K] of a deeper directory has no norm: read it, and drop layer K + 1's
+    return depth + 1 if facts.final_norm is not None else depth
+
+
+def _mix_layout(spec: EncodeSpec, layers: tuple[int, ...], kept: int
+                ) -> tuple[int | None, tuple[float, ...] | None, float]:
+    """``(mix_start, mix_weights, mix_scale)`` of sentence-transformers' ``WeightedLayerPooling`` over layers
+    ``mix_start..kept``, or ``(None, None, 1.0)`` where the vectors read the directory's last state."""
+    weights = _check_mix(spec, layers)
+    if weights is None and kept > max(layers):
+        weights = (1.0,)  # one layer, read below the directory's last state
+    if weights is None:
+        return None, None, 1.0
+    mix_start = min(layers)
+    per_layer = [0.0] * (kept - mix_start + 1)
+    for layer, weight in zip(layers, weights):
+        per_layer[layer - mix_start] += weight
+    mix_scale = 1.0 if spec.combine == "mean" or len(layers) == 1 else 1.0 / math.fsum(weights)
+    return mix_start, tuple(per_layer), mix_scale
 
 
 def _layer_indices(spec: EncodeSpec, facts: ModelFacts) -> tuple[int, ...]:
