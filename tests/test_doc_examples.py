@@ -58,6 +58,11 @@ def test_front_page_python_example_prints_what_it_says(where):
     assert run_printing(code, where) == promised(code, until=": ")
 
 
+def test_readme_large_models_example_prints_what_it_says():
+    (code,) = blocks(section(README, "Large models on small machines"), "python")
+    assert run_printing(code, "README.md") == promised(code, until=":")
+
+
 @pytest.mark.slow
 def test_readme_command_line_block_runs_as_written(tmp_path):
     (script,) = blocks(section(README, "In Python"), "bash")

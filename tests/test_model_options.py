@@ -26,11 +26,13 @@ FULL = lw.ModelOptions(
     model="some/model-dir", device="cpu", compute_dtype="bfloat16", backend="torch", quantize="int8-full",
     quantize_calibration="calibration.txt", padding_side="left", layer_modules="encoder.layer", max_length=64,
     stride=8, allow_pickle=True, trust_remote_code=True, revision="main", tokenizer="tok-dir", onnx_cache="onnx-cache",
+    max_layer=3, max_memory="4GB",
 )
 FLAGS = ["--model", "some/model-dir", "--device", "cpu", "--compute-dtype", "bfloat16", "--backend", "torch",
          "--quantize", "int8-full", "--quantize-calibration", "calibration.txt", "--padding-side", "left",
          "--layer-modules", "encoder.layer", "--max-length", "64", "--stride", "8", "--allow-pickle",
-         "--trust-remote-code", "--revision", "main", "--tokenizer", "tok-dir", "--onnx-cache", "onnx-cache"]
+         "--trust-remote-code", "--revision", "main", "--tokenizer", "tok-dir", "--onnx-cache", "onnx-cache",
+         "--max-layer", "3", "--max-memory", "4GB"]
 
 
 class Loaded(Exception):

@@ -73,6 +73,12 @@ MODEL_FLAGS: tuple[tuple[str, Any, Any, tuple[str, ...], str], ...] = (
      "--backend tf: a directory with the SavedModel's Hugging Face tokenizer."),
     ("onnx_cache", Optional[str], None, ("--onnx-cache",),
      "Where exported ONNX graphs are cached (default: $LAYERWISE_CACHE/onnx)."),
+    ("max_layer", Optional[int], None, ("--max-layer",),
+     "The deepest layer this model will run (-1: the last): its blocks load at once and deeper requests are "
+     "refused (a hard memory bound). Default: blocks load when a layer first needs them."),
+    ("max_memory", Optional[str], None, ("--max-memory",),
+     "A memory budget for the weights (4GB, 512MiB): layers whose blocks exceed it run block by block over chunks "
+     "of records, each block read from the checkpoint once per chunk (a throughput mode)."),
 )
 MODEL_FLAG_NAMES = tuple(name for name, *_ in MODEL_FLAGS)
 

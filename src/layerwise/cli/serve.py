@@ -76,4 +76,11 @@ def serve(
     err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
     for name, fields in named.items():
         err_console.print(f"alias {name}: {fields}", highlight=False)
+    weights = ex.describe()["weights"]
+    if weights.get("streamed"):
+        err_console.print(f"[bold yellow]note:[/bold yellow] the weights exceed --max-memory "
+                          f"({weights['max_memory']:,} bytes): requests for layers whose blocks do not fit run block "
+                          f"by block, reading each block from the checkpoint per request batch. This is a throughput "
+                          f"mode: expect seconds per request; raise --max-memory or bound --max-layer for latency",
+                          highlight=False, soft_wrap=True)
     run(app, host=host, port=port, log_level=log_level)

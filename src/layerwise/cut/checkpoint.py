@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from ..errors import LayerwiseError
+from ..model.depth import PER_LAYER_CONFIG_LISTS
 from ..model.families import resolve_path
 from ..model.loaded import LoadedModel
 from ..model.loading import ENCODER_CLASSES, quiet_transformers
+from ..model.memory import available_memory
 from .plan import ModelFacts
-
-PER_LAYER_CONFIG_LISTS: tuple[str, ...] = ("layer_types",)  # config lists with one entry per layer
 
 
 def model_facts(loaded: LoadedModel, window: int | None = None) -> ModelFacts:
@@ -66,6 +66,7 @@ def cut_model(loaded: LoadedModel, depth: int) -> None:
         LayerwiseError: the layer list is not a list of modules that can be cut (a module path that names
             something else).
     """
+    loaded.ensure_depth(min(depth, loaded.num_layers))  # blocks not in memory yet are read now (loaded by depth)
     model: Any = loaded.model  # a transformers PreTrainedModel (config)
     config = model.config
     total = loaded.num_layers
@@ -136,25 +137,6 @@ def weights_bytes(model: nn.Module) -> int:
     return total
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this process can still take: ``MemAvailable``, lowered to the cgroup's limit minus its use
-    where one is set; ``None`` where neither can be read."""
-    found: list[int] = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return min(found) if found else None
-
-
 def check_memory(needed: int) -> None:
     """Refuse to start the check when less than ``needed`` bytes (plus 20%) of memory are available: it loads the
     written model once with transformers and once with sentence-transformers, one after the other."""
@@ -174,5 +156,5 @@ def check_free_space(directory: Path, needed: int) -> None:
             f"some space or write the export elsewhere (-o)")
 
 
-__all__ = ["PER_LAYER_CONFIG_LISTS", "available_memory", "check_free_space", "check_memory", "cut_model",
+__all__ = ["check_free_space", "check_memory", "cut_model",
            "exact_dtype", "model_facts", "pooler_linear", "weights_bytes", "write_checkpoint"]

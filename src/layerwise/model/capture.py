@@ -23,12 +23,15 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from .loaded import LoadedModel
+
+log = logging.getLogger("layerwise")
 
 
 class _StopForward(Exception):
@@ -132,15 +135,31 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> I
         The :class:`Recorder` the hooks write into.
     """
     lmap = loaded.layer_map
-    config = getattr(loaded.model, "config", None)
-    chunked = int(getattr(config, "chunk_size_feed_forward", 0) or 0) > 0
-    rec = Recorder(layers, site, chunked, loaded.num_layers, final=lmap.final is not None,
+    rec = Recorder(layers, site, _chunked(loaded), loaded.num_layers, final=lmap.final is not None,
                    after_first=lmap.after_first is not None)
+    handles: list[Any] = []
+    try:
+        handles = _hooks(loaded, rec, lmap.layers, site)
+        yield rec
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _chunked(loaded: LoadedModel) -> bool:
+    """Whether the model chunks its feed-forward (the intermediate site fires several times per layer)."""
+    config = getattr(loaded.model, "config", None)
+    return int(getattr(config, "chunk_size_feed_forward", 0) or 0) > 0
+
+
+def _hooks(loaded: LoadedModel, rec: Recorder, layers: Sequence[nn.Module], site: str) -> list[Any]:
+    """Register ``rec``'s hooks on ``layers`` (and the map's final/after-first modules); return the handles."""
+    lmap = loaded.layer_map
     handles = []
     try:
-        for layer in lmap.layers:
+        for layer in layers:
             handles.append(layer.register_forward_pre_hook(rec.layer_pre, with_kwargs=True))
-            if site in ("block", "raw") or chunked:
+            if site in ("block", "raw") or rec.chunked:
                 handles.append(layer.register_forward_hook(rec.layer_post))
             if site not in ("block", "raw"):
                 sub, where = lmap.site_module(layer, site)
@@ -151,10 +170,11 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> I
         for after in (lmap.after_first, lmap.final):
             if after is not None and site == "block":
                 handles.append(after.register_forward_hook(rec.after_post))
-        yield rec
-    finally:
+    except BaseException:
         for handle in handles:
             handle.remove()
+        raise
+    return handles
 
 
 def _forward(
@@ -162,8 +182,10 @@ def _forward(
 ) -> None:
     dev = loaded.device
     extra = {} if position_ids is None else {"position_ids": position_ids.to(dev)}
+    running = loaded.blocks.running() if loaded.blocks is not None else contextlib.nullcontext()
     try:
-        loaded.call(loaded.model, input_ids.to(dev), attention_mask.to(dev), **extra)
+        with running:
+            loaded.call(loaded.model, input_ids.to(dev), attention_mask.to(dev), **extra)
     except _StopForward:
         pass
 
@@ -192,17 +214,130 @@ def capture(
     Returns:
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
     """
+    if loaded.streams(max(layers)):
+        return capture_chunk(loaded, [(input_ids, attention_mask, position_ids)], layers, site)[0]
     # hooks live on the shared modules: one capture per model at a time (threads queue here)
-    with (
-        loaded.lock,
-        contextlib.nullcontext() if grad else torch.inference_mode(),
-        record(loaded, layers, site) as rec,
-    ):
-        _forward(loaded, input_ids, attention_mask, position_ids)
+    with loaded.lock:
+        loaded.ensure_depth(max(layers))
+        with (
+            contextlib.nullcontext() if grad else torch.inference_mode(),
+            record(loaded, layers, site) as rec,
+        ):
+            try:
+                _forward(loaded, input_ids, attention_mask, position_ids)
+            finally:
+                if loaded.blocks is not None:
+                    loaded.blocks.settle()
     missing = [i for i in layers if i not in rec.tensors]
     if missing:  # pragma: no cover - a layer map error, not a user error
         raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
     return torch.stack([rec.tensors[i] for i in layers])
+
+
+class _Replay(nn.Module):
+    """Stands in for the blocks before the one being run in a layer-by-layer pass: returns what that block's
+    predecessor returned for this batch (so the model's own loop hands it the right input, and carries what the
+    blocks pass along, e.g. T5's position bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.output: Any = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.output
+
+
+def capture_chunk(
+    loaded: LoadedModel,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+    layers: Sequence[int],
+    site: str = "block",
+) -> list[torch.Tensor]:
+    """Run a chunk of batches through the model block by block: each block's weights are taken from the checkpoint
+    once for the whole chunk (:meth:`~layerwise.model.blocks.Blocks.streamed`), every batch goes through it, and only
+    the requested states and each batch's output of the last block run are kept.
+
+    The model's own forward runs for every (block, batch), with the blocks before the current one replaced by
+    :class:`_Replay` (they hand over the kept output) and an early exit after the current one, so embeddings, masks,
+    positions and everything between blocks are computed exactly as in a whole forward pass.
+
+    Args:
+        loaded: a model loaded by depth (``loaded.blocks``).
+        batches: ``(input_ids [b, T], attention_mask [b, T], position_ids [b, T] | None)`` per batch.
+        layers: resolved indices in ``0..L``, in output order.
+        site: the site inside each layer.
+
+    Returns:
+        One ``[len(layers), b, T, width]`` per batch, as :func:`capture` would give it.
+    """
+    blocks = loaded.blocks
+    if blocks is None:
+        return [capture(loaded, ids, mask, layers, site, position_ids=pos) for ids, mask, pos in batches]
+    deepest = max(layers)
+    lmap = loaded.layer_map
+    parent_path, _, name = lmap.path.rpartition(".")
+    from .families import resolve_path
+
+    container = getattr(resolve_path(loaded.model, parent_path)[0] if parent_path else loaded.model, name)
+    kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
+    carried: list[Any] = [None] * len(batches)
+    replay = _Replay()
+    before = blocks.reads
+    with loaded.lock, torch.inference_mode():
+        if deepest == 0:
+            for b, (ids, mask, pos) in enumerate(batches):
+                with record(loaded, [0], site) as rec:
+                    _forward(loaded, ids, mask, pos)
+                kept[b][0] = rec.tensors[0]
+        for m in range(deepest):
+            wanted = [0, m + 1] if m == 0 else [m + 1]
+            with blocks.streamed(m) as block:
+                originals = [container[j] for j in range(m)]
+                try:
+                    for j in range(m):
+                        container[j] = replay
+                    # the state after block m is read by a module run after it (final norm, DeBERTa's conv)
+                    deferred = site == "block" and (
+                        (m == loaded.num_layers - 1 and lmap.final is not None)
+                        or (m == 0 and lmap.after_first is not None))
+                    for b, (ids, mask, pos) in enumerate(batches):
+                        replay.output = carried[b]
+                        out: dict[str, Any] = {}
+
+                        def keep_output(mod: nn.Module, args: Any, output: Any, out: dict = out,
+                                        deferred: bool = deferred) -> None:
+                            out["o"] = output  # the next block's input (through the model's own loop)
+                            if not deferred:
+                                raise _StopForward
+
+                        rec = Recorder(wanted, site, _chunked(loaded), loaded.num_layers, final=lmap.final is not None
+                                       and m == loaded.num_layers - 1, after_first=lmap.after_first is not None
+                                       and m == 0)
+                        rec.current = m
+                        rec.deepest = m + 1 if deferred else loaded.num_layers + 1  # keep_output stops the pass
+                        handles: list[Any] = []
+                        try:
+                            handles += _hooks(loaded, rec, [block], site)
+                            handles.append(block.register_forward_hook(keep_output))
+                            _forward(loaded, ids, mask, pos)
+                        finally:
+                            for handle in handles:
+                                handle.remove()
+                            blocks.settle()
+                        carried[b] = out.get("o")
+                        for i in wanted:
+                            if i in layers and i in rec.tensors:
+                                kept[b][i] = rec.tensors[i]
+                finally:
+                    for j, original in enumerate(originals):
+                        container[j] = original
+                    replay.output = None
+    log.info("streamed %d blocks for a chunk of %d batches (%d texts): read %.2f GB of weights once for the chunk",
+             deepest, len(batches), sum(int(ids.shape[0]) for ids, _, _ in batches), (blocks.reads - before) / 1e9)
+    missing = [i for i in layers if any(i not in k for k in kept)]
+    if missing:  # pragma: no cover - a layer map error, not a user error
+        raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
+    return [torch.stack([k[i] for i in layers]) for k in kept]
 
 
 def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, site="block") -> int:
@@ -212,6 +347,7 @@ def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, si
     its forward body starts is not counted. Used to prove the early exit.
     """
     counter = {"n": 0}
+    loaded.ensure_depth(max(layers))
 
     def bump(module, args):
         counter["n"] += 1

@@ -36,7 +36,10 @@ def describe(ex: Described) -> dict[str, Any]:
     -> width), ``positions`` (kind and real maximum), ``window`` and ``stride`` (tokens; ``window`` is ``None``
     without a limit), ``pooler``, ``padding_side``, ``device``, ``compute_dtype``, ``precision`` (the compute dtype,
     or ``int8``/``int8-weights``/``int8-full`` when quantised), ``backend``, for ``auto`` ``runtime`` (which runtime
-    served what so far), and for reduced precision ``fidelity`` (per depth served: the minimum cosine to float32 of
+    served what so far), ``weights`` (which blocks are in memory: ``resident_blocks`` of ``blocks``, the
+    ``held_dtype``, ``weights_bytes`` in memory against ``checkpoint_bytes``, ``max_layer``, ``max_memory``, whether
+    the whole model would be ``streamed``; :meth:`layerwise.model.blocks.Blocks.describe`), and for reduced
+    precision ``fidelity`` (per depth served: the minimum cosine to float32 of
     every layer on the sample sentences, :mod:`layerwise.model.fidelity`; for ``int8-full`` also its ``calibration``
     report).
     """
@@ -65,6 +68,8 @@ def describe(ex: Described) -> dict[str, Any]:
         "compute_dtype": str(lm.dtype).replace("torch.", ""),
         "precision": backend.precision,
         "backend": backend.name,
+        "weights": lm.blocks.describe() if lm.blocks is not None else {"resident_blocks": lm.num_layers,
+                                                                       "blocks": lm.num_layers, "loaded": "whole"},
         **({"runtime": runtime()} if callable(runtime) else {}),
         **({"fidelity": {str(d): f for d, f in sorted(fidelity.items())}} if fidelity else {}),
     }

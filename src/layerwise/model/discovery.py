@@ -88,7 +88,7 @@ def probe_batch(tokenizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _candidates(model: nn.Module, n_layers: int) -> list[tuple[str, nn.ModuleList]]:
+def candidate_lists(model: nn.Module, n_layers: int) -> list[tuple[str, nn.ModuleList]]:
     """Module lists of length ``n_layers``; transformers' recorded layer class first, then the shallowest."""
     recorded = getattr(model, "_can_record_outputs", None) or {}
     target = recorded.get("hidden_states")
@@ -262,7 +262,7 @@ def discover(
                                f"of layer modules")
         candidates: list[tuple[str, nn.ModuleList]] = [(layers, given)]
     else:
-        candidates = _candidates(model, n_layers)
+        candidates = candidate_lists(model, n_layers)
     tried: list[str] = []
     for path, lst in candidates:
         sites = _site_candidates(lst[0])
@@ -343,5 +343,6 @@ def verify_chain(
     return int(watch.outputs[0].shape[-1])
 
 
-__all__ = ["MappingError", "ModelCall", "PROBE_TEXTS", "SITE_RULES", "discover", "probe_batch", "transformers_call",
+__all__ = ["MappingError", "ModelCall", "candidate_lists",
+           "PROBE_TEXTS", "SITE_RULES", "discover", "probe_batch", "transformers_call",
            "verify_chain"]

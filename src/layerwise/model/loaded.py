@@ -13,6 +13,7 @@ from torch import nn
 
 from ..encoding.vocab import SITES
 from ..errors import ModelLoadError
+from .blocks import Blocks
 from .discovery import ModelCall, transformers_call
 from .layermap import LayerMap
 from .positions import Positions
@@ -39,6 +40,8 @@ class LoadedModel:
         call: how to run the model: ``call(model, input_ids, attention_mask, **extra)``.
         pooler: the model's pooler ``[batch, hidden] -> [batch, hidden]`` (BERT-style), or ``None``.
         accepts_position_ids: the model's forward takes ``position_ids`` (needed for left padding).
+        blocks: which layer modules hold weights (:class:`~layerwise.model.blocks.Blocks`) when the model was loaded
+            by depth from a local safetensors checkpoint; ``None``: every weight is in memory.
     """
 
     model: nn.Module
@@ -54,6 +57,7 @@ class LoadedModel:
     call: ModelCall = transformers_call
     pooler: Callable[[torch.Tensor], torch.Tensor] | None = None
     accepts_position_ids: bool = False
+    blocks: Blocks | None = field(default=None, repr=False)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)  # one capture at a time
 
     def __post_init__(self) -> None:
@@ -84,6 +88,36 @@ class LoadedModel:
     def sites(self) -> tuple[str, ...]:
         """The sites this model has, in the order of :data:`layerwise.encoding.vocab.SITES`."""
         return tuple(s for s in SITES if s in self.site_widths)
+
+    @property
+    def resident_depth(self) -> int:
+        """The deepest layer whose weights are all in memory now (``num_layers`` when the whole model is)."""
+        return self.num_layers if self.blocks is None else min(self.num_layers, self.blocks.resident)
+
+    def ensure_depth(self, depth: int) -> None:
+        """Load the blocks layers ``0..depth`` need that are not in memory yet (nothing when the whole model is).
+
+        Raises:
+            ModelLoadError: past ``max_layer``, or the blocks do not fit in memory (with the numbers).
+        """
+        if self.blocks is not None:
+            with self.lock:
+                self.blocks.ensure(depth)
+
+    def streams(self, depth: int) -> bool:
+        """Whether layers ``0..depth`` run block by block over chunks of batches (their weights exceed
+        ``max_memory``; see :func:`layerwise.model.capture.capture_chunk`)."""
+        return self.blocks is not None and self.blocks.streams(depth)
+
+    def fingerprint(self) -> str:
+        """sha256 over every weight's name, shape and float32 value: the blocks not in memory are read from the
+        checkpoint (:meth:`~layerwise.model.blocks.Blocks.state_items`), so the value is the whole model's."""
+        from ..provenance import tensors_fingerprint
+
+        state = self.model.state_dict()
+        if self.blocks is None:
+            return tensors_fingerprint(state)
+        return tensors_fingerprint(dict(self.blocks.state_items(state, self.layer_map.path)))
 
     def site_width(self, site: str) -> int:
         """Feature width of one site (``ValueError`` naming the model's sites for one it lacks)."""

@@ -35,7 +35,8 @@ from torch import nn
 
 from ..encoding.vocab import SITES
 from ..errors import MappingError, ModelLoadError
-from .discovery import discover
+from .depth import ENCODER_CLASSES, plan_depth
+from .discovery import discover, transformers_call
 from .families import Family, table_family
 from .layermap import map_from_family
 from .loaded import LoadedModel
@@ -193,7 +194,12 @@ def load_model(model: ModelOptions | str | os.PathLike | None = None, **options:
             without ``allow_pickle``, an architecture transformers cannot load, layers that cannot be mapped,
             tokenizer without offsets.
     """
-    opts = ModelOptions.of(model, **options)
+    return _load(ModelOptions.of(model, **options), by_depth=True)
+
+
+def _load(opts: ModelOptions, by_depth: bool) -> LoadedModel:
+    """:func:`load_model`; ``by_depth``: load only the blocks the first question needs where the checkpoint allows
+    (:mod:`layerwise.model.depth`)."""
     model, revision, allow_pickle, layers = opts.model, opts.revision, opts.allow_pickle, opts.layer_modules
     source, is_local = _source(model, revision)
     dev = resolve_device(opts.device)
@@ -215,15 +221,28 @@ def load_model(model: ModelOptions | str | os.PathLike | None = None, **options:
                 f"revision={revision!r} (CLI: --revision) to use it")
     config = _read_config(source, is_local, kwargs, hint)
     model_type = str(getattr(config, "model_type", "") or type(config).__name__)
-    net = _read_weights(source, config, torch_dtype, allow_pickle, kwargs)
+    plan = plan_depth(source, config, opts, torch_dtype, dev) if is_local and by_depth else None
+    if plan is not None:
+        net = plan.load(lambda cut, dtype: _read_weights(source, cut, dtype, allow_pickle, kwargs))
+    else:
+        net = _read_weights(source, config, torch_dtype, allow_pickle, kwargs)
     tokenizer = _read_tokenizer(source, kwargs)
     net.eval().to(dev)
+    if plan is not None and not plan.graft(net, transformers_call, tokenizer):
+        return _load(opts, by_depth=False)
     family = table_family(model_type) if layers is None else None
     try:
-        facts = (_table_facts(family, net, config, tokenizer, model_type) if family is not None
-                 else _discovered_facts(net, config, tokenizer, model_type, layers, dev))
+        with plan.resident_view(net) if plan is not None else contextlib.nullcontext():
+            facts = (_table_facts(family, net, config, tokenizer, model_type) if family is not None
+                     else _discovered_facts(net, config, tokenizer, model_type, layers, dev))
     except MappingError as exc:
         raise ModelLoadError(f"{source!r}: {exc}") from exc
+    blocks = None
+    if plan is not None:
+        blocks = plan.blocks(net, facts["layer_map"])
+        if blocks is None:  # the checkpoint's names could not be proven on block 0: load it whole, as before
+            return _load(opts, by_depth=False)
+        facts["num_layers"] = plan.num_layers
     st_window = (sentence_transformers_length(Path(source)) or 0) if is_local else 0
     return LoadedModel(
         model=net,
@@ -233,6 +252,7 @@ def load_model(model: ModelOptions | str | os.PathLike | None = None, **options:
         dtype=torch_dtype,
         window=st_window or _cap(facts["positions"].max_length, tokenizer),
         accepts_position_ids=takes_position_ids(net),
+        blocks=blocks,
         **facts,
     )
 
@@ -310,8 +330,6 @@ def _read_config(source: str, is_local: bool, kwargs: dict[str, Any], hint: str 
         ) from exc
 
 
-# encoder-only classes of encoder-decoder architectures (sentence-t5 style); others use model.get_encoder()
-ENCODER_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
 
 
 def _read_weights(source: str, config: Any, dtype: torch.dtype, allow_pickle: bool, kwargs: dict[str, Any]) -> Any:

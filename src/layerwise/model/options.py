@@ -29,6 +29,12 @@ field                       valid values
 ``revision``                a hub revision (branch, tag or commit), for hub ids only
 ``tokenizer``               ``backend="tf"`` only: a directory with the SavedModel's Hugging Face tokenizer
 ``onnx_cache``              where exported ONNX graphs are cached (default ``$LAYERWISE_CACHE/onnx``)
+``max_layer``               the deepest layer this model will run (``-1``: the last): its blocks are loaded at
+                            once and a deeper request is refused (a hard memory bound for servers); ``None``:
+                            blocks are loaded when a layer first needs them
+``max_memory``              a memory budget (``"4GB"``, ``"512MiB"``, bytes) for the weights: layers whose
+                            blocks exceed it run block by block over chunks of records, each block read from
+                            the checkpoint once per chunk (a throughput mode); ``None``: no budget
 ==========================  ==================================================================================
 
 JSON written by layerwise 0.x (a head's ``model``/``max_length``, the flags ``dtype`` and ``layers``) is read with
@@ -95,6 +101,8 @@ class ModelOptions:
     revision: str | None = None
     tokenizer: str | None = None
     onnx_cache: str | None = None
+    max_layer: int | None = None
+    max_memory: str | int | None = None
 
     def __post_init__(self) -> None:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen dataclass
@@ -114,7 +122,11 @@ class ModelOptions:
         if self.padding_side not in PADDING_SIDES:
             raise ModelLoadError(f"unknown padding_side {self.padding_side!r}. Valid values are: "
                                  f"{', '.join(PADDING_SIDES)}")
-        for name in ("max_length", "stride"):
+        if self.max_memory is not None:
+            from .memory import parse_size
+
+            parse_size(self.max_memory)  # refused now, with the units, rather than at load
+        for name in ("max_length", "stride", "max_layer"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ModelLoadError(f"{name} must be an int (tokens), got {value!r}")  # its range: by the model

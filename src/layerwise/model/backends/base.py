@@ -8,14 +8,14 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 
 from ...errors import ModelLoadError
-from ...provenance import tensors_fingerprint
 from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
 
 # The ModelOptions fields a backend may or may not honour (model, max_length and stride every backend honours).
 # load_model reads these: every backend that loads through transformers honours them
-LOADING_FIELDS = ("device", "compute_dtype", "revision", "allow_pickle", "trust_remote_code", "layer_modules")
+LOADING_FIELDS = ("device", "compute_dtype", "revision", "allow_pickle", "trust_remote_code", "layer_modules",
+                  "max_layer", "max_memory")
 BACKEND_FIELDS = (*LOADING_FIELDS, "padding_side", "quantize", "quantize_calibration", "onnx_cache", "tokenizer")
 # what each field means when it is not its default: the message for a backend that does not take it
 _NEEDS = {
@@ -142,7 +142,7 @@ class Backend(ABC):
     def fingerprint(self) -> str:
         """A sha256 over the weights' names, shapes and values (computed once per backend)."""
         if self._fingerprint is None:
-            self._fingerprint = tensors_fingerprint(self.loaded.model.state_dict())
+            self._fingerprint = self.loaded.fingerprint()
         return self._fingerprint
 
     # ---- compute -------------------------------------------------------------------------------------------

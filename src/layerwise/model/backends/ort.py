@@ -99,21 +99,22 @@ class _Truncated(nn.Module):
 
 def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     """A float32 CPU copy of the model that runs only its first ``depth`` layers (``depth >= 1``)."""
-    model = copy.deepcopy(loaded.model).cpu().float().eval()
+    loaded.ensure_depth(depth)  # a model loaded by depth: its first blocks, read now if they are not in memory
+    model = copy.deepcopy(loaded.model)
     if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times
         # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
         model.config.num_hidden_layers = depth  # type: ignore[union-attr]
-        return model
+        return model.cpu().float().eval()
     container_path = loaded.layer_map.path
     parent = model
     *head, last = container_path.split(".")
     for part in head:
         parent = getattr(parent, part)
-    setattr(parent, last, getattr(parent, last)[:depth])
+    setattr(parent, last, getattr(parent, last)[:depth])  # before the copy moves: deeper blocks may hold no weights
     for attr in ("num_hidden_layers", "n_layers"):
         if hasattr(model.config, attr):
             setattr(model.config, attr, depth)
-    return model
+    return model.cpu().float().eval()
 
 
 def cache_dir(explicit: str | os.PathLike | None = None) -> Path:

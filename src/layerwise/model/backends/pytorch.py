@@ -14,19 +14,20 @@ ALiBi), ids counted from ``padding_idx + 1``; a model for which none matches is 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ...encoding.padding import gather_tokens, move_padding_left, positions_from_mask
 from ...encoding.vocab import PADDING_SIDES, SITES
 from ...errors import ModelLoadError
-from ..capture import capture
+from ..capture import capture, capture_chunk
 from ..discovery import probe_batch
 from ..loaded import LoadedModel
 from ..options import ModelOptions
 from .base import LOADING_FIELDS, Backend
 
+STREAM_AHEAD = 1 << 20  # streamed layers: batches started before the first is waited for (chunks bound memory)
 _AGREE = 1e-4  # left vs right padding, relative to the states' scale (float32 reordering of reductions)
 
 
@@ -52,6 +53,8 @@ class TorchBackend(Backend):
         if padding_side not in PADDING_SIDES:
             raise ModelLoadError(f"unknown padding_side {padding_side!r}. Valid values are: {', '.join(PADDING_SIDES)}")
         self.padding_side = padding_side
+        # the open chunk of streamed batches: (key, batches, results, capacity in batches)
+        self._chunk: tuple[Any, list, list, int] | None = None
         self._offset: int | None = None  # left padding: position ids from this offset; None: let the model decide
         if padding_side == "left":
             self._offset = self._left_padding_positions()
@@ -59,7 +62,7 @@ class TorchBackend(Backend):
     def _left_padding_positions(self) -> int | None:
         lm = self.loaded
         ids, mask = probe_batch(lm.tokenizer)
-        layers = tuple(range(lm.num_layers + 1))
+        layers = tuple(range(max(1, lm.resident_depth) + 1))  # the blocks in memory tell: positions enter before
         right = capture(lm, ids, mask, layers)
         keep = mask.bool()
         scale = max(1.0, float(right[:, keep].abs().max()))
@@ -85,6 +88,43 @@ class TorchBackend(Backend):
         positions = None if offset is None else positions_from_mask(left_mask, offset)
         states = capture(self.loaded, left_ids, left_mask, layers, site, position_ids=positions)
         return gather_tokens(states, back)
+
+    # ---- models larger than max_memory: a chunk of batches runs block by block -----------------------------
+    def ahead(self, layers: Sequence[int], site: str) -> int:
+        """1, or no bound when ``layers`` are streamed (:func:`capture_chunk`): the pipeline then starts its batches
+        before it waits for the first, :meth:`start` groups them into chunks sized from ``max_memory``, and each
+        block is read once per chunk."""
+        return STREAM_AHEAD if self.loaded.streams(max(layers)) else 1
+
+    def start(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
+    ) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start`; streamed layers join the open chunk, which runs when its first batch is waited
+        for (or when it is full)."""
+        if not self.loaded.streams(max(layers)) or self.padding_side == "left":
+            return super().start(input_ids, attention_mask, layers, site)
+        key = (tuple(layers), site)
+        chunk = self._chunk if self._chunk is not None and self._chunk[0] == key else None
+        if chunk is None:
+            blocks = self.loaded.blocks
+            # the kept states of this batch, the output carried to the next block and the block's working memory
+            batch_bytes = input_ids.numel() * self.loaded.site_width(site) * 4 * (len(layers) + 3)
+            capacity = blocks.chunk_batches(batch_bytes) if blocks is not None else 1
+            chunk = self._chunk = (key, [], [], capacity)
+        batches, results = chunk[1], chunk[2]
+        index = len(batches)
+        batches.append((input_ids, attention_mask, None))
+        if len(batches) >= chunk[3]:
+            self._chunk = None
+
+        def wait() -> torch.Tensor:
+            if not results:
+                if self._chunk is chunk:
+                    self._chunk = None
+                results.extend(capture_chunk(self.loaded, batches, layers, site))
+            return results[index]
+
+        return wait
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str

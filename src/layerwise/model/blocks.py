@@ -1,0 +1,278 @@
+"""Which blocks of a model are in memory: loaded by depth, grown on demand, streamed one at a time.
+
+A model loaded from a local safetensors checkpoint keeps its full module tree, but only the first blocks (the layer
+modules, ``layer_map.layers``) that a question needs hold weights; the others are on PyTorch's ``meta`` device (no
+memory) until a deeper layer is asked for. :class:`Blocks` owns that state:
+
+* :meth:`Blocks.ensure` loads the missing blocks ``resident..k-1`` from the checkpoint (each tensor copied out of the
+  memory-mapped file; the memory they need is checked first, :func:`layerwise.model.memory.check_fits`);
+* :meth:`Blocks.streamed` gives block ``m`` for one step of a layer-by-layer run (its tensors are views of the file's
+  pages, released after the step): how a model larger than ``max_memory`` runs
+  (:func:`layerwise.model.capture.capture_chunk`);
+* the weights stay in the checkpoint's dtype (a bf16 checkpoint is held in bf16); when the model computes in float32,
+  each block is cast to float32 for the length of its own forward call (a pre-hook casts, a post-hook puts the held
+  weights back), the input embedding matrix's output is cast after the lookup, and the small rest (position
+  embeddings, norms, the pooler) is held in float32. The cast is exact, so the states equal a float32 load.
+
+Checkpoint names: the name of a block's tensor in the file is the model's name with the prefix the checkpoint uses
+(``model.`` for a ``*ForCausalLM`` checkpoint, ``bert.`` for a ``BertForMaskedLM`` one...) and the old
+``LayerNorm.gamma``/``beta`` names where the file has them. The prefix is learnt from block 0, which transformers
+loads itself, and proven there: every tensor of block 0 must equal the file's, else the model is loaded whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from .memory import check_fits, human
+from .weights import Checkpoint
+
+log = logging.getLogger("layerwise")
+_LEGACY = ((".weight", ".gamma"), (".bias", ".beta"))  # LayerNorm names of old (TF-converted) checkpoints
+
+
+def _tensors(module: nn.Module) -> Iterator[tuple[str, nn.Module, str, torch.Tensor, bool]]:
+    """Every parameter and buffer of ``module``: ``(relative name, owner, attribute, tensor, is_parameter)``."""
+    for mod_name, mod in module.named_modules():
+        for attr, p in list(mod.named_parameters(recurse=False)):
+            yield (f"{mod_name}.{attr}" if mod_name else attr), mod, attr, p, True
+        for attr, b in list(mod.named_buffers(recurse=False)):
+            yield (f"{mod_name}.{attr}" if mod_name else attr), mod, attr, b, False
+
+
+def _set(owner: nn.Module, attr: str, value: torch.Tensor, is_param: bool) -> None:
+    if is_param:
+        owner.register_parameter(attr, nn.Parameter(value, requires_grad=False))
+    else:
+        setattr(owner, attr, value)  # a registered buffer stays one (and keeps its persistence)
+
+
+class _Upcast:
+    """Forward hooks that run one block in ``dtype`` while its weights are held in a narrower one."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.held: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+
+    def pre(self, module: nn.Module, args: Any) -> None:
+        self.restore()
+        for p in module.parameters():
+            if p.is_floating_point() and p.dtype != self.dtype:
+                self.held.append((p, p.data))
+                p.data = p.data.to(self.dtype)
+
+    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Put the held weights back (also after a forward pass stopped inside a block)."""
+        for p, data in self.held:
+            p.data = data
+        self.held.clear()
+
+
+class Blocks:
+    """The blocks of one model, which of them hold weights, and how the missing ones are read.
+
+    Args:
+        layers: the layer modules in call order; those from ``resident`` on are on the ``meta`` device.
+        checkpoint: the model's safetensors files.
+        prefix: the checkpoint's name of ``layers[m]`` is ``f"{prefix}{m}."`` + the module's own tensor name.
+        held: the dtype the weights are held in; ``compute``: the dtype the blocks run in.
+        device: where resident blocks live.
+        resident: how many blocks (from the first) hold weights.
+        bound: the deepest layer this model may run (``ModelOptions.max_layer``), or ``None``.
+        budget: ``ModelOptions.max_memory`` in bytes: above it, blocks are streamed; ``None``: no budget.
+        trunk_bytes: bytes of the weights outside the blocks (always resident).
+    """
+
+    def __init__(self, layers: list[nn.Module], checkpoint: Checkpoint, prefix: str, *, held: torch.dtype,
+                 compute: torch.dtype, device: torch.device, resident: int, bound: int | None, budget: int | None,
+                 trunk_bytes: int):
+        self.layers = layers
+        self.checkpoint = checkpoint
+        self.prefix = prefix
+        self.held, self.compute, self.device = held, compute, device
+        self.resident = resident
+        self.bound = bound
+        self.budget = budget
+        self.trunk_bytes = trunk_bytes
+        self.upcast = _Upcast(compute) if held != compute else None
+        self.reads = 0  # bytes read from the checkpoint by streamed steps (for the log and tests)
+        self.inside = 0  # > 0 while layerwise runs the model (a capture: it loads what it needs itself)
+        self._template = {name: t for name, _, _, t, param in _tensors(layers[0]) if not param} if layers else {}
+        self.block_bytes = [self._bytes(m) for m in range(len(layers))]
+        for m in range(len(layers)):
+            self._hook(m)
+
+    # ---- facts ---------------------------------------------------------------------------------------------
+    def _bytes(self, m: int) -> int:
+        size = torch.tensor([], dtype=self.held).element_size()
+        return sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+                   for _, _, _, t, _ in _tensors(self.layers[m]))
+
+    def needed(self, depth: int) -> int:
+        """Bytes of the blocks layers ``0..depth`` need (blocks ``0..depth-1``) in the held dtype."""
+        return sum(self.block_bytes[:depth])
+
+    def streams(self, depth: int) -> bool:
+        """Whether layers ``0..depth`` run block by block: their blocks do not fit ``max_memory`` beside the trunk
+        (blocks already resident count as fitting)."""
+        if self.budget is None or depth <= self.resident:
+            return False
+        return self.trunk_bytes + self.needed(depth) > self.budget
+
+    def chunk_batches(self, batch_bytes: int) -> int:
+        """How many batches of ``batch_bytes`` each (their kept states and working activations) a streamed chunk
+        holds within ``max_memory``, beside the trunk and the block being run (held, and cast for compute): at
+        least 1."""
+        if self.budget is None:
+            return 1
+        widest = max(self.block_bytes, default=0)
+        cast = widest * torch.tensor([], dtype=self.compute).element_size() // max(
+            1, torch.tensor([], dtype=self.held).element_size()) if self.upcast is not None else 0
+        room = self.budget - self.trunk_bytes - widest - cast
+        return max(1, min(4096, room // max(1, batch_bytes)))
+
+    def describe(self) -> dict[str, Any]:
+        """What is in memory: ``{"resident_blocks", "blocks", "held_dtype", "weights_bytes", "checkpoint_bytes",
+        "max_layer", "max_memory", "streamed"}``."""
+        return {
+            "resident_blocks": self.resident, "blocks": len(self.layers),
+            "held_dtype": str(self.held).replace("torch.", ""),
+            "weights_bytes": self.trunk_bytes + self.needed(self.resident),
+            "checkpoint_bytes": self.checkpoint.total_bytes, "max_layer": self.bound, "max_memory": self.budget,
+            "streamed": self.streams(len(self.layers)),
+        }
+
+    # ---- hooks ---------------------------------------------------------------------------------------------
+    def guard(self, model: nn.Module) -> None:
+        """Make a direct call of ``model`` (``ex.model(**batch, output_hidden_states=True)``, outside layerwise's
+        captures) load every block first, so the module behaves as the whole transformers model."""
+
+        def whole(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if module is model and not self.inside:
+                self.ensure(len(self.layers))
+
+        model.register_forward_pre_hook(whole, with_kwargs=True)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Mark a forward pass run by layerwise (which loads or streams the blocks it needs)."""
+        self.inside += 1
+        try:
+            yield
+        finally:
+            self.inside -= 1
+
+    def _hook(self, m: int) -> None:
+        if self.upcast is not None:
+            self.layers[m].register_forward_pre_hook(self.upcast.pre)
+            self.layers[m].register_forward_hook(self.upcast.post)
+
+    def settle(self) -> None:
+        """Put every block's held weights back (after a forward pass that stopped inside a block)."""
+        if self.upcast is not None:
+            self.upcast.restore()
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def key(self, m: int, name: str) -> str:
+        """The checkpoint's name of tensor ``name`` of block ``m`` (``KeyError`` when the file lacks it)."""
+        base = f"{self.prefix}{m}."
+        forms = [name] + [name[: -len(old)] + new for old, new in _LEGACY if name.endswith(old)]
+        for form in forms:
+            if base + form in self.checkpoint.entries:
+                return base + form
+        raise KeyError(base + name)
+
+    def _fill(self, m: int, copy: bool) -> int:
+        """Give block ``m`` its weights from the checkpoint (copies, or views of the file); returns bytes read."""
+        read = 0
+        for name, owner, attr, t, is_param in _tensors(self.layers[m]):
+            if not t.is_meta:
+                continue
+            if not is_param:
+                try:
+                    source = self.checkpoint.tensor(self.key(m, name))
+                except KeyError:
+                    source = self._template[name]  # a buffer the file lacks (causal masks...): block 0's
+            else:
+                try:
+                    source = self.checkpoint.tensor(self.key(m, name))
+                except KeyError as exc:
+                    raise ModelLoadError(f"the checkpoint has no tensor {exc.args[0]!r} for block {m}; it is "
+                                         f"incomplete: download or save the model again") from exc
+                read += source.numel() * source.element_size()
+            dtype = self.held if t.is_floating_point() else t.dtype
+            value = source.to(self.device, dtype, copy=copy) if copy or source.dtype != dtype or \
+                self.device.type != "cpu" else source
+            if tuple(value.shape) != tuple(t.shape):
+                raise ModelLoadError(f"tensor {name!r} of block {m} is {tuple(value.shape)} in the checkpoint and "
+                                     f"{tuple(t.shape)} in the model's config; the config does not match the weights")
+            _set(owner, attr, value, is_param)
+        return read
+
+    def _empty(self, m: int) -> None:
+        for _, owner, attr, t, is_param in _tensors(self.layers[m]):
+            _set(owner, attr, torch.empty_like(t, device="meta"), is_param)
+
+    def ensure(self, depth: int) -> None:
+        """Load the blocks layers ``0..depth`` need that are not in memory yet.
+
+        Raises:
+            ModelLoadError: ``depth`` is past ``max_layer``; or the blocks do not fit in the memory this process may
+                take (the numbers, and what to do).
+        """
+        depth = min(depth, len(self.layers))
+        if depth <= self.resident:
+            return
+        if self.bound is not None and depth > self.bound:
+            raise ModelLoadError(
+                f"layer {depth} is deeper than max_layer={self.bound}, the depth this model was loaded with; load "
+                f"it with a larger max_layer (or none), or ask for layers 0..{self.bound}")
+        more = self.needed(depth) - self.needed(self.resident)
+        check_fits(more, f"blocks {self.resident}..{depth - 1} (for layer {depth}, {str(self.held)[6:]})",
+                   "Ask for a shallower layer, load with compute_dtype='bfloat16', or set max_memory (CLI "
+                   "--max-memory) to run the model block by block.", str(self.device))
+        for m in range(self.resident, depth):
+            self._fill(m, copy=True)
+            self.resident = m + 1
+        log.info("loaded blocks up to %d of %d (%s in memory)", depth, len(self.layers),
+                 human(self.trunk_bytes + self.needed(depth)))
+
+    @contextlib.contextmanager
+    def streamed(self, m: int) -> Iterator[nn.Module]:
+        """Block ``m`` with weights for one step of a layer-by-layer run: a resident block as it is; any other read
+        from the checkpoint's pages (copied only onto a GPU or into another dtype) and released on exit."""
+        if m < self.resident:
+            yield self.layers[m]
+            return
+        try:
+            self.reads += self._fill(m, copy=False)
+            yield self.layers[m]
+        finally:
+            self.settle()
+            self._empty(m)
+
+    def state_items(self, state: dict[str, torch.Tensor], path: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """``state`` (a model's ``state_dict``, whose non-resident block tensors are on ``meta``) with those tensors
+        read from the checkpoint instead: the values a whole-model load would hold (for fingerprints)."""
+        start = path + "."
+        for name, t in state.items():
+            if t.is_meta and name.startswith(start):
+                m_text, _, rest = name[len(start):].partition(".")
+                try:
+                    yield name, self.checkpoint.tensor(self.key(int(m_text), rest)).to(self.held)
+                except KeyError:
+                    yield name, self._template.get(rest, t)
+            else:
+                yield name, t
+
+
+__all__ = ["Blocks"]

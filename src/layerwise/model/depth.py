@@ -1,0 +1,324 @@
+"""Load by depth: which blocks the first question needs, whether they fit, and how the rest of the tree is made.
+
+:func:`plan_depth` decides, from the config and the checkpoint's headers alone (:mod:`layerwise.model.weights`),
+before a weight is read:
+
+* the dtype the weights are held in: the checkpoint's own (bf16 stays bf16) when the model computes in float32,
+  else the compute dtype;
+* the blocks loaded now: ``0..max_layer-1`` when ``max_layer`` bounds the model, else only block 0 (a deeper question
+  loads more: :meth:`layerwise.model.blocks.Blocks.ensure`);
+* that they fit: the bytes of the weights outside the blocks (the trunk: embeddings, norms, pooler) and of those
+  blocks, against what the process may take (:func:`layerwise.model.memory.check_fits`) and against
+  ``max_memory``.
+
+:meth:`DepthPlan.load` then has transformers load the model cut after those blocks (its own loader reads only
+the tensors a module of the cut model holds), and :meth:`DepthPlan.graft` puts the other blocks back into the layer
+list as modules without memory (built on PyTorch's ``meta`` device from the same config), restores the config's
+layer count and returns the :class:`~layerwise.model.blocks.Blocks` that loads them later.
+
+Not loaded by depth (loaded whole, as transformers does): hub ids (the files are not local), pickle checkpoints,
+``trust_remote_code`` models, ALBERT (one shared block) and models of fewer than two layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from ..errors import ModelLoadError
+from .blocks import Blocks
+from .discovery import candidate_lists, probe_batch
+from .families import resolve_path, table_family
+from .layermap import LayerMap
+from .memory import check_fits, human, parse_size
+from .options import ModelOptions
+from .weights import Checkpoint
+
+PER_LAYER_CONFIG_LISTS: tuple[str, ...] = ("layer_types",)  # config lists with one entry per layer
+ENCODER_CLASSES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel", "umt5": "UMT5EncoderModel"}
+
+
+def set_depth(config: Any, depth: int, full: Any = None) -> None:
+    """Give ``config`` ``depth`` layers: ``num_hidden_layers`` (transformers maps ``n_layer``, ``num_layers``...) and
+    the per-layer lists (:data:`PER_LAYER_CONFIG_LISTS`), cut from those of ``full`` (default: ``config``)."""
+    full = config if full is None else full
+    for key in PER_LAYER_CONFIG_LISTS:
+        value = getattr(full, key, None)
+        if isinstance(value, (list, tuple)) and len(value) >= depth:
+            setattr(config, key, list(value)[:depth])
+    config.num_hidden_layers = depth
+
+
+@contextlib.contextmanager
+def quiet_load() -> Iterator[None]:
+    """transformers' load report (the cut model does not use the deeper blocks' tensors, by design) silenced, and
+    its progress bar off, for one load."""
+    from transformers.utils import logging as hf_logging
+
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
+def model_class(config: Any) -> Any:
+    """The transformers class layerwise loads for ``config``: the encoder class of T5-likes, else ``AutoModel``."""
+    import transformers
+
+    name = ENCODER_CLASSES.get(getattr(config, "model_type", ""))
+    return getattr(transformers, name) if name else transformers.AutoModel
+
+
+def _nbytes(t: torch.Tensor, dtype: torch.dtype) -> int:
+    size = torch.tensor([], dtype=dtype).element_size() if t.is_floating_point() else t.element_size()
+    return t.numel() * size
+
+
+class _Primed(Exception):
+    """Stops the priming call of :meth:`DepthPlan.graft` at block 0."""
+
+
+@dataclass
+class DepthPlan:
+    """What :func:`plan_depth` decided (see the module docstring)."""
+
+    checkpoint: Checkpoint
+    config: Any
+    num_layers: int
+    path: str
+    skeleton: list[nn.Module]
+    held: torch.dtype
+    compute: torch.dtype
+    device: torch.device
+    first: int
+    bound: int | None
+    budget: int | None
+    trunk_bytes: int
+
+    def load(self, read: Callable[[Any, torch.dtype], nn.Module]) -> nn.Module:
+        """``read(config, dtype)`` (transformers' loader) on the config cut after the first :attr:`first` blocks."""
+        cut = copy.deepcopy(self.config)
+        # only the count: the per-layer lists stay whole, since modules outside the blocks are built from them
+        # (ModernBERT's rotary embedding makes one table per attention kind the model will ever use)
+        cut.num_hidden_layers = self.first
+        with quiet_load():
+            return read(cut, self.held)
+
+    def container(self, net: nn.Module) -> nn.ModuleList | None:
+        """The layer list of ``net`` at :attr:`path` (``None`` when it is not a list of :attr:`first` blocks)."""
+        try:
+            found = resolve_path(net, self.path)[0]
+        except ModelLoadError:
+            return None
+        return found if isinstance(found, nn.ModuleList) and len(found) in (self.first, self.num_layers) else None
+
+    def graft(self, net: nn.Module, call: Callable[..., Any], tokenizer: Any) -> bool:
+        """Put the blocks not loaded into ``net``'s layer list (on ``meta``: no memory) and restore the config's
+        layer count; then run ``net`` once into block 0 (``call(net, ids, mask, output_hidden_states=True)``), so
+        that transformers installs its output-recording hooks on every block, as at a whole model's first call.
+        ``False`` when the layer list is not where the plan found it (the caller then loads the model whole)."""
+        container = self.container(net)
+        if container is None or len(container) != self.first:
+            return False
+        for block in self.skeleton[self.first:]:
+            container.append(block.eval())
+        set_depth(net.config, self.num_layers, self.config)
+
+        def stop(module: nn.Module, args: Any) -> None:
+            raise _Primed
+
+        handle = container[0].register_forward_pre_hook(stop)
+        ids, mask = probe_batch(tokenizer)
+        device = next(iter(net.parameters())).device
+        try:
+            with torch.inference_mode():
+                call(net, ids.to(device), mask.to(device), output_hidden_states=True)
+        except _Primed:
+            pass
+        finally:
+            handle.remove()
+        return True
+
+    @contextlib.contextmanager
+    def resident_view(self, net: nn.Module) -> Iterator[None]:
+        """``net`` seen with only its resident blocks (the layer list and the config's count cut to them), for the
+        checks made at load (discovery's verifying forward pass, positions); restored on exit."""
+        container = self.container(net)
+        parent_path, _, name = self.path.rpartition(".")
+        parent = resolve_path(net, parent_path)[0] if parent_path else net
+        config: Any = net.config
+        if container is None:
+            yield
+            return
+        setattr(parent, name, nn.ModuleList(list(container)[: self.first]))
+        config.num_hidden_layers = self.first
+        try:
+            yield
+        finally:
+            setattr(parent, name, container)
+            config.num_hidden_layers = self.num_layers
+
+    def blocks(self, net: nn.Module, layer_map: LayerMap) -> Blocks | None:
+        """The :class:`Blocks` of a grafted ``net`` (``layer_map`` then lists every block); ``None`` when the
+        checkpoint's names cannot be proven on block 0 (the caller then loads the model whole)."""
+        container = self.container(net)
+        if container is None or layer_map.path != self.path:
+            return None
+        prefix = self._prefix(container[0])
+        if prefix is None:
+            return None
+        layer_map.layers = list(container)
+        if self.held != self.compute:
+            self._upcast_trunk(net, container)
+        blocks = Blocks(list(container), self.checkpoint, prefix, held=self.held, compute=self.compute,
+                        device=self.device, resident=self.first, bound=self.bound, budget=self.budget,
+                        trunk_bytes=self.trunk_bytes)
+        if not self._proven(blocks, container[0]):
+            return None
+        blocks.guard(net)
+        return blocks
+
+    def _prefix(self, block: nn.Module) -> str | None:
+        """The checkpoint's name of the layer list (``"model.layers."``), learnt from block 0's first tensor."""
+        names = [n for n, _ in block.named_parameters()]
+        if not names:
+            return None
+        first = names[0]
+        forms = [first] + [first[: -len(a)] + b for a, b in ((".weight", ".gamma"), (".bias", ".beta"))
+                           if first.endswith(a)]
+        for form in forms:
+            suffix = f"{self.path}.0.{form}"
+            hits = [k for k in self.checkpoint.entries if k == suffix or k.endswith("." + suffix)]
+            if hits:
+                key = min(hits, key=len)
+                return key[: -len(f"0.{form}")]
+        return None
+
+    def _proven(self, blocks: Blocks, block: nn.Module) -> bool:
+        """Every tensor of block 0 (loaded by transformers) equals the checkpoint's under the learnt names."""
+        buffers = dict(block.named_buffers())
+        for name, t in block.state_dict().items():
+            try:
+                source = self.checkpoint.tensor(blocks.key(0, name))
+            except KeyError:
+                if name in buffers:
+                    continue  # a buffer transformers computes (not in the file)
+                return False
+            if tuple(source.shape) != tuple(t.shape) or not torch.equal(source.to(t.dtype), t.cpu()):
+                return False
+        return True
+
+    def _upcast_trunk(self, net: nn.Module, container: nn.ModuleList) -> None:
+        """Hold the trunk in the compute dtype, except the input embedding matrix, whose lookups are cast."""
+        in_blocks = {id(p) for p in container.parameters()}
+        embeddings: Any = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None  # type: ignore[operator]
+        keep = {id(p) for p in embeddings.parameters()} if isinstance(embeddings, nn.Module) else set()
+        for p in net.parameters():
+            if id(p) not in in_blocks and id(p) not in keep and p.is_floating_point() and p.dtype != self.compute:
+                p.data = p.data.to(self.compute)
+        if keep and isinstance(embeddings, nn.Module):
+            compute = self.compute
+            embeddings.register_forward_hook(lambda module, args, out: out.to(compute))
+
+
+def _layer_path(skeleton: nn.Module, family_path: str | None, given: str | None, n_layers: int) -> str | None:
+    if family_path is not None:
+        return family_path
+    if given is not None:
+        return given
+    found = candidate_lists(skeleton, n_layers)
+    return found[0][0] if found else None
+
+
+def plan_depth(source: str, config: Any, opts: ModelOptions, compute: torch.dtype,
+               device: torch.device) -> DepthPlan | None:
+    """The :class:`DepthPlan` for a local model directory, or ``None`` when it is loaded whole (see the module
+    docstring).
+
+    Raises:
+        ModelLoadError: ``max_layer`` out of range; the weights outside the blocks exceed ``max_memory``; the first
+            blocks do not fit in the memory this process may take (the numbers and the fixes).
+    """
+    model_type = str(getattr(config, "model_type", ""))
+    family = table_family(model_type)
+    if opts.trust_remote_code or (family is not None and family.name == "albert"):
+        return None
+    try:
+        checkpoint = Checkpoint.open(source)
+    except ModelLoadError:
+        if not any(Path(source).glob("*.safetensors")):
+            return None  # a pickle checkpoint (allow_pickle): loaded whole
+        raise
+    n_layers = family.num_layers(config) if family is not None else int(getattr(config, "num_hidden_layers", 0) or 0)
+    if n_layers < 2:
+        return None
+    held = checkpoint.dtype if compute == torch.float32 and checkpoint.dtype in (torch.bfloat16, torch.float16) \
+        else compute
+    cls = model_class(config)
+    try:
+        with torch.device("meta"), quiet_load():
+            skeleton = (cls.from_config(copy.deepcopy(config), dtype=held) if hasattr(cls, "from_config")
+                        else cls(copy.deepcopy(config)).to(held))
+    except Exception:  # noqa: BLE001 - an architecture whose init cannot run on meta: load it whole
+        return None
+    if getattr(config, "is_encoder_decoder", False) and cls.__name__ == "AutoModel" and hasattr(skeleton,
+                                                                                                "get_encoder"):
+        skeleton = skeleton.get_encoder()
+    path = _layer_path(skeleton, family.layer_paths[0] if family is not None else None, opts.layer_modules, n_layers)
+    if path is None:
+        return None
+    try:
+        container = resolve_path(skeleton, path)[0]
+    except ModelLoadError:
+        return None
+    if not isinstance(container, nn.ModuleList) or len(container) != n_layers:
+        return None
+    blocks = list(container)
+    block_ids = {id(t) for b in blocks for t in (*b.parameters(), *b.buffers())}
+    embeddings: Any = skeleton.get_input_embeddings() if hasattr(skeleton, "get_input_embeddings") else None
+    emb_ids = {id(p) for p in embeddings.parameters()} if isinstance(embeddings, nn.Module) else set()
+    trunk = sum(_nbytes(t, held if id(t) in emb_ids else compute)
+                for t in (*skeleton.parameters(), *skeleton.buffers()) if id(t) not in block_ids)
+    per_block = [sum(_nbytes(t, held) for t in (*b.parameters(), *b.buffers())) for b in blocks]
+    bound = resolve_max_layer(opts.max_layer, n_layers)
+    first = max(1, bound if bound is not None else 1)
+    budget = parse_size(opts.max_memory) if opts.max_memory is not None else None
+    needed = trunk + sum(per_block[:first])
+    what = f"the weights of layers 0..{first} of this {model_type or 'model'} ({str(held)[6:]})"
+    if budget is not None and needed > budget:
+        raise ModelLoadError(
+            f"{what} need {human(needed)}, more than max_memory={opts.max_memory!r} ({human(budget)}); the weights "
+            f"outside the blocks alone take {human(trunk)}. Raise max_memory, or lower max_layer")
+    check_fits(needed, what, "Ask for a shallower max_layer, load with compute_dtype='bfloat16', or set "
+                             "max_memory (CLI --max-memory) to run the model block by block.", str(device))
+    return DepthPlan(checkpoint, config, n_layers, path, blocks, held, compute, device, first, bound, budget, trunk)
+
+
+def resolve_max_layer(value: int | None, n_layers: int) -> int | None:
+    """``max_layer`` as a layer index ``0..L`` (negative counts from the end, -1 is ``L``), or ``None``.
+
+    Raises:
+        ModelLoadError: out of range, naming the valid range.
+    """
+    if value is None:
+        return None
+    index = value + n_layers + 1 if value < 0 else value
+    if not 0 <= index <= n_layers:
+        raise ModelLoadError(f"max_layer={value} is out of range for this model of {n_layers} layers; valid: "
+                             f"0..{n_layers} or -{n_layers + 1}..-1 (-1 is the last layer)")
+    return index
+
+
+__all__ = ["DepthPlan", "ENCODER_CLASSES", "PER_LAYER_CONFIG_LISTS", "model_class", "plan_depth", "quiet_load",
+           "resolve_max_layer", "set_depth"]
