@@ -10,9 +10,10 @@ memory) until a deeper layer is asked for. :class:`Blocks` owns that state:
   pages, released after the step): how a model larger than ``max_memory`` runs
   (:func:`layerwise.model.capture.capture_chunk`);
 * the weights stay in the checkpoint's dtype (a bf16 checkpoint is held in bf16); when the model computes in float32,
-  each block is cast to float32 for the length of its own forward call (a pre-hook casts, a post-hook puts the held
-  weights back), the input embedding matrix's output is cast after the lookup, and the small rest (position
-  embeddings, norms, the pooler) is held in float32. The cast is exact, so the states equal a float32 load.
+  each module of a block that owns weights (a linear layer, a norm) is cast to float32 for the length of its own
+  forward call (a pre-hook casts, a post-hook puts the held weights back: at most one matrix is cast at a time), the
+  input embedding matrix's output is cast after the lookup, and the small rest (position embeddings, norms, the
+  pooler) is held in float32. The cast is exact, so the states equal a float32 load.
 
 Checkpoint names: the name of a block's tensor in the file is the model's name with the prefix the checkpoint uses
 (``model.`` for a ``*ForCausalLM`` checkpoint, ``bert.`` for a ``BertForMaskedLM`` one...) and the old
@@ -54,26 +55,36 @@ def _set(owner: nn.Module, attr: str, value: torch.Tensor, is_param: bool) -> No
 
 
 class _Upcast:
-    """Forward hooks that run one block in ``dtype`` while its weights are held in a narrower one."""
+    """Forward hooks that run a module in ``dtype`` while its weights are held in a narrower one: each module that
+    owns weights (a linear layer, a norm) is cast on entry and put back on exit, so the cast copy of a block is never
+    more than its largest matrix at a time."""
 
     def __init__(self, dtype: torch.dtype):
         self.dtype = dtype
-        self.held: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self.recurse = False  # True: a hooked module's submodules' weights are cast with its own (whole blocks)
+        self.held: dict[int, list[tuple[torch.nn.Parameter, torch.Tensor]]] = {}
 
     def pre(self, module: nn.Module, args: Any) -> None:
-        self.restore()
-        for p in module.parameters():
+        self.put_back(module)
+        stash = self.held[id(module)] = []
+        for p in module.parameters(recurse=self.recurse):
             if p.is_floating_point() and p.dtype != self.dtype:
-                self.held.append((p, p.data))
+                stash.append((p, p.data))
                 p.data = p.data.to(self.dtype)
 
     def post(self, module: nn.Module, args: Any, output: Any) -> None:
-        self.restore()
+        self.put_back(module)
+
+    def put_back(self, module: nn.Module) -> None:
+        """Give ``module`` its held weights back."""
+        for p, data in self.held.pop(id(module), ()):
+            p.data = data
 
     def restore(self) -> None:
-        """Put the held weights back (also after a forward pass stopped inside a block)."""
-        for p, data in self.held:
-            p.data = data
+        """Put every held weight back (also after a forward pass stopped inside a block)."""
+        for stash in self.held.values():
+            for p, data in stash:
+                p.data = data
         self.held.clear()
 
 
@@ -104,6 +115,8 @@ class Blocks:
         self.budget = budget
         self.trunk_bytes = trunk_bytes
         self.upcast = _Upcast(compute) if held != compute else None
+        self.cast = "module"  # "module": each weight-owning module cast for its own call; "block": whole blocks
+        self._handles: list[Any] = []
         self.reads = 0  # bytes read from the checkpoint by streamed steps (for the log and tests)
         self.inside = 0  # > 0 while layerwise runs the model (a capture: it loads what it needs itself)
         self._template = {name: t for name, _, _, t, param in _tensors(layers[0]) if not param} if layers else {}
@@ -135,17 +148,18 @@ class Blocks:
         if self.budget is None:
             return 1
         widest = max(self.block_bytes, default=0)
-        cast = widest * torch.tensor([], dtype=self.compute).element_size() // max(
-            1, torch.tensor([], dtype=self.held).element_size()) if self.upcast is not None else 0
+        cast = widest // 2 if self.upcast is not None else 0  # the largest matrix cast at a time (well below)
         room = self.budget - self.trunk_bytes - widest - cast
         return max(1, min(4096, room // max(1, batch_bytes)))
 
     def describe(self) -> dict[str, Any]:
-        """What is in memory: ``{"resident_blocks", "blocks", "held_dtype", "weights_bytes", "checkpoint_bytes",
-        "max_layer", "max_memory", "streamed"}``."""
+        """What is in memory: ``{"resident_blocks", "blocks", "held_dtype", "cast" (``"per module"``, ``"per
+        block"`` or ``None`` when nothing is cast), "weights_bytes", "checkpoint_bytes", "max_layer", "max_memory",
+        "streamed"}``."""
         return {
             "resident_blocks": self.resident, "blocks": len(self.layers),
             "held_dtype": str(self.held).replace("torch.", ""),
+            "cast": None if self.upcast is None else f"per {self.cast}",
             "weights_bytes": self.trunk_bytes + self.needed(self.resident),
             "checkpoint_bytes": self.checkpoint.total_bytes, "max_layer": self.bound, "max_memory": self.budget,
             "streamed": self.streams(len(self.layers)),
@@ -172,9 +186,28 @@ class Blocks:
             self.inside -= 1
 
     def _hook(self, m: int) -> None:
+        if self.upcast is None:
+            return
+        owners = [self.layers[m]] if self.cast == "block" else \
+            [mod for mod in self.layers[m].modules() if any(True for _ in mod.parameters(recurse=False))]
+        for module in owners:
+            self._handles.append(module.register_forward_pre_hook(self.upcast.pre))
+            self._handles.append(module.register_forward_hook(self.upcast.post))
+
+    def set_cast(self, scope: str) -> None:
+        """Cast ``"module"`` by module (each module that owns weights, for its own call: at most one matrix at a
+        time) or whole ``"block"`` by block (one block's float32 copy while it runs). Per block is for models whose
+        modules read each other's weights directly (T5's feed-forward casts its input to ``wo.weight``'s dtype,
+        DeBERTa v1's attention reads ``in_proj.weight``); :class:`layerwise.model.depth.DepthPlan` tells at load."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.settle()
+        self.cast = scope
         if self.upcast is not None:
-            self.layers[m].register_forward_pre_hook(self.upcast.pre)
-            self.layers[m].register_forward_hook(self.upcast.post)
+            self.upcast.recurse = scope == "block"
+        for m in range(len(self.layers)):
+            self._hook(m)
 
     def settle(self) -> None:
         """Put every block's held weights back (after a forward pass that stopped inside a block)."""
@@ -194,6 +227,7 @@ class Blocks:
     def _fill(self, m: int, copy: bool) -> int:
         """Give block ``m`` its weights from the checkpoint (copies, or views of the file); returns bytes read."""
         read = 0
+        copied: list[str] = []
         for name, owner, attr, t, is_param in _tensors(self.layers[m]):
             if not t.is_meta:
                 continue
@@ -209,13 +243,20 @@ class Blocks:
                     raise ModelLoadError(f"the checkpoint has no tensor {exc.args[0]!r} for block {m}; it is "
                                          f"incomplete: download or save the model again") from exc
                 read += source.numel() * source.element_size()
-            dtype = self.held if t.is_floating_point() else t.dtype
+            # held == compute: the compute dtype, as asked; else (a narrower checkpoint under float32 compute) the
+            # file's own dtype, which is exact (a tensor the file keeps in float32 stays float32)
+            dtype = (self.held if self.held == self.compute else source.dtype) if t.is_floating_point() else t.dtype
             value = source.to(self.device, dtype, copy=copy) if copy or source.dtype != dtype or \
                 self.device.type != "cpu" else source
             if tuple(value.shape) != tuple(t.shape):
                 raise ModelLoadError(f"tensor {name!r} of block {m} is {tuple(value.shape)} in the checkpoint and "
                                      f"{tuple(t.shape)} in the model's config; the config does not match the weights")
             _set(owner, attr, value, is_param)
+            if value is not source:
+                copied.append(name)
+        for name in copied:  # the copies are what is used: the file's pages need not stay mapped in
+            with contextlib.suppress(KeyError):
+                self.checkpoint.release(self.key(m, name))
         return read
 
     def _empty(self, m: int) -> None:
@@ -258,7 +299,11 @@ class Blocks:
             yield self.layers[m]
         finally:
             self.settle()
+            names = [name for name, *_ in _tensors(self.layers[m])]
             self._empty(m)
+            for name in names:  # the views are gone: their pages need not stay mapped in
+                with contextlib.suppress(KeyError):
+                    self.checkpoint.release(self.key(m, name))
 
     def state_items(self, state: dict[str, torch.Tensor], path: str) -> Iterator[tuple[str, torch.Tensor]]:
         """``state`` (a model's ``state_dict``, whose non-resident block tensors are on ``meta``) with those tensors

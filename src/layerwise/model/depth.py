@@ -112,8 +112,8 @@ class DepthPlan:
         # only the count: the per-layer lists stay whole, since modules outside the blocks are built from them
         # (ModernBERT's rotary embedding makes one table per attention kind the model will ever use)
         cut.num_hidden_layers = self.first
-        with quiet_load():
-            return read(cut, self.held)
+        with quiet_load():  # in the compute dtype: buffers made at init (Gemma's embedding scale) are not rounded
+            return read(cut, self.compute)
 
     def container(self, net: nn.Module) -> nn.ModuleList | None:
         """The layer list of ``net`` at :attr:`path` (``None`` when it is not a list of :attr:`first` blocks)."""
@@ -169,25 +169,69 @@ class DepthPlan:
             setattr(parent, name, container)
             config.num_hidden_layers = self.num_layers
 
-    def blocks(self, net: nn.Module, layer_map: LayerMap) -> Blocks | None:
-        """The :class:`Blocks` of a grafted ``net`` (``layer_map`` then lists every block); ``None`` when the
-        checkpoint's names cannot be proven on block 0 (the caller then loads the model whole)."""
+    def blocks(self, net: nn.Module, call: Callable[..., Any], tokenizer: Any) -> Blocks | None:
+        """The :class:`Blocks` of a grafted ``net``, with the casts of held weights in place (so the checks made at
+        load run as every later call does); ``None`` when the checkpoint's names cannot be proven on block 0 (the
+        caller then loads the model whole)."""
         container = self.container(net)
-        if container is None or layer_map.path != self.path:
+        if container is None:
             return None
         prefix = self._prefix(container[0])
         if prefix is None:
             return None
-        layer_map.layers = list(container)
         if self.held != self.compute:
-            self._upcast_trunk(net, container)
+            self._hold(net, container)
         blocks = Blocks(list(container), self.checkpoint, prefix, held=self.held, compute=self.compute,
                         device=self.device, resident=self.first, bound=self.bound, budget=self.budget,
                         trunk_bytes=self.trunk_bytes)
         if not self._proven(blocks, container[0]):
             return None
+        if blocks.upcast is not None and not self._casts_per_module(net, blocks, call, tokenizer):
+            blocks.set_cast("block")
         blocks.guard(net)
         return blocks
+
+    @staticmethod
+    def _casts_per_module(net: nn.Module, blocks: Blocks, call: Callable[..., Any], tokenizer: Any) -> bool:
+        """Whether casting module by module gives block 0 the output that casting the whole block gives (bit for
+        bit, on two short texts): ``False`` when a module reads another's weights directly (it would get them in the
+        held dtype: an error, or a silent rounding)."""
+        block = blocks.layers[0]
+        ids, mask = probe_batch(tokenizer)
+        device = next(iter(net.parameters())).device
+        outputs: dict[str, Any] = {}
+
+        def run(scope: str) -> None:
+            blocks.set_cast(scope)
+
+            def stop(module: nn.Module, args: Any, output: Any) -> None:
+                outputs[scope] = output[0] if isinstance(output, (tuple, list)) else output
+                raise _Primed
+
+            handle = block.register_forward_hook(stop)
+            try:
+                with torch.inference_mode():
+                    call(net, ids.to(device), mask.to(device))
+            except _Primed:
+                pass
+            finally:
+                handle.remove()
+                blocks.settle()
+
+        run("block")
+        try:
+            run("module")
+        except RuntimeError:  # a module got another's weights in the held dtype and refused the mixed operation
+            return False
+        a, b = outputs.get("module"), outputs.get("block")
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+
+    def attach(self, blocks: Blocks, layer_map: LayerMap) -> bool:
+        """Give ``layer_map`` (found on the resident blocks) every block; ``False`` when it found another list."""
+        if layer_map.path != self.path:
+            return False
+        layer_map.layers = list(blocks.layers)
+        return True
 
     def _prefix(self, block: nn.Module) -> str | None:
         """The checkpoint's name of the layer list (``"model.layers."``), learnt from block 0's first tensor."""
@@ -219,15 +263,22 @@ class DepthPlan:
                 return False
         return True
 
-    def _upcast_trunk(self, net: nn.Module, container: nn.ModuleList) -> None:
-        """Hold the trunk in the compute dtype, except the input embedding matrix, whose lookups are cast."""
-        in_blocks = {id(p) for p in container.parameters()}
+    def _hold(self, net: nn.Module, container: nn.ModuleList) -> None:
+        """Hold the loaded blocks' weights, and a plain input embedding matrix (whose lookups are then cast), in the
+        held dtype where that is exact (they came from a checkpoint in that dtype); the rest of the trunk stays in
+        the compute dtype."""
         embeddings: Any = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None  # type: ignore[operator]
-        keep = {id(p) for p in embeddings.parameters()} if isinstance(embeddings, nn.Module) else set()
-        for p in net.parameters():
-            if id(p) not in in_blocks and id(p) not in keep and p.is_floating_point() and p.dtype != self.compute:
-                p.data = p.data.to(self.compute)
-        if keep and isinstance(embeddings, nn.Module):
+        # a plain lookup is exact whatever dtype it reads; a subclass may compute in its forward (Gemma scales)
+        plain = type(embeddings) is nn.Embedding
+        owners = [container[m] for m in range(self.first)] + ([embeddings] if plain else [])
+        with torch.no_grad():
+            for owner in owners:
+                for p in owner.parameters():
+                    if p.is_floating_point() and p.dtype != self.held:
+                        narrow = p.data.to(self.held)
+                        if torch.equal(narrow.to(p.dtype), p.data):
+                            p.data = narrow
+        if plain:
             compute = self.compute
             embeddings.register_forward_hook(lambda module, args, out: out.to(compute))
 
@@ -287,20 +338,23 @@ def plan_depth(source: str, config: Any, opts: ModelOptions, compute: torch.dtyp
     blocks = list(container)
     block_ids = {id(t) for b in blocks for t in (*b.parameters(), *b.buffers())}
     embeddings: Any = skeleton.get_input_embeddings() if hasattr(skeleton, "get_input_embeddings") else None
-    emb_ids = {id(p) for p in embeddings.parameters()} if isinstance(embeddings, nn.Module) else set()
+    emb_ids = {id(p) for p in embeddings.parameters()} if type(embeddings) is nn.Embedding else set()
     trunk = sum(_nbytes(t, held if id(t) in emb_ids else compute)
                 for t in (*skeleton.parameters(), *skeleton.buffers()) if id(t) not in block_ids)
     per_block = [sum(_nbytes(t, held) for t in (*b.parameters(), *b.buffers())) for b in blocks]
     bound = resolve_max_layer(opts.max_layer, n_layers)
     first = max(1, bound if bound is not None else 1)
     budget = parse_size(opts.max_memory) if opts.max_memory is not None else None
+    # transformers reads the trunk and the first blocks in the compute dtype; the blocks are then narrowed
+    loading = sum(_nbytes(t, compute) for t in (*skeleton.parameters(), *skeleton.buffers()) if id(t) not in block_ids)
+    loading += sum(sum(_nbytes(t, compute) for t in (*b.parameters(), *b.buffers())) for b in blocks[:first])
     needed = trunk + sum(per_block[:first])
     what = f"the weights of layers 0..{first} of this {model_type or 'model'} ({str(held)[6:]})"
     if budget is not None and needed > budget:
         raise ModelLoadError(
             f"{what} need {human(needed)}, more than max_memory={opts.max_memory!r} ({human(budget)}); the weights "
             f"outside the blocks alone take {human(trunk)}. Raise max_memory, or lower max_layer")
-    check_fits(needed, what, "Ask for a shallower max_layer, load with compute_dtype='bfloat16', or set "
+    check_fits(max(needed, loading), what, "Ask for a shallower max_layer, load with compute_dtype='bfloat16', or set "
                              "max_memory (CLI --max-memory) to run the model block by block.", str(device))
     return DepthPlan(checkpoint, config, n_layers, path, blocks, held, compute, device, first, bound, budget, trunk)
 

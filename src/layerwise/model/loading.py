@@ -228,19 +228,22 @@ def _load(opts: ModelOptions, by_depth: bool) -> LoadedModel:
         net = _read_weights(source, config, torch_dtype, allow_pickle, kwargs)
     tokenizer = _read_tokenizer(source, kwargs)
     net.eval().to(dev)
-    if plan is not None and not plan.graft(net, transformers_call, tokenizer):
-        return _load(opts, by_depth=False)
+    blocks = None
+    if plan is not None:
+        blocks = plan.blocks(net, transformers_call, tokenizer) if plan.graft(net, transformers_call, tokenizer) \
+            else None
+        if blocks is None:  # the layer list or the checkpoint's names could not be proven: load it whole, as before
+            return _load(opts, by_depth=False)
     family = table_family(model_type) if layers is None else None
     try:
-        with plan.resident_view(net) if plan is not None else contextlib.nullcontext():
+        with (plan.resident_view(net) if plan is not None else contextlib.nullcontext(),
+              blocks.running() if blocks is not None else contextlib.nullcontext()):
             facts = (_table_facts(family, net, config, tokenizer, model_type) if family is not None
                      else _discovered_facts(net, config, tokenizer, model_type, layers, dev))
     except MappingError as exc:
         raise ModelLoadError(f"{source!r}: {exc}") from exc
-    blocks = None
-    if plan is not None:
-        blocks = plan.blocks(net, facts["layer_map"])
-        if blocks is None:  # the checkpoint's names could not be proven on block 0: load it whole, as before
+    if plan is not None and blocks is not None:
+        if not plan.attach(blocks, facts["layer_map"]):
             return _load(opts, by_depth=False)
         facts["num_layers"] = plan.num_layers
     st_window = (sentence_transformers_length(Path(source)) or 0) if is_local else 0

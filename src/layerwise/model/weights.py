@@ -164,6 +164,19 @@ class Checkpoint:
             flat = torch.frombuffer(mapped, dtype=e.dtype, count=count, offset=e.start)
         return flat.view(e.shape)
 
+    def release(self, name: str) -> None:
+        """Drop tensor ``name``'s pages from this process's mapping (``MADV_DONTNEED``) once it has been copied or
+        used: the page cache may keep them, but they no longer count in the process's resident memory."""
+        e = self.entries[name]
+        mapped = self._maps.get(e.file)
+        advise = getattr(mmap, "MADV_DONTNEED", None)
+        if mapped is None or advise is None:
+            return
+        page = mmap.PAGESIZE
+        start, end = -(-e.start // page) * page, e.end // page * page  # whole pages inside the tensor only
+        if end > start:
+            mapped.madvise(advise, start, end - start)
+
     def close(self) -> None:
         """Unmap the files (tensors taken from them must no longer be used)."""
         for mapped in self._maps.values():

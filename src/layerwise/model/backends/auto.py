@@ -332,8 +332,9 @@ class AutoBackend(TorchBackend):
         return self._serving[depth]
 
     def runtime_for(self, layers: Sequence[int], site: str) -> str:
-        """Which runtime runs a forward pass for ``layers`` at ``site``: ``"onnx"``, ``"openvino"`` or ``"torch"``."""
-        if not self.compiled_runtimes or site != "block":
+        """Which runtime runs a forward pass for ``layers`` at ``site``: ``"onnx"``, ``"openvino"`` or ``"torch"``
+        (always PyTorch for layers streamed block by block under ``max_memory``: an export needs every block)."""
+        if not self.compiled_runtimes or site != "block" or self.loaded.streams(max(layers)):
             return "torch"
         return self.serving(max(max(layers), 1))
 
@@ -374,7 +375,7 @@ class AutoBackend(TorchBackend):
     def ahead(self, layers: Sequence[int], site: str) -> int:
         """The :meth:`Backend.ahead` of the runtime that serves ``layers`` at ``site``."""
         backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
-        return backend.ahead(layers, site) if backend is not None else 1
+        return backend.ahead(layers, site) if backend is not None else super().ahead(layers, site)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
