@@ -113,11 +113,11 @@ def test_bf16_checkpoint_is_held_in_bf16_and_computes_exactly(arch_dirs, tmp_pat
     assert {p.dtype for p in ex.loaded.layer_map.layers[-1].parameters() if p.dim() >= 2} == {torch.bfloat16}
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "deberta-v2"])
+@pytest.mark.parametrize("name", [n for n in ALL if n != "albert"])
 def test_streaming_equals_in_memory_at_every_layer(deep_dirs, name):
     directory = deep_dirs[name]
     whole = lw.Extractor(directory, backend="torch")
-    budget = whole.describe()["weights"]["weights_bytes"]  # the trunk and block 0: every deeper block is streamed
+    budget = f"{whole.describe()['weights']['weights_bytes']}B"  # the trunk and block 0: deeper blocks are streamed
     streamed = lw.Extractor(directory, backend="torch", max_memory=budget)
     assert streamed.loaded.streams(DEPTH)
     want = whole.hidden_states(TEXTS, layers="all").tensor
@@ -143,6 +143,18 @@ def test_max_layer_bounds_the_model(deep_dirs):
         lw.Extractor(deep_dirs["llama"], backend="torch", max_layer=9)
     with pytest.raises(ModelLoadError, match="units"):
         lw.ModelOptions(max_memory="four gigabytes")
+    with pytest.raises(ModelLoadError, match=r"max_memory=4 is 4 bytes.*Did you mean '4GB'"):
+        lw.ModelOptions(max_memory=4)
+    budget = f"{lw.Extractor(deep_dirs['llama'], backend='torch').describe()['weights']['weights_bytes']}B"
+    bounded = lw.Extractor(deep_dirs["llama"], backend="torch", max_layer=1, max_memory=budget)
+    with pytest.raises(ModelLoadError, match=r"max_layer=1"):  # a bound holds under max_memory too
+        bounded.encode(TEXTS, layers=3)
+
+
+def test_options_that_cannot_apply_are_said(arch_dirs):
+    with pytest.warns(UserWarning, match=r"max_layer=1 not applied: this model is loaded whole because ALBERT"):
+        ex = lw.Extractor(arch_dirs["albert"], backend="torch", max_layer=1)
+    assert ex.loaded.blocks is None and ex.describe()["weights"]["loaded"] == "whole"
 
 
 def test_direct_call_of_the_module_loads_every_block(deep_dirs):
@@ -152,15 +164,18 @@ def test_direct_call_of_the_module_loads_every_block(deep_dirs):
     assert len(out.hidden_states) == DEPTH + 1 and ex.loaded.blocks.resident == DEPTH
 
 
-def test_fingerprint_is_the_whole_models(deep_dirs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fingerprint_is_the_whole_models(arch_dirs, tmp_path, dtype):
     from layerwise.provenance import tensors_fingerprint
 
-    directory = deep_dirs["bert"]
+    directory = deeper(arch_dirs["bert"], tmp_path / "bert", "bert", dtype=dtype)
     ex = lw.Extractor(directory, backend="torch")
     assert ex.loaded.blocks.resident == 1
     whole = AutoModel.from_pretrained(directory, dtype=torch.float32)
     assert ex.fingerprint() == tensors_fingerprint(whole.state_dict())
-    assert ex.loaded.blocks.resident == 1, "the fingerprint loaded blocks"
+    ex.encode(TEXTS, layers=3)
+    assert ex.loaded.fingerprint() == tensors_fingerprint(whole.state_dict())  # after growing, too
+    assert ex.loaded.blocks.resident == 3, "the fingerprint loaded blocks"
 
 
 # ---- memory, measured in fresh processes -----------------------------------------------------------------------
@@ -257,7 +272,7 @@ def test_memory_check_refuses_with_its_numbers(wide_bert):
 _KILLED = textwrap.dedent("""
     import os, signal, sys
     import layerwise as lw
-    path, corpus, store, budget = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    path, corpus, store, budget = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     die = lambda n: os.kill(os.getpid(), signal.SIGKILL) if n == 2 else None  # after the second shard
     lw.extract(corpus, store, lw.EncodeSpec(layers=[1, 4], combine="concat", pool="mean"),
                model=lw.Extractor(path, backend="torch", max_memory=budget), on_shard=die,
@@ -276,7 +291,7 @@ def test_streamed_extract_killed_and_resumed_equals_in_memory(deep_dirs, tmp_pat
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
     whole = lw.Extractor(directory, backend="torch")
-    budget = whole.describe()["weights"]["weights_bytes"]
+    budget = f"{whole.describe()['weights']['weights_bytes']}B"
     clean = tmp_path / "clean"
     extract(corpus, clean, model=whole, layers=[1, 4], combine="concat", pool="mean", shard_records=4,
             batch_tokens=64, progress=False)
@@ -304,8 +319,8 @@ def test_cli_max_layer_and_max_memory(deep_dirs):
     model = ["--model", str(deep_dirs["gpt2"]), "--device", "cpu", "--backend", "torch"]
     base = ["encode", *TEXTS, "--layers", "3", "--pool", "mean", "--format", "json"]
     want = json.loads(runner.invoke(app, [*base, *model]).stdout)["vectors"]
-    budget = lw.Extractor(deep_dirs["gpt2"], backend="torch").describe()["weights"]["weights_bytes"]
-    got = runner.invoke(app, [*base, *model, "--max-memory", str(budget)])
+    budget = f"{lw.Extractor(deep_dirs['gpt2'], backend='torch').describe()['weights']['weights_bytes']}B"
+    got = runner.invoke(app, [*base, *model, "--max-memory", budget])
     assert got.exit_code == 0, got.output
     np.testing.assert_allclose(json.loads(got.stdout)["vectors"], want, atol=1e-5, rtol=0)
     refused = runner.invoke(app, [*base, *model, "--max-layer", "2"])

@@ -13,7 +13,7 @@ import io
 import json
 import os
 from datetime import datetime, timezone
-from typing import IO, TYPE_CHECKING, Any, Mapping
+from typing import IO, TYPE_CHECKING, Any, Iterable, Mapping
 
 from .version import __version__
 
@@ -59,10 +59,14 @@ def table_sha256(table: Any, rows: int = 65536) -> str:
     return h.hexdigest()
 
 
-def tensors_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over every tensor's name, shape and float32 values, in name order (one pass over the weights)."""
+def tensors_fingerprint(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over every tensor's name, shape and float32 values, in name order (one pass over the weights).
+
+    ``state`` is a mapping, or ``(name, tensor)`` pairs already in name order (read one at a time: a model whose
+    blocks are read from its checkpoint as they are hashed)."""
     h = hashlib.sha256()
-    for name, t in sorted(state.items()):
+    pairs = sorted(state.items()) if isinstance(state, Mapping) else state
+    for name, t in pairs:
         h.update(name.encode())
         h.update(str(tuple(t.shape)).encode())
         h.update(t.detach().cpu().float().contiguous().numpy().tobytes())

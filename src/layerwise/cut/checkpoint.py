@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from ..errors import LayerwiseError
-from ..model.depth import PER_LAYER_CONFIG_LISTS
+from ..model.depth import ENCODER_CLASSES, PER_LAYER_CONFIG_LISTS
 from ..model.families import resolve_path
 from ..model.loaded import LoadedModel
-from ..model.loading import ENCODER_CLASSES, quiet_transformers
+from ..model.loading import quiet_transformers
 from ..model.memory import available_memory
 from .plan import ModelFacts
 
@@ -66,6 +66,9 @@ def cut_model(loaded: LoadedModel, depth: int) -> None:
         LayerwiseError: the layer list is not a list of modules that can be cut (a module path that names
             something else).
     """
+    if loaded.streams(depth):
+        raise LayerwiseError(f"layers 0..{depth} exceed max_memory; an export writes them from memory: raise "
+                             f"max_memory (CLI --max-memory) or drop it")
     loaded.ensure_depth(min(depth, loaded.num_layers))  # blocks not in memory yet are read now (loaded by depth)
     model: Any = loaded.model  # a transformers PreTrainedModel (config)
     config = model.config

@@ -299,7 +299,10 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
     ex, config = clf.extractor, clf.config
     params = [{"params": list(clf.head.parameters()), "lr": opts.lr}]
     if config.mode == "finetune":
-        params.append({"params": list(ex.model.parameters()), "lr": opts.encoder_lr})
+        ex.loaded.ensure_depth(max(clf.layers))  # a model loaded by depth: the blocks it trains, read before AdamW
+        if ex.loaded.blocks is not None:
+            ex.loaded.blocks.hold_in_compute()
+        params.append({"params": [p for p in ex.model.parameters() if not p.is_meta], "lr": opts.encoder_lr})
     opt = torch.optim.AdamW(params, weight_decay=opts.weight_decay)
     tr = splits["train"]
     history: list[dict[str, Any]] = []

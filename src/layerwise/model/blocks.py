@@ -35,6 +35,7 @@ from .memory import check_fits, human
 from .weights import Checkpoint
 
 log = logging.getLogger("layerwise")
+CAST_SCOPES = ("module", "block")  # how held weights are cast for compute (Blocks.set_cast)
 _LEGACY = ((".weight", ".gamma"), (".bias", ".beta"))  # LayerNorm names of old (TF-converted) checkpoints
 
 
@@ -47,9 +48,9 @@ def _tensors(module: nn.Module) -> Iterator[tuple[str, nn.Module, str, torch.Ten
             yield (f"{mod_name}.{attr}" if mod_name else attr), mod, attr, b, False
 
 
-def _set(owner: nn.Module, attr: str, value: torch.Tensor, is_param: bool) -> None:
+def _set(owner: nn.Module, attr: str, value: torch.Tensor, is_param: bool, trainable: bool = False) -> None:
     if is_param:
-        owner.register_parameter(attr, nn.Parameter(value, requires_grad=False))
+        owner.register_parameter(attr, nn.Parameter(value, requires_grad=trainable and value.is_floating_point()))
     else:
         setattr(owner, attr, value)  # a registered buffer stays one (and keeps its persistence)
 
@@ -137,20 +138,25 @@ class Blocks:
     def streams(self, depth: int) -> bool:
         """Whether layers ``0..depth`` run block by block: their blocks do not fit ``max_memory`` beside the trunk
         (blocks already resident count as fitting)."""
-        if self.budget is None or depth <= self.resident:
-            return False
+        if self.budget is None or depth <= self.resident or (self.bound is not None and depth > self.bound):
+            return False  # (past max_layer: ensure() refuses it)
         return self.trunk_bytes + self.needed(depth) > self.budget
 
     def chunk_batches(self, batch_bytes: int) -> int:
         """How many batches of ``batch_bytes`` each (their kept states and working activations) a streamed chunk
-        holds within ``max_memory``, beside the trunk and the block being run (held, and cast for compute): at
-        least 1."""
+        holds within ``max_memory``, beside the trunk, the resident blocks and the block being run (held, and its
+        float32 copy while it runs: one matrix at a time, or the whole block where it is cast per block): at least 1
+        (a warning in the log says when the budget is already spent on weights)."""
         if self.budget is None:
             return 1
         widest = max(self.block_bytes, default=0)
-        cast = widest // 2 if self.upcast is not None else 0  # the largest matrix cast at a time (well below)
-        room = self.budget - self.trunk_bytes - widest - cast
-        return max(1, min(4096, room // max(1, batch_bytes)))
+        ratio = torch.tensor([], dtype=self.compute).element_size() / torch.tensor([], dtype=self.held).element_size()
+        cast = 0 if self.upcast is None else int(widest * ratio) if self.cast == "block" else int(widest * ratio / 2)
+        room = self.budget - self.trunk_bytes - self.needed(self.resident) - widest - cast
+        if room < batch_bytes:
+            log.warning("max_memory=%s leaves %s for a streamed chunk after the weights; running one batch at a "
+                        "time (each block is then read once per batch)", human(self.budget), human(max(0, room)))
+        return int(max(1, min(4096, room // max(1, batch_bytes))))
 
     def describe(self) -> dict[str, Any]:
         """What is in memory: ``{"resident_blocks", "blocks", "held_dtype", "cast" (``"per module"``, ``"per
@@ -199,6 +205,8 @@ class Blocks:
         time) or whole ``"block"`` by block (one block's float32 copy while it runs). Per block is for models whose
         modules read each other's weights directly (T5's feed-forward casts its input to ``wo.weight``'s dtype,
         DeBERTa v1's attention reads ``in_proj.weight``); :class:`layerwise.model.depth.DepthPlan` tells at load."""
+        if scope not in CAST_SCOPES:
+            raise ModelLoadError(f"unknown cast scope {scope!r}. Valid scopes are: {', '.join(CAST_SCOPES)}")
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -208,6 +216,23 @@ class Blocks:
             self.upcast.recurse = scope == "block"
         for m in range(len(self.layers)):
             self._hook(m)
+
+    def hold_in_compute(self) -> None:
+        """Hold the resident blocks' weights in the compute dtype for good: for fine-tuning (it updates them in place;
+        the per-call casts would hand the optimiser a copy), and for a model whose narrowed weights could not be
+        proven at load. Later blocks load in the compute dtype too."""
+        if self.upcast is None:
+            return
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.settle()
+        with torch.no_grad():
+            for m in range(self.resident):
+                for p in self.layers[m].parameters():
+                    if p.is_floating_point() and p.dtype != self.compute:
+                        p.data = p.data.to(self.compute)
+        self.held, self.upcast = self.compute, None
 
     def settle(self) -> None:
         """Put every block's held weights back (after a forward pass that stopped inside a block)."""
@@ -251,7 +276,7 @@ class Blocks:
             if tuple(value.shape) != tuple(t.shape):
                 raise ModelLoadError(f"tensor {name!r} of block {m} is {tuple(value.shape)} in the checkpoint and "
                                      f"{tuple(t.shape)} in the model's config; the config does not match the weights")
-            _set(owner, attr, value, is_param)
+            _set(owner, attr, value, is_param, trainable=copy)  # a resident block trains like transformers' own
             if value is not source:
                 copied.append(name)
         for name in copied:  # the copies are what is used: the file's pages need not stay mapped in
@@ -306,18 +331,25 @@ class Blocks:
                     self.checkpoint.release(self.key(m, name))
 
     def state_items(self, state: dict[str, torch.Tensor], path: str) -> Iterator[tuple[str, torch.Tensor]]:
-        """``state`` (a model's ``state_dict``, whose non-resident block tensors are on ``meta``) with those tensors
-        read from the checkpoint instead: the values a whole-model load would hold (for fingerprints)."""
+        """``state`` (a model's ``state_dict``, whose non-resident block tensors are on ``meta``) in name order, with
+        those tensors read from the checkpoint one at a time, in the dtype a load would give them (their pages are
+        dropped again once the caller has moved on): the values a whole-model load holds, for fingerprints."""
         start = path + "."
-        for name, t in state.items():
-            if t.is_meta and name.startswith(start):
-                m_text, _, rest = name[len(start):].partition(".")
-                try:
-                    yield name, self.checkpoint.tensor(self.key(int(m_text), rest)).to(self.held)
-                except KeyError:
-                    yield name, self._template.get(rest, t)
-            else:
+        for name in sorted(state):
+            t = state[name]
+            if not (t.is_meta and name.startswith(start)):
                 yield name, t
+                continue
+            m_text, _, rest = name[len(start):].partition(".")
+            try:
+                key = self.key(int(m_text), rest)
+            except KeyError:
+                yield name, self._template.get(rest, t)
+                continue
+            source = self.checkpoint.tensor(key)
+            dtype = (self.held if self.held == self.compute else source.dtype) if t.is_floating_point() else t.dtype
+            yield name, source.to(dtype)
+            self.checkpoint.release(key)
 
 
-__all__ = ["Blocks"]
+__all__ = ["CAST_SCOPES", "Blocks"]

@@ -29,6 +29,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..errors import ModelLoadError
+from .families import resolve_path
 from .loaded import LoadedModel
 
 log = logging.getLogger("layerwise")
@@ -215,6 +217,10 @@ def capture(
         ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
     """
     if loaded.streams(max(layers)):
+        if grad:
+            raise ModelLoadError(
+                f"layers up to {max(layers)} run block by block under max_memory, which computes no gradients; "
+                f"fine-tuning needs the blocks in memory: raise max_memory (CLI --max-memory) or drop it")
         return capture_chunk(loaded, [(input_ids, attention_mask, position_ids)], layers, site)[0]
     # hooks live on the shared modules: one capture per model at a time (threads queue here)
     with loaded.lock:
@@ -235,16 +241,24 @@ def capture(
 
 
 class _Replay(nn.Module):
-    """Stands in for the blocks before the one being run in a layer-by-layer pass: returns what that block's
+    """Stands in for a block before the one being run in a layer-by-layer pass: returns what that block's
     predecessor returned for this batch (so the model's own loop hands it the right input, and carries what the
-    blocks pass along, e.g. T5's position bias)."""
+    blocks pass along, e.g. T5's position bias). Other attributes the loop reads from a block (ModernBERT's
+    ``attention_type``) are the original block's."""
 
-    def __init__(self) -> None:
+    def __init__(self, original: nn.Module, shared: dict[str, Any]) -> None:
         super().__init__()
-        self.output: Any = None
+        self.__dict__["stands_for"] = original  # not a submodule: its weights are not part of the replay
+        self.__dict__["shared"] = shared  # {"output": the kept output of this batch}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["stands_for"], name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.output
+        return self.__dict__["shared"]["output"]
 
 
 def capture_chunk(
@@ -276,32 +290,25 @@ def capture_chunk(
     deepest = max(layers)
     lmap = loaded.layer_map
     parent_path, _, name = lmap.path.rpartition(".")
-    from .families import resolve_path
-
     container = getattr(resolve_path(loaded.model, parent_path)[0] if parent_path else loaded.model, name)
     kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
     carried: list[Any] = [None] * len(batches)
-    replay = _Replay()
+    shared: dict[str, Any] = {"output": None}
     before = blocks.reads
     with loaded.lock, torch.inference_mode():
-        if deepest == 0:
-            for b, (ids, mask, pos) in enumerate(batches):
-                with record(loaded, [0], site) as rec:
-                    _forward(loaded, ids, mask, pos)
-                kept[b][0] = rec.tensors[0]
         for m in range(deepest):
             wanted = [0, m + 1] if m == 0 else [m + 1]
             with blocks.streamed(m) as block:
                 originals = [container[j] for j in range(m)]
                 try:
                     for j in range(m):
-                        container[j] = replay
+                        container[j] = _Replay(originals[j], shared)
                     # the state after block m is read by a module run after it (final norm, DeBERTa's conv)
                     deferred = site == "block" and (
                         (m == loaded.num_layers - 1 and lmap.final is not None)
                         or (m == 0 and lmap.after_first is not None))
                     for b, (ids, mask, pos) in enumerate(batches):
-                        replay.output = carried[b]
+                        shared["output"] = carried[b]
                         out: dict[str, Any] = {}
 
                         def keep_output(mod: nn.Module, args: Any, output: Any, out: dict = out,
@@ -331,7 +338,7 @@ def capture_chunk(
                 finally:
                     for j, original in enumerate(originals):
                         container[j] = original
-                    replay.output = None
+                    shared["output"] = None
     log.info("streamed %d blocks for a chunk of %d batches (%d texts): read %.2f GB of weights once for the chunk",
              deepest, len(batches), sum(int(ids.shape[0]) for ids, _, _ in batches), (blocks.reads - before) / 1e9)
     missing = [i for i in layers if any(i not in k for k in kept)]

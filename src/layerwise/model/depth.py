@@ -89,6 +89,44 @@ class _Primed(Exception):
     """Stops the priming call of :meth:`DepthPlan.graft` at block 0."""
 
 
+class _Probe:
+    """Block 0's output on two short texts (the model's own call, stopped after block 0)."""
+
+    def __init__(self, net: nn.Module, block: nn.Module, call: Callable[..., Any], tokenizer: Any):
+        self.net, self.block, self.call = net, block, call
+        self.ids, self.mask = probe_batch(tokenizer)
+
+    def run(self) -> torch.Tensor | None:
+        """Block 0's output ``[2, tokens, hidden]`` (``None`` when the call failed: a mixed-dtype operation)."""
+        out: dict[str, Any] = {}
+
+        def stop(module: nn.Module, args: Any, output: Any) -> None:
+            out["o"] = output[0] if isinstance(output, (tuple, list)) else output
+            raise _Primed
+
+        handle = self.block.register_forward_hook(stop)
+        device = next(iter(self.net.parameters())).device
+        try:
+            with torch.inference_mode():
+                self.call(self.net, self.ids.to(device), self.mask.to(device))
+        except _Primed:
+            pass
+        except RuntimeError:  # a module got another's weights in the held dtype and refused the mixed operation
+            return None
+        finally:
+            handle.remove()
+        value = out.get("o")
+        return value if isinstance(value, torch.Tensor) else None
+
+    def equals(self, reference: torch.Tensor, blocks: Blocks) -> bool:
+        """Whether block 0 now gives ``reference`` bit for bit."""
+        try:
+            got = self.run()
+        finally:
+            blocks.settle()
+        return got is not None and got.dtype == reference.dtype and torch.equal(got, reference)
+
+
 @dataclass
 class DepthPlan:
     """What :func:`plan_depth` decided (see the module docstring)."""
@@ -172,59 +210,38 @@ class DepthPlan:
     def blocks(self, net: nn.Module, call: Callable[..., Any], tokenizer: Any) -> Blocks | None:
         """The :class:`Blocks` of a grafted ``net``, with the casts of held weights in place (so the checks made at
         load run as every later call does); ``None`` when the checkpoint's names cannot be proven on block 0 (the
-        caller then loads the model whole)."""
+        caller then loads the model whole).
+
+        Holding weights narrower than the compute dtype is proven too: block 0's output on two short texts must
+        equal, bit for bit, the output of the model as transformers loaded it (in the compute dtype). Casting module
+        by module is tried first (at most one matrix cast at a time), then block by block (for models whose modules
+        read each other's weights directly: T5's feed-forward, DeBERTa v1's attention); when neither is equal, the
+        weights are held in the compute dtype (``describe()["weights"]["held_dtype"]`` says so)."""
         container = self.container(net)
         if container is None:
             return None
         prefix = self._prefix(container[0])
         if prefix is None:
             return None
-        if self.held != self.compute:
-            self._hold(net, container)
+        probe = _Probe(net, container[0], call, tokenizer)
+        reference = probe.run() if self.held != self.compute else None
+        undo = self._hold(net, container) if self.held != self.compute else None
         blocks = Blocks(list(container), self.checkpoint, prefix, held=self.held, compute=self.compute,
                         device=self.device, resident=self.first, bound=self.bound, budget=self.budget,
                         trunk_bytes=self.trunk_bytes)
         if not self._proven(blocks, container[0]):
             return None
-        if blocks.upcast is not None and not self._casts_per_module(net, blocks, call, tokenizer):
-            blocks.set_cast("block")
+        if blocks.upcast is not None and reference is not None and undo is not None:
+            for scope in ("module", "block"):
+                blocks.set_cast(scope)
+                if probe.equals(reference, blocks):
+                    break
+            else:
+                blocks.hold_in_compute()  # held in the compute dtype from now on
+                undo()
+                self.held = self.compute
         blocks.guard(net)
         return blocks
-
-    @staticmethod
-    def _casts_per_module(net: nn.Module, blocks: Blocks, call: Callable[..., Any], tokenizer: Any) -> bool:
-        """Whether casting module by module gives block 0 the output that casting the whole block gives (bit for
-        bit, on two short texts): ``False`` when a module reads another's weights directly (it would get them in the
-        held dtype: an error, or a silent rounding)."""
-        block = blocks.layers[0]
-        ids, mask = probe_batch(tokenizer)
-        device = next(iter(net.parameters())).device
-        outputs: dict[str, Any] = {}
-
-        def run(scope: str) -> None:
-            blocks.set_cast(scope)
-
-            def stop(module: nn.Module, args: Any, output: Any) -> None:
-                outputs[scope] = output[0] if isinstance(output, (tuple, list)) else output
-                raise _Primed
-
-            handle = block.register_forward_hook(stop)
-            try:
-                with torch.inference_mode():
-                    call(net, ids.to(device), mask.to(device))
-            except _Primed:
-                pass
-            finally:
-                handle.remove()
-                blocks.settle()
-
-        run("block")
-        try:
-            run("module")
-        except RuntimeError:  # a module got another's weights in the held dtype and refused the mixed operation
-            return False
-        a, b = outputs.get("module"), outputs.get("block")
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
 
     def attach(self, blocks: Blocks, layer_map: LayerMap) -> bool:
         """Give ``layer_map`` (found on the resident blocks) every block; ``False`` when it found another list."""
@@ -263,10 +280,10 @@ class DepthPlan:
                 return False
         return True
 
-    def _hold(self, net: nn.Module, container: nn.ModuleList) -> None:
+    def _hold(self, net: nn.Module, container: nn.ModuleList) -> Callable[[], None]:
         """Hold the loaded blocks' weights, and a plain input embedding matrix (whose lookups are then cast), in the
         held dtype where that is exact (they came from a checkpoint in that dtype); the rest of the trunk stays in
-        the compute dtype."""
+        the compute dtype. Returns what puts the embedding matrix back in the compute dtype."""
         embeddings: Any = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None  # type: ignore[operator]
         # a plain lookup is exact whatever dtype it reads; a subclass may compute in its forward (Gemma scales)
         plain = type(embeddings) is nn.Embedding
@@ -278,9 +295,29 @@ class DepthPlan:
                         narrow = p.data.to(self.held)
                         if torch.equal(narrow.to(p.dtype), p.data):
                             p.data = narrow
-        if plain:
-            compute = self.compute
-            embeddings.register_forward_hook(lambda module, args, out: out.to(compute))
+        if not plain:
+            return lambda: None
+        compute = self.compute
+        handle = embeddings.register_forward_hook(lambda module, args, out: out.to(compute))
+
+        def undo() -> None:
+            handle.remove()
+            for p in embeddings.parameters():
+                p.data = p.data.to(compute)
+
+        return undo
+
+
+def _skeleton(cls: Any, config: Any, dtype: torch.dtype) -> nn.Module | None:
+    """The model of ``config`` built on the ``meta`` device (no memory; the encoder of an encoder-decoder), or
+    ``None`` when its construction cannot run there."""
+    try:
+        with torch.device("meta"), quiet_load():
+            net = (cls.from_config(copy.deepcopy(config), dtype=dtype) if hasattr(cls, "from_config")
+                   else cls(copy.deepcopy(config)).to(dtype))
+    except Exception:  # noqa: BLE001 - an architecture whose init cannot run on meta: the caller loads it whole
+        return None
+    return net
 
 
 def _layer_path(skeleton: nn.Module, family_path: str | None, given: str | None, n_layers: int) -> str | None:
@@ -293,8 +330,8 @@ def _layer_path(skeleton: nn.Module, family_path: str | None, given: str | None,
 
 
 def plan_depth(source: str, config: Any, opts: ModelOptions, compute: torch.dtype,
-               device: torch.device) -> DepthPlan | None:
-    """The :class:`DepthPlan` for a local model directory, or ``None`` when it is loaded whole (see the module
+               device: torch.device) -> DepthPlan | str:
+    """The :class:`DepthPlan` for a local model directory, or why it is loaded whole (a phrase: see the module
     docstring).
 
     Raises:
@@ -303,41 +340,45 @@ def plan_depth(source: str, config: Any, opts: ModelOptions, compute: torch.dtyp
     """
     model_type = str(getattr(config, "model_type", ""))
     family = table_family(model_type)
-    if opts.trust_remote_code or (family is not None and family.name == "albert"):
-        return None
+    if opts.trust_remote_code:
+        return "its modelling code is the repository's own (trust_remote_code)"
+    if family is not None and family.name == "albert":
+        return "ALBERT runs one shared block for every layer"
+    cls = model_class(config)
+    if getattr(config, "is_encoder_decoder", False) and cls.__name__ == "AutoModel":
+        return "an encoder-decoder other than T5 loads its decoder too"
     try:
         checkpoint = Checkpoint.open(source)
     except ModelLoadError:
         if not any(Path(source).glob("*.safetensors")):
-            return None  # a pickle checkpoint (allow_pickle): loaded whole
+            return "its weights are a pickle checkpoint, not safetensors"
         raise
     n_layers = family.num_layers(config) if family is not None else int(getattr(config, "num_hidden_layers", 0) or 0)
     if n_layers < 2:
-        return None
+        return f"it has {n_layers} layer"
     held = checkpoint.dtype if compute == torch.float32 and checkpoint.dtype in (torch.bfloat16, torch.float16) \
         else compute
-    cls = model_class(config)
-    try:
-        with torch.device("meta"), quiet_load():
-            skeleton = (cls.from_config(copy.deepcopy(config), dtype=held) if hasattr(cls, "from_config")
-                        else cls(copy.deepcopy(config)).to(held))
-    except Exception:  # noqa: BLE001 - an architecture whose init cannot run on meta: load it whole
-        return None
-    if getattr(config, "is_encoder_decoder", False) and cls.__name__ == "AutoModel" and hasattr(skeleton,
-                                                                                                "get_encoder"):
-        skeleton = skeleton.get_encoder()
+    skeleton = _skeleton(cls, config, held)
+    cut = copy.deepcopy(config)
+    cut.num_hidden_layers = 1
+    short = _skeleton(cls, cut, held)
+    if skeleton is None or short is None:
+        return "its module tree cannot be built without memory (on the meta device)"
     path = _layer_path(skeleton, family.layer_paths[0] if family is not None else None, opts.layer_modules, n_layers)
     if path is None:
-        return None
+        return f"no list of {n_layers} layer modules was found in it"
     try:
         container = resolve_path(skeleton, path)[0]
     except ModelLoadError:
-        return None
+        return f"its layer list {path!r} was not found"
     if not isinstance(container, nn.ModuleList) or len(container) != n_layers:
-        return None
+        return f"{path!r} is not a list of {n_layers} modules"
+    outside = {k: tuple(v.shape) for k, v in skeleton.state_dict().items() if not k.startswith(path + ".")}
+    if outside != {k: tuple(v.shape) for k, v in short.state_dict().items() if not k.startswith(path + ".")}:
+        return "its modules outside the layer list depend on the number of layers"
     blocks = list(container)
     block_ids = {id(t) for b in blocks for t in (*b.parameters(), *b.buffers())}
-    embeddings: Any = skeleton.get_input_embeddings() if hasattr(skeleton, "get_input_embeddings") else None
+    embeddings: Any = skeleton.get_input_embeddings() if hasattr(skeleton, "get_input_embeddings") else None  # type: ignore[operator]
     emb_ids = {id(p) for p in embeddings.parameters()} if type(embeddings) is nn.Embedding else set()
     trunk = sum(_nbytes(t, held if id(t) in emb_ids else compute)
                 for t in (*skeleton.parameters(), *skeleton.buffers()) if id(t) not in block_ids)

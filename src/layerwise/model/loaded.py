@@ -114,10 +114,11 @@ class LoadedModel:
         checkpoint (:meth:`~layerwise.model.blocks.Blocks.state_items`), so the value is the whole model's."""
         from ..provenance import tensors_fingerprint
 
-        state = self.model.state_dict()
+        with self.lock:  # never while a streamed chunk has blocks replaced
+            state = self.model.state_dict()
         if self.blocks is None:
             return tensors_fingerprint(state)
-        return tensors_fingerprint(dict(self.blocks.state_items(state, self.layer_map.path)))
+        return tensors_fingerprint(self.blocks.state_items(state, self.layer_map.path))
 
     def site_width(self, site: str) -> int:
         """Feature width of one site (``ValueError`` naming the model's sites for one it lacks)."""

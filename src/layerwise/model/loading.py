@@ -26,6 +26,7 @@ import inspect
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -35,7 +36,7 @@ from torch import nn
 
 from ..encoding.vocab import SITES
 from ..errors import MappingError, ModelLoadError
-from .depth import ENCODER_CLASSES, plan_depth
+from .depth import ENCODER_CLASSES, DepthPlan, plan_depth
 from .discovery import discover, transformers_call
 from .families import Family, table_family
 from .layermap import map_from_family
@@ -221,7 +222,14 @@ def _load(opts: ModelOptions, by_depth: bool) -> LoadedModel:
                 f"revision={revision!r} (CLI: --revision) to use it")
     config = _read_config(source, is_local, kwargs, hint)
     model_type = str(getattr(config, "model_type", "") or type(config).__name__)
-    plan = plan_depth(source, config, opts, torch_dtype, dev) if is_local and by_depth else None
+    plan: DepthPlan | None = None
+    if by_depth:
+        found = plan_depth(source, config, opts, torch_dtype, dev) if is_local else \
+            "it is a hub id (download it to a directory to load it by depth)"
+        if isinstance(found, str):
+            _loaded_whole(opts, found)
+        else:
+            plan = found
     if plan is not None:
         net = plan.load(lambda cut, dtype: _read_weights(source, cut, dtype, allow_pickle, kwargs))
     else:
@@ -233,6 +241,8 @@ def _load(opts: ModelOptions, by_depth: bool) -> LoadedModel:
         blocks = plan.blocks(net, transformers_call, tokenizer) if plan.graft(net, transformers_call, tokenizer) \
             else None
         if blocks is None:  # the layer list or the checkpoint's names could not be proven: load it whole, as before
+            del net, plan
+            _loaded_whole(opts, "its checkpoint's tensor names could not be proven on block 0")
             return _load(opts, by_depth=False)
     family = table_family(model_type) if layers is None else None
     try:
@@ -244,6 +254,8 @@ def _load(opts: ModelOptions, by_depth: bool) -> LoadedModel:
         raise ModelLoadError(f"{source!r}: {exc}") from exc
     if plan is not None and blocks is not None:
         if not plan.attach(blocks, facts["layer_map"]):
+            del net, plan, blocks, facts
+            _loaded_whole(opts, "its layers were found in another list than the one loaded by depth")
             return _load(opts, by_depth=False)
         facts["num_layers"] = plan.num_layers
     st_window = (sentence_transformers_length(Path(source)) or 0) if is_local else 0
@@ -258,6 +270,15 @@ def _load(opts: ModelOptions, by_depth: bool) -> LoadedModel:
         blocks=blocks,
         **facts,
     )
+
+
+def _loaded_whole(opts: ModelOptions, why: str) -> None:
+    """Say that ``max_layer``/``max_memory``, when given, do not apply: the model is loaded whole, and why."""
+    given = [f"{name}={getattr(opts, name)!r}" for name in ("max_layer", "max_memory")
+             if getattr(opts, name) is not None]
+    if given:
+        warnings.warn(f"{' and '.join(given)} not applied: this model is loaded whole because {why}; every layer's "
+                      f"weights are in memory", UserWarning, stacklevel=4)
 
 
 def _table_facts(family: Family, net: nn.Module, config: Any, tokenizer: Any, model_type: str) -> dict[str, Any]:

@@ -11,8 +11,8 @@ Where the limit comes from, the lowest wins:
 
 Example::
 
-    >>> parse_size("4GB"), parse_size("512MiB"), parse_size(1024)
-    (4000000000, 536870912, 1024)
+    >>> parse_size("4GB"), parse_size("512MiB"), parse_size(2**30)
+    (4000000000, 536870912, 1073741824)
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ def parse_size(value: object, name: str = "max_memory") -> int:
     """
     if isinstance(value, bool):
         raise ModelLoadError(f"{name} must be a size such as '4GB' or '512MiB', got {value!r}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ModelLoadError(f"{name} must be positive, got {value}")
-        return value
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        size = int(value)
+        if size < 2**20:
+            raise ModelLoadError(f"{name}={value!r} is {size:,} bytes, less than 1 MiB: a number without a unit is "
+                                 f"bytes. Did you mean '{size}GB'? Units: B, KB, MB, GB, TB and KiB, MiB, GiB, TiB")
+        return size
     match = _SIZE_RE.match(value) if isinstance(value, str) else None
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
@@ -97,8 +99,22 @@ def _cgroup_room() -> Available | None:
     for limit_path, usage_path in candidates:
         limit, usage = _read_int(limit_path), _read_int(usage_path)
         if limit is not None and limit < _NO_LIMIT and usage is not None:
+            usage -= _reclaimable(limit_path.parent)  # page cache the kernel drops before it kills anything
             return Available(max(0, limit - usage), f"the cgroup limit of {human(limit)} ({limit_path})")
     return None
+
+
+def _reclaimable(group: Path) -> int:
+    """Bytes of inactive file pages in a cgroup (v2 ``inactive_file``, v1 ``total_inactive_file``): counted in its
+    usage, dropped before anything is killed."""
+    try:
+        for line in (group / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("inactive_file", "total_inactive_file"):
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _status_kb(field: str) -> int | None:

@@ -126,10 +126,10 @@ class ModelOptions:
             from .memory import parse_size
 
             parse_size(self.max_memory)  # refused now, with the units, rather than at load
-        for name in ("max_length", "stride", "max_layer"):
+        for name, unit in (("max_length", "tokens"), ("stride", "tokens"), ("max_layer", "a layer index")):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ModelLoadError(f"{name} must be an int (tokens), got {value!r}")  # its range: by the model
+                raise ModelLoadError(f"{name} must be an int ({unit}), got {value!r}")  # its range: by the model
         for name in ("allow_pickle", "trust_remote_code"):
             if not isinstance(getattr(self, name), bool):
                 raise ModelLoadError(f"{name} must be True or False, got {getattr(self, name)!r}")

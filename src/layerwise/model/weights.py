@@ -64,7 +64,9 @@ def _read_header(path: Path) -> dict[str, Entry]:
                 raise ModelLoadError(f"{path} claims a {size:,}-byte safetensors header; the file is damaged")
             header = json.loads(f.read(size))
         total = path.stat().st_size
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if not isinstance(header, dict):
+            raise json.JSONDecodeError("the header is not a JSON object", "", 0)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
         raise ModelLoadError(f"could not read the safetensors header of {path}: {exc}; the file is damaged or "
                              f"truncated: download or save the model again") from exc
     entries: dict[str, Entry] = {}
@@ -118,6 +120,8 @@ class Checkpoint:
                 raise ModelLoadError(f"{index} names shards that are missing: {', '.join(missing)}; download or "
                                      f"save the model again")
             files = [directory / n for n in names]
+        elif (directory / "model.safetensors").is_file():  # what transformers reads without an index
+            files = [directory / "model.safetensors"]
         else:
             files = sorted(p for p in directory.glob("*.safetensors") if p.is_file())
         if not files:
@@ -137,10 +141,6 @@ class Checkpoint:
     def total_bytes(self) -> int:
         """Bytes of every tensor."""
         return sum(e.nbytes for e in self.entries.values())
-
-    def nbytes(self, names: Iterable[str]) -> int:
-        """Bytes of the named tensors."""
-        return sum(self.entries[n].nbytes for n in names)
 
     def tensor(self, name: str) -> torch.Tensor:
         """Tensor ``name`` as a read-only view of the file's pages (nothing is read until it is used; never write

@@ -99,6 +99,10 @@ class _Truncated(nn.Module):
 
 def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     """A float32 CPU copy of the model that runs only its first ``depth`` layers (``depth >= 1``)."""
+    if loaded.streams(depth):
+        raise ModelLoadError(f"layers 0..{depth} exceed max_memory and run block by block, which only PyTorch does; "
+                             f"an ONNX or OpenVINO export needs them all in memory: use backend='torch' or 'auto', or "
+                             f"raise max_memory")
     loaded.ensure_depth(depth)  # a model loaded by depth: its first blocks, read now if they are not in memory
     model = copy.deepcopy(loaded.model)
     if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times

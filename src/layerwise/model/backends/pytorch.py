@@ -118,10 +118,16 @@ class TorchBackend(Backend):
             self._chunk = None
 
         def wait() -> torch.Tensor:
-            if not results:
-                if self._chunk is chunk:
-                    self._chunk = None
-                results.extend(capture_chunk(self.loaded, batches, layers, site))
+            with self.loaded.lock:  # one run of the chunk, whichever thread waits first
+                if not results:
+                    if self._chunk is chunk:
+                        self._chunk = None
+                    try:
+                        results.extend(capture_chunk(self.loaded, batches, layers, site))
+                    except Exception as exc:  # every batch of the chunk raises it; none runs the chunk again
+                        results.append(exc)
+                if isinstance(results[0], Exception):
+                    raise results[0]
             return results[index]
 
         return wait
