@@ -303,9 +303,10 @@ class Blocks:
                 f"layer {depth} is deeper than max_layer={self.bound}, the depth this model was loaded with; load "
                 f"it with a larger max_layer (or none), or ask for layers 0..{self.bound}")
         more = self.needed(depth) - self.needed(self.resident)
+        bf16 = "" if self.held in (torch.bfloat16, torch.float16) else "load with compute_dtype='bfloat16', "
         check_fits(more, f"blocks {self.resident}..{depth - 1} (for layer {depth}, {str(self.held)[6:]})",
-                   "Ask for a shallower layer, load with compute_dtype='bfloat16', or set max_memory (CLI "
-                   "--max-memory) to run the model block by block.", str(self.device))
+                   f"Ask for a shallower layer, {bf16}or set max_memory (CLI --max-memory) to run the model block by "
+                   f"block.", str(self.device))
         for m in range(self.resident, depth):
             self._fill(m, copy=True)
             self.resident = m + 1

@@ -395,8 +395,9 @@ def plan_depth(source: str, config: Any, opts: ModelOptions, compute: torch.dtyp
         raise ModelLoadError(
             f"{what} need {human(needed)}, more than max_memory={opts.max_memory!r} ({human(budget)}); the weights "
             f"outside the blocks alone take {human(trunk)}. Raise max_memory, or lower max_layer")
-    check_fits(max(needed, loading), what, "Ask for a shallower max_layer, load with compute_dtype='bfloat16', or set "
-                             "max_memory (CLI --max-memory) to run the model block by block.", str(device))
+    bf16 = "" if held in (torch.bfloat16, torch.float16) else "load with compute_dtype='bfloat16', "
+    check_fits(max(needed, loading), what, f"Ask for a shallower max_layer, {bf16}or set max_memory (CLI --max-memory) "
+                                           f"to run the model block by block.", str(device))
     return DepthPlan(checkpoint, config, n_layers, path, blocks, held, compute, device, first, bound, budget, trunk)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 import warnings
 from collections import Counter
@@ -165,8 +166,9 @@ class Checkpoint:
         return flat.view(e.shape)
 
     def release(self, name: str) -> None:
-        """Drop tensor ``name``'s pages from this process's mapping (``MADV_DONTNEED``) once it has been copied or
-        used: the page cache may keep them, but they no longer count in the process's resident memory."""
+        """Drop tensor ``name``'s pages from this process's mapping (``MADV_DONTNEED``) and from the page cache
+        (``POSIX_FADV_DONTNEED``) once it has been copied or used: under a cgroup memory limit the page cache counts
+        against the limit too, and a streamed block is read again from the file for the next chunk anyway."""
         e = self.entries[name]
         mapped = self._maps.get(e.file)
         advise = getattr(mmap, "MADV_DONTNEED", None)
@@ -176,6 +178,12 @@ class Checkpoint:
         start, end = -(-e.start // page) * page, e.end // page * page  # whole pages inside the tensor only
         if end > start:
             mapped.madvise(advise, start, end - start)
+            if hasattr(os, "posix_fadvise"):  # and out of the page cache: under a memory limit it counts too
+                fd = os.open(e.file, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
 
     def close(self) -> None:
         """Unmap the files (tensors taken from them must no longer be used)."""
