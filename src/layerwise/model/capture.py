@@ -291,7 +291,12 @@ def capture_chunk(
     lmap = loaded.layer_map
     parent_path, _, name = lmap.path.rpartition(".")
     container = getattr(resolve_path(loaded.model, parent_path)[0] if parent_path else loaded.model, name)
-    kept: list[dict[int, torch.Tensor]] = [{} for _ in batches]
+    # each batch's states are written into one tensor as they come (no second copy to stack them at the end)
+    width = loaded.site_width(site)
+    kept = [torch.empty((len(layers), *ids.shape, width), dtype=loaded.dtype, device=loaded.device)
+            for ids, _, _ in batches]
+    slots = {i: [k for k, j in enumerate(layers) if j == i] for i in set(layers)}
+    done: list[set[int]] = [set() for _ in batches]
     carried: list[Any] = [None] * len(batches)
     shared: dict[str, Any] = {"output": None}
     before = blocks.reads
@@ -334,17 +339,19 @@ def capture_chunk(
                         carried[b] = out.get("o")
                         for i in wanted:
                             if i in layers and i in rec.tensors:
-                                kept[b][i] = rec.tensors[i]
+                                for k in slots[i]:
+                                    kept[b][k].copy_(rec.tensors[i])
+                                done[b].add(i)
                 finally:
                     for j, original in enumerate(originals):
                         container[j] = original
                     shared["output"] = None
     log.info("streamed %d blocks for a chunk of %d batches (%d texts): read %.2f GB of weights once for the chunk",
              deepest, len(batches), sum(int(ids.shape[0]) for ids, _, _ in batches), (blocks.reads - before) / 1e9)
-    missing = [i for i in layers if any(i not in k for k in kept)]
+    missing = [i for i in layers if any(i not in d for d in done)]
     if missing:  # pragma: no cover - a layer map error, not a user error
         raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
-    return [torch.stack([k[i] for i in layers]) for k in kept]
+    return kept
 
 
 def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, site="block") -> int:
