@@ -320,6 +320,9 @@ class Extractor:
             return torch.zeros((len(layers), n, 0, self.site_width(site)), dtype=self.backend.dtype,
                                device=self.backend.device)
 
+        cap = self.backend.batch_tokens_cap(layers, site)  # a streamed model: one batch's states within max_memory
+        if cap is not None and cap < batch_tokens:
+            batch_tokens = cap
         yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
                                    pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length, empty=empty,
                                    ahead=self.backend.ahead(layers, site))

@@ -142,6 +142,17 @@ class Blocks:
             return False  # (past max_layer: ensure() refuses it)
         return self.trunk_bytes + self.needed(depth) > self.budget
 
+    def room(self) -> int:
+        """Bytes ``max_memory`` leaves for a streamed chunk's states: the budget less the trunk, the resident blocks
+        and the widest block (held, and its float32 copy while it runs: one matrix at a time, or the whole block
+        where it is cast per block); 0 without a budget or when it is spent."""
+        if self.budget is None:
+            return 0
+        widest = max(self.block_bytes, default=0)
+        ratio = torch.tensor([], dtype=self.compute).element_size() / torch.tensor([], dtype=self.held).element_size()
+        cast = 0 if self.upcast is None else int(widest * ratio) if self.cast == "block" else int(widest * ratio / 2)
+        return max(0, self.budget - self.trunk_bytes - self.needed(self.resident) - widest - cast)
+
     def chunk_batches(self, batch_bytes: int) -> int:
         """How many batches of ``batch_bytes`` each (their kept states and working activations) a streamed chunk
         holds within ``max_memory``, beside the trunk, the resident blocks and the block being run (held, and its
@@ -149,10 +160,7 @@ class Blocks:
         (a warning in the log says when the budget is already spent on weights)."""
         if self.budget is None:
             return 1
-        widest = max(self.block_bytes, default=0)
-        ratio = torch.tensor([], dtype=self.compute).element_size() / torch.tensor([], dtype=self.held).element_size()
-        cast = 0 if self.upcast is None else int(widest * ratio) if self.cast == "block" else int(widest * ratio / 2)
-        room = self.budget - self.trunk_bytes - self.needed(self.resident) - widest - cast
+        room = self.room()
         if room < batch_bytes:
             log.warning("max_memory=%s leaves %s for a streamed chunk after the weights; running one batch at a "
                         "time (each block is then read once per batch)", human(self.budget), human(max(0, room)))

@@ -171,6 +171,11 @@ class Backend(ABC):
         states = self.forward(input_ids, attention_mask, layers, site)
         return lambda: states
 
+    def batch_tokens_cap(self, layers: Sequence[int], site: str) -> int | None:
+        """The most tokens one batch for ``layers`` at ``site`` may hold, or ``None`` (the pipeline's budget
+        applies). A model streamed under ``max_memory`` bounds it, so that one batch's states fit the budget."""
+        return None
+
     def ahead(self, layers: Sequence[int], site: str) -> int:
         """How many batches for ``layers`` at ``site`` may be started before the oldest is waited for (1: one at a
         time)."""

@@ -96,6 +96,15 @@ class TorchBackend(Backend):
         block is read once per chunk."""
         return STREAM_AHEAD if self.loaded.streams(max(layers)) else 1
 
+    def batch_tokens_cap(self, layers: Sequence[int], site: str) -> int | None:
+        """Streamed layers: the tokens whose kept states (and the working copies of one block step) fit what
+        ``max_memory`` leaves beside the weights (at least 16); else ``None``."""
+        blocks = self.loaded.blocks
+        if blocks is None or not self.loaded.streams(max(layers)):
+            return None
+        per_token = self.loaded.site_width(site) * 4 * (len(layers) + 3)
+        return max(16, blocks.room() // per_token)
+
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
     ) -> Callable[[], torch.Tensor]:
