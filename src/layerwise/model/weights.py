@@ -53,23 +53,30 @@ class Entry:
         return self.end - self.start
 
 
+def _damaged(path: Path, reason: str) -> ModelLoadError:
+    return ModelLoadError(f"the weights in {path} are not a readable safetensors file ({reason}); the file is corrupt "
+                          f"or truncated: download or save the model again")
+
+
 def _read_header(path: Path) -> dict[str, Entry]:
     try:
         with path.open("rb") as f:
             raw = f.read(8)
-            if len(raw) != 8:
-                raise ModelLoadError(f"{path} is not a safetensors file (shorter than its 8-byte header length); "
-                                     f"the file is damaged or truncated: download or save the model again")
-            (size,) = struct.unpack("<Q", raw)
-            if size > _HEADER_LIMIT:
-                raise ModelLoadError(f"{path} claims a {size:,}-byte safetensors header; the file is damaged")
-            header = json.loads(f.read(size))
+            size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+            text = f.read(size) if 0 <= size <= _HEADER_LIMIT else b""
         total = path.stat().st_size
-        if not isinstance(header, dict):
-            raise json.JSONDecodeError("the header is not a JSON object", "", 0)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
-        raise ModelLoadError(f"could not read the safetensors header of {path}: {exc}; the file is damaged or "
-                             f"truncated: download or save the model again") from exc
+    except OSError as exc:
+        raise _damaged(path, str(exc)) from exc
+    if size < 0:
+        raise _damaged(path, "shorter than its 8-byte header length")
+    if size > _HEADER_LIMIT:
+        raise _damaged(path, f"it claims a {size:,}-byte header")
+    try:
+        header = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise _damaged(path, f"its header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise _damaged(path, "its header is not a JSON object")
     entries: dict[str, Entry] = {}
     base = 8 + size
     for name, info in header.items():
@@ -79,10 +86,9 @@ def _read_header(path: Path) -> dict[str, Entry]:
             start, end = (base + int(x) for x in info["data_offsets"])
             entry = Entry(path, DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"]), start, end)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{path}: tensor {name!r} has a malformed header entry {info!r}") from exc
+            raise _damaged(path, f"tensor {name!r} has a malformed header entry {info!r}") from exc
         if end > total:
-            raise ModelLoadError(f"{path} is truncated: tensor {name!r} ends at byte {end:,} and the file has "
-                                 f"{total:,}; download or save the model again")
+            raise _damaged(path, f"tensor {name!r} ends at byte {end:,} and the file has {total:,}")
         entries[name] = entry
     return entries
 
