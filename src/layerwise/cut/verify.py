@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..extractor import Extractor
-from ..model.loading import ENCODER_CLASSES, quiet_transformers
+from ..model.depth import ENCODER_CLASSES
+from ..model.loading import quiet_transformers
 from .plan import ExportPlan
 
 TOKEN_BOUND = 1e-5

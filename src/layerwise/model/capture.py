@@ -261,6 +261,38 @@ class _Replay(nn.Module):
         return self.__dict__["shared"]["output"]
 
 
+def _block_step(loaded: LoadedModel, block: nn.Module, m: int, ids: torch.Tensor, mask: torch.Tensor,
+                pos: torch.Tensor | None, wanted: list[int], site: str) -> tuple[Any, dict[int, torch.Tensor]]:
+    """One batch through the model up to block ``m`` (the blocks before it replayed): ``(block m's output, the
+    states of ``wanted`` layers recorded on the way [b, T, width])``."""
+    lmap = loaded.layer_map
+    last = m == loaded.num_layers - 1
+    # the state after block m is read by a module run after it (final norm, DeBERTa's conv): stop there instead
+    deferred = site == "block" and ((last and lmap.final is not None) or (m == 0 and lmap.after_first is not None))
+    out: dict[str, Any] = {}
+
+    def keep_output(mod: nn.Module, args: Any, output: Any) -> None:
+        out["o"] = output  # the next block's input (through the model's own loop)
+        if not deferred:
+            raise _StopForward
+
+    rec = Recorder(wanted, site, _chunked(loaded), loaded.num_layers, final=lmap.final is not None and last,
+                   after_first=lmap.after_first is not None and m == 0)
+    rec.current = m
+    rec.deepest = m + 1 if deferred else loaded.num_layers + 1  # else keep_output stops the pass
+    handles: list[Any] = []
+    try:
+        handles += _hooks(loaded, rec, [block], site)
+        handles.append(block.register_forward_hook(keep_output))
+        _forward(loaded, ids, mask, pos)
+    finally:
+        for handle in handles:
+            handle.remove()
+        if loaded.blocks is not None:
+            loaded.blocks.settle()
+    return out.get("o"), {i: rec.tensors[i] for i in wanted if i in rec.tensors}
+
+
 def capture_chunk(
     loaded: LoadedModel,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
@@ -288,8 +320,7 @@ def capture_chunk(
     if blocks is None:
         return [capture(loaded, ids, mask, layers, site, position_ids=pos) for ids, mask, pos in batches]
     deepest = max(layers)
-    lmap = loaded.layer_map
-    parent_path, _, name = lmap.path.rpartition(".")
+    parent_path, _, name = loaded.layer_map.path.rpartition(".")
     container = getattr(resolve_path(loaded.model, parent_path)[0] if parent_path else loaded.model, name)
     # each batch's states are written into one tensor as they come (no second copy to stack them at the end)
     width = loaded.site_width(site)
@@ -308,39 +339,13 @@ def capture_chunk(
                 try:
                     for j in range(m):
                         container[j] = _Replay(originals[j], shared)
-                    # the state after block m is read by a module run after it (final norm, DeBERTa's conv)
-                    deferred = site == "block" and (
-                        (m == loaded.num_layers - 1 and lmap.final is not None)
-                        or (m == 0 and lmap.after_first is not None))
                     for b, (ids, mask, pos) in enumerate(batches):
                         shared["output"] = carried[b]
-                        out: dict[str, Any] = {}
-
-                        def keep_output(mod: nn.Module, args: Any, output: Any, out: dict = out,
-                                        deferred: bool = deferred) -> None:
-                            out["o"] = output  # the next block's input (through the model's own loop)
-                            if not deferred:
-                                raise _StopForward
-
-                        rec = Recorder(wanted, site, _chunked(loaded), loaded.num_layers, final=lmap.final is not None
-                                       and m == loaded.num_layers - 1, after_first=lmap.after_first is not None
-                                       and m == 0)
-                        rec.current = m
-                        rec.deepest = m + 1 if deferred else loaded.num_layers + 1  # keep_output stops the pass
-                        handles: list[Any] = []
-                        try:
-                            handles += _hooks(loaded, rec, [block], site)
-                            handles.append(block.register_forward_hook(keep_output))
-                            _forward(loaded, ids, mask, pos)
-                        finally:
-                            for handle in handles:
-                                handle.remove()
-                            blocks.settle()
-                        carried[b] = out.get("o")
-                        for i in wanted:
-                            if i in layers and i in rec.tensors:
+                        carried[b], states = _block_step(loaded, block, m, ids, mask, pos, wanted, site)
+                        for i, state in states.items():
+                            if i in slots:
                                 for k in slots[i]:
-                                    kept[b][k].copy_(rec.tensors[i])
+                                    kept[b][k].copy_(state)
                                 done[b].add(i)
                 finally:
                     for j, original in enumerate(originals):

@@ -96,19 +96,22 @@ class _Probe:
         self.net, self.block, self.call = net, block, call
         self.ids, self.mask = probe_batch(tokenizer)
 
-    def run(self) -> torch.Tensor | None:
-        """Block 0's output ``[2, tokens, hidden]`` (``None`` when the call failed: a mixed-dtype operation)."""
+    def run(self, before: bool = False, **extra: Any) -> torch.Tensor | None:
+        """Block 0's output ``[2, tokens, hidden]`` (``None`` when the call failed: a mixed-dtype operation); with
+        ``before``, the call stops as block 0 starts (nothing is returned: the call's own side effects are wanted,
+        e.g. transformers installing its output-recording hooks)."""
         out: dict[str, Any] = {}
 
-        def stop(module: nn.Module, args: Any, output: Any) -> None:
-            out["o"] = output[0] if isinstance(output, (tuple, list)) else output
+        def stop(module: nn.Module, args: Any, output: Any = None) -> None:
+            if not before:
+                out["o"] = output[0] if isinstance(output, (tuple, list)) else output
             raise _Primed
 
-        handle = self.block.register_forward_hook(stop)
+        handle = (self.block.register_forward_pre_hook(stop) if before else self.block.register_forward_hook(stop))
         device = next(iter(self.net.parameters())).device
         try:
             with torch.inference_mode():
-                self.call(self.net, self.ids.to(device), self.mask.to(device))
+                self.call(self.net, self.ids.to(device), self.mask.to(device), **extra)
         except _Primed:
             pass
         except RuntimeError:  # a module got another's weights in the held dtype and refused the mixed operation
@@ -173,19 +176,7 @@ class DepthPlan:
             container.append(block.eval())
         set_depth(net.config, self.num_layers, self.config)
 
-        def stop(module: nn.Module, args: Any) -> None:
-            raise _Primed
-
-        handle = container[0].register_forward_pre_hook(stop)
-        ids, mask = probe_batch(tokenizer)
-        device = next(iter(net.parameters())).device
-        try:
-            with torch.inference_mode():
-                call(net, ids.to(device), mask.to(device), output_hidden_states=True)
-        except _Primed:
-            pass
-        finally:
-            handle.remove()
+        _Probe(net, container[0], call, tokenizer).run(before=True, output_hidden_states=True)
         return True
 
     @contextlib.contextmanager

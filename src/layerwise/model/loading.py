@@ -36,7 +36,7 @@ from torch import nn
 
 from ..encoding.vocab import SITES
 from ..errors import MappingError, ModelLoadError
-from .depth import ENCODER_CLASSES, DepthPlan, plan_depth
+from .depth import DepthPlan, model_class, plan_depth
 from .discovery import discover, transformers_call
 from .families import Family, table_family
 from .layermap import map_from_family
@@ -357,11 +357,10 @@ def _read_config(source: str, is_local: bool, kwargs: dict[str, Any], hint: str 
 
 
 def _read_weights(source: str, config: Any, dtype: torch.dtype, allow_pickle: bool, kwargs: dict[str, Any]) -> Any:
-    import transformers
     from transformers import AutoModel
 
     model_type = getattr(config, "model_type", "")
-    cls = getattr(transformers, ENCODER_CLASSES[model_type]) if model_type in ENCODER_CLASSES else AutoModel
+    cls = model_class(config)
     try:
         with quiet_transformers():
             net = cls.from_pretrained(
