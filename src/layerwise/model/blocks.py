@@ -32,6 +32,7 @@ from torch import nn
 
 from ..errors import ModelLoadError
 from .memory import check_fits, human
+from .transfer import GpuFeed, Source
 from .weights import Checkpoint
 
 log = logging.getLogger("layerwise")
@@ -120,6 +121,7 @@ class Blocks:
         self._handles: list[Any] = []
         self.reads = 0  # bytes read from the checkpoint by streamed steps (for the log and tests)
         self.inside = 0  # > 0 while layerwise runs the model (a capture: it loads what it needs itself)
+        self.feed: GpuFeed | None = None  # how streamed blocks reach a GPU (made at the first streamed step there)
         self._template = {name: t for name, _, _, t, param in _tensors(layers[0]) if not param} if layers else {}
         self.block_bytes = [self._bytes(m) for m in range(len(layers))]
         for m in range(len(layers)):
@@ -145,13 +147,15 @@ class Blocks:
     def room(self) -> int:
         """Bytes ``max_memory`` leaves for a streamed chunk's states: the budget less the trunk, the resident blocks
         and the widest block (held, and its float32 copy while it runs: one matrix at a time, or the whole block
-        where it is cast per block); 0 without a budget or when it is spent."""
+        where it is cast per block; on a GPU twice, the next block moving in beside it); 0 without a budget or when
+        it is spent."""
         if self.budget is None:
             return 0
         widest = max(self.block_bytes, default=0)
+        slots = 2 if self.device.type == "cuda" else 1  # on a GPU the next block moves in beside the running one
         ratio = torch.tensor([], dtype=self.compute).element_size() / torch.tensor([], dtype=self.held).element_size()
         cast = 0 if self.upcast is None else int(widest * ratio) if self.cast == "block" else int(widest * ratio / 2)
-        return max(0, self.budget - self.trunk_bytes - self.needed(self.resident) - widest - cast)
+        return max(0, self.budget - self.trunk_bytes - self.needed(self.resident) - slots * widest - cast)
 
     def chunk_batches(self, batch_bytes: int) -> int:
         """How many batches of ``batch_bytes`` each (their kept states and working activations) a streamed chunk
@@ -169,7 +173,8 @@ class Blocks:
     def describe(self) -> dict[str, Any]:
         """What is in memory: ``{"resident_blocks", "blocks", "held_dtype", "cast" (``"per module"``, ``"per
         block"`` or ``None`` when nothing is cast), "weights_bytes", "checkpoint_bytes", "max_layer", "max_memory",
-        "streamed"}``."""
+        "streamed"}``, and ``"transfer"`` (:meth:`~layerwise.model.transfer.GpuFeed.describe`) once blocks have
+        streamed to a GPU."""
         return {
             "resident_blocks": self.resident, "blocks": len(self.layers),
             "held_dtype": str(self.held).replace("torch.", ""),
@@ -177,6 +182,7 @@ class Blocks:
             "weights_bytes": self.trunk_bytes + self.needed(self.resident),
             "checkpoint_bytes": self.checkpoint.total_bytes, "max_layer": self.bound, "max_memory": self.budget,
             "streamed": self.streams(len(self.layers)),
+            **({"transfer": self.feed.describe()} if self.feed is not None else {}),
         }
 
     # ---- hooks ---------------------------------------------------------------------------------------------
@@ -257,39 +263,63 @@ class Blocks:
                 return base + form
         raise KeyError(base + name)
 
-    def _fill(self, m: int, copy: bool) -> int:
-        """Give block ``m`` its weights from the checkpoint (copies, or views of the file); returns bytes read."""
-        read = 0
-        copied: list[str] = []
+    def sources(self, m: int) -> list[Source]:
+        """What block ``m``'s tensors that hold no weights yet are to be given: each one's checkpoint key and view of
+        the file (or, for a buffer the file lacks, such as a causal mask, block 0's) and the dtype it is held in.
+
+        Raises:
+            ModelLoadError: the checkpoint lacks one of its parameters, or holds it in another shape than the config's.
+        """
+        found = []
         for name, owner, attr, t, is_param in _tensors(self.layers[m]):
             if not t.is_meta:
                 continue
-            if not is_param:
-                try:
-                    source = self.checkpoint.tensor(self.key(m, name))
-                except KeyError:
-                    source = self._template[name]  # a buffer the file lacks (causal masks...): block 0's
-            else:
-                try:
-                    source = self.checkpoint.tensor(self.key(m, name))
-                except KeyError as exc:
+            key: str | None
+            try:
+                key = self.key(m, name)
+                source = self.checkpoint.tensor(key)
+            except KeyError as exc:
+                if is_param:
                     raise ModelLoadError(f"the checkpoint has no tensor {exc.args[0]!r} for block {m}; it is "
                                          f"incomplete: download or save the model again") from exc
-                read += source.numel() * source.element_size()
+                key, source = None, self._template[name]  # a buffer the file lacks (causal masks...): block 0's
+            if tuple(source.shape) != tuple(t.shape):
+                raise ModelLoadError(f"tensor {name!r} of block {m} is {tuple(source.shape)} in the checkpoint and "
+                                     f"{tuple(t.shape)} in the model's config; the config does not match the weights")
             # held == compute: the compute dtype, as asked; else (a narrower checkpoint under float32 compute) the
             # file's own dtype, which is exact (a tensor the file keeps in float32 stays float32)
             dtype = (self.held if self.held == self.compute else source.dtype) if t.is_floating_point() else t.dtype
-            value = source.to(self.device, dtype, copy=copy) if copy or source.dtype != dtype or \
-                self.device.type != "cpu" else source
-            if tuple(value.shape) != tuple(t.shape):
-                raise ModelLoadError(f"tensor {name!r} of block {m} is {tuple(value.shape)} in the checkpoint and "
-                                     f"{tuple(t.shape)} in the model's config; the config does not match the weights")
-            _set(owner, attr, value, is_param, trainable=copy)  # a resident block trains like transformers' own
-            if value is not source:
-                copied.append(name)
-        for name in copied:  # the copies are what is used: the file's pages need not stay mapped in
-            with contextlib.suppress(KeyError):
-                self.checkpoint.release(self.key(m, name))
+            found.append(Source(name, owner, attr, is_param, key, source, dtype))
+        return found
+
+    def _fill(self, m: int, copy: bool) -> int:
+        """Give block ``m`` its weights from the checkpoint (copies, or views of the file); returns bytes read."""
+        read = 0
+        for s in self.sources(m):
+            if s.key is not None and s.is_param:
+                read += s.source.numel() * s.source.element_size()
+            value = s.source.to(self.device, s.dtype, copy=copy) if copy or s.source.dtype != s.dtype or \
+                self.device.type != "cpu" else s.source
+            _set(s.owner, s.attr, value, s.is_param, trainable=copy)  # a resident block trains like transformers'
+            if value is not s.source and s.key is not None:  # the copy is used: the file's pages need not stay mapped
+                self.checkpoint.release(s.key)
+        return read
+
+    def _feed(self) -> GpuFeed:
+        """The GPU feed of streamed blocks (made at the first streamed step on a GPU)."""
+        if self.feed is None:
+            self.feed = GpuFeed(self.device, sum(self.block_bytes[self.resident:]), self.checkpoint.release)
+        return self.feed
+
+    def _placed(self, m: int, ahead: int | None) -> int:
+        """Give block ``m`` its weights on the GPU through the feed, and start moving block ``ahead``; bytes read."""
+        feed = self._feed()
+        sources = self.sources(m)
+        tensors, read = feed.take(m, sources)
+        for s in sources:
+            _set(s.owner, s.attr, tensors[s.name], s.is_param)
+        if ahead is not None and self.resident <= ahead < len(self.layers):
+            feed.fetch(ahead, self.sources(ahead))
         return read
 
     def _empty(self, m: int) -> None:
@@ -322,17 +352,21 @@ class Blocks:
                  human(self.trunk_bytes + self.needed(depth)))
 
     @contextlib.contextmanager
-    def streamed(self, m: int) -> Iterator[nn.Module]:
+    def streamed(self, m: int, ahead: int | None = None) -> Iterator[nn.Module]:
         """Block ``m`` with weights for one step of a layer-by-layer run: a resident block as it is; any other read
-        from the checkpoint's pages (copied only onto a GPU or into another dtype) and released on exit."""
+        from the checkpoint's pages (copied only into another dtype) and released on exit. On a GPU the block comes
+        through :class:`~layerwise.model.transfer.GpuFeed` (pinned, copied on its own stream) and block ``ahead``,
+        the next one the run takes, starts moving now, overlapping this block's compute."""
         if m < self.resident:
             yield self.layers[m]
             return
         try:
-            self.reads += self._fill(m, copy=False)
+            self.reads += self._placed(m, ahead) if self.device.type == "cuda" else self._fill(m, copy=False)
             yield self.layers[m]
         finally:
             self.settle()
+            if self.feed is not None:
+                self.feed.done(m)
             names = [name for name, *_ in _tensors(self.layers[m])]
             self._empty(m)
             for name in names:  # the views are gone: their pages need not stay mapped in

@@ -334,7 +334,7 @@ def capture_chunk(
     with loaded.lock, torch.inference_mode():
         for m in range(deepest):
             wanted = [0, m + 1] if m == 0 else [m + 1]
-            with blocks.streamed(m) as block:
+            with blocks.streamed(m, ahead=m + 1 if m + 1 < deepest else None) as block:
                 originals = [container[j] for j in range(m)]
                 try:
                     for j in range(m):

@@ -43,7 +43,7 @@ from ...errors import ModelLoadError
 from ...extras import require
 from ..capture import capture
 from ..discovery import probe_batch
-from ..hardware import cpu_model
+from ..hardware import cpu_model, native_on_cpu
 from ..loaded import LoadedModel
 from ..options import ModelOptions
 from .base import Backend
@@ -169,10 +169,11 @@ class AutoBackend(TorchBackend):
 
     @staticmethod
     def bf16_on_openvino(loaded: LoadedModel, padding_side: str = "right") -> bool:
-        """Whether a bf16-loaded model can also run on OpenVINO's bf16 hint: installed, CPU, a family-table
-        encoder, right padding. Then PyTorch bf16 and OpenVINO bf16 race like the float32 runtimes."""
-        return (loaded.dtype == torch.bfloat16 and padding_side == "right" and openvino_available()
-                and OpenVinoBackend.unsupported(loaded) is None)
+        """Whether a bf16-loaded model can also run on OpenVINO's bf16 hint: installed, a CPU with native bf16
+        (OpenVINO runs float32 where the CPU has none), a family-table encoder, right padding. Then PyTorch bf16 and
+        OpenVINO bf16 race like the float32 runtimes."""
+        return (loaded.dtype == torch.bfloat16 and padding_side == "right" and native_on_cpu(torch.bfloat16)
+                and openvino_available() and OpenVinoBackend.unsupported(loaded) is None)
 
     @property
     def fidelity(self) -> dict[int, dict]:

@@ -11,7 +11,9 @@ same cache directory, keyed by the weights' sha256, the family, the depth and th
 Precision is explicit: OpenVINO runs float32 by default on a CPU with native bf16 (AVX-512 BF16, AMX) in bfloat16
 unless told otherwise, which would be a silent loss. This backend always sets ``INFERENCE_PRECISION_HINT``: ``f32``
 for ``compute_dtype="float32"`` (the default; the states equal PyTorch's within 1e-5), ``bf16`` for
-``compute_dtype="bfloat16"`` (weights stored in float32, the matrix products in bf16 where the CPU has it).
+``compute_dtype="bfloat16"`` (weights stored in float32, the matrix products in bf16). On a CPU without bf16
+(none of ``avx512_bf16``, ``amx_bf16``) OpenVINO ignores the bf16 hint, so the backend says so (a ``PrecisionWarning``),
+runs and records ``float32``; a compiled precision other than the hint is refused, never recorded.
 
 ``quantize="int8"`` keeps the layers: the weights of every matrix product are compressed to int8 by NNCF
 (asymmetric, per output channel; installed with the extra), the rest of the graph stays float32, and OpenVINO's CPU
@@ -42,6 +44,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -50,6 +53,7 @@ import torch
 
 from ...errors import ModelLoadError
 from ...extras import require
+from ..hardware import FAST_ON_CPU, PrecisionWarning, cpu_model, native_on_cpu
 from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
@@ -140,6 +144,13 @@ class OpenVinoBackend(Backend):
                  calibration: str | None = None):
         super().__init__(loaded)
         self.compute = check_precision(precision)
+        if self.compute == "bfloat16" and not native_on_cpu(torch.bfloat16):
+            warnings.warn(f"OpenVINO runs float32, not bfloat16, on this CPU: it has none of "
+                          f"{', '.join(FAST_ON_CPU[torch.bfloat16])}, and OpenVINO's CPU plugin then ignores the bf16 "
+                          f"hint; the states are exact float32 and a store records precision 'float32'. Leave "
+                          f"compute_dtype out on this machine, or run bf16 on a CPU or GPU that has it",
+                          PrecisionWarning, stacklevel=2)
+            self.compute = "float32"
         self.quantize = check_quantize(quantize)
         if self.quantize == "int8-full" and self.compute != "float32":
             raise ModelLoadError(f"quantize='int8-full' runs its float parts in float32, not compute_dtype="
@@ -236,6 +247,11 @@ class OpenVinoBackend(Backend):
                 config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
             path = self.build(depth)
             compiled = core.compile_model(str(path), "CPU", config)
+            ran = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+            if ran != config["INFERENCE_PRECISION_HINT"]:  # never a precision other than the one recorded
+                raise ModelLoadError(f"OpenVINO compiled layers 0..{depth} in {ran}, not the "
+                                     f"{config['INFERENCE_PRECISION_HINT']} asked for (compute_dtype="
+                                     f"{self.compute!r}) on this CPU ({cpu_model()}); leave compute_dtype out")
             streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
             self._compiled[depth] = (compiled, [compiled.create_infer_request() for _ in range(streams)])
             if self.precision != "float32" and self.loaded.dtype == torch.float32:  # once per depth, warned if low

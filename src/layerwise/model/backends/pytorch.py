@@ -102,8 +102,15 @@ class TorchBackend(Backend):
         blocks = self.loaded.blocks
         if blocks is None or not self.loaded.streams(max(layers)):
             return None
-        per_token = self.loaded.site_width(site) * 4 * (len(layers) + 3)
-        return max(16, blocks.room() // per_token)
+        return max(16, blocks.room() // self.streamed_token_bytes(layers, site))
+
+    def streamed_token_bytes(self, layers: Sequence[int], site: str) -> int:
+        """Bytes one token takes in a streamed chunk: its kept states at ``layers``, the output carried to the next
+        block, and one block step's working activations (the hidden state a few times over and the feed-forward's
+        intermediate, up and gate projections), in float32."""
+        width = self.loaded.site_width(site)
+        inter = self.loaded.site_widths.get("intermediate", 4 * self.loaded.hidden_size)
+        return 4 * (width * (len(layers) + 3) + 3 * inter)
 
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
@@ -117,7 +124,7 @@ class TorchBackend(Backend):
         if chunk is None:
             blocks = self.loaded.blocks
             # the kept states of this batch, the output carried to the next block and the block's working memory
-            batch_bytes = input_ids.numel() * self.loaded.site_width(site) * 4 * (len(layers) + 3)
+            batch_bytes = input_ids.numel() * self.streamed_token_bytes(layers, site)
             capacity = blocks.chunk_batches(batch_bytes) if blocks is not None else 1
             chunk = self._chunk = (key, [], [], capacity)
         batches, results = chunk[1], chunk[2]
