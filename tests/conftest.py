@@ -32,6 +32,15 @@ SENTENCES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _notices_said():
+    """A CLI command run in-process with -q silences layerwise's notices for the process: each test starts loud."""
+    from layerwise import notices
+
+    notices.set_quiet(False)
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")

@@ -1,5 +1,5 @@
 """backend="auto" (the default): the fastest exact runtime (ONNX Runtime, OpenVINO, PyTorch) per depth, PyTorch
-elsewhere; the race kept per machine; quantize="int8"."""
+elsewhere; the race once per model, off the caller's path, kept per machine; quantize="int8"."""
 
 from __future__ import annotations
 
@@ -62,48 +62,101 @@ def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch):
     monkeypatch.setattr(ovb.OpenVinoBackend, "forward", lambda self, *a: real_ov(self, *a) + 1e-3)
     reference = lw.Extractor(ex.loaded, backend="torch")
     np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference.encode(TEXTS, layers=-1))
+    assert ex.backend.settle(timeout=120)
     assert ex.backend.runtime_for([2], "block") == "torch"
+    np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference.encode(TEXTS, layers=-1))
     inexact = "ONNX Runtime, OpenVINO" if ex.backend.openvino is not None else "ONNX Runtime"
     assert f"torch at depths [2] ({inexact} not within 1e-05 of PyTorch there)" in ex.backend.runtime()
 
 
-def test_fastest_exact_runtime_is_timed_once_per_depth(tiny_extractors, monkeypatch, tmp_path):
+def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypatch, tmp_path):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
     times = ex.backend.race(2)  # the real race: every available runtime ran
     assert set(times) == {"torch", *ex.backend.compiled_runtimes} and all(0 < s < 5 for s in times.values())
     calls = []
 
-    def fake(self, depth, runtimes):
+    def fake(self, depth, runtimes):  # ONNX Runtime fastest
         calls.append(depth)
-        return ({"torch": 0.001, "onnx": 0.002} if depth == 1 else {"torch": 0.002, "onnx": 0.001}) | {
-            r: 0.003 for r in runtimes if r != "onnx"}  # PyTorch faster at depth 1, ONNX Runtime at 2
+        return {"torch": 0.002, "onnx": 0.001} | {r: 0.003 for r in runtimes if r != "onnx"}
 
     monkeypatch.setattr(AutoBackend, "race", fake)
     reference = lw.Extractor(ex.loaded, backend="torch")
     for layers in (1, 2, 1, [0, 2]):
         np.testing.assert_allclose(ex.encode(TEXTS, layers=layers), reference.encode(TEXTS, layers=layers), atol=1e-5)
-    assert calls == [1, 2]  # once per depth
-    assert ex.backend.runtime_for([1], "block") == "torch" and ex.backend.runtime_for([2], "block") == "onnx"
+        assert ex.backend.settle(timeout=120)
+    assert calls == [1]  # once per model, at the first depth asked for
+    assert ex.backend.runtime_for([1], "block") == "onnx" and ex.backend.runtime_for([2], "block") == "onnx"
     said = ex.backend.runtime()
-    assert "for the block site at depths [2] (exact; fastest here: 1.0 ms vs PyTorch's 2.0 ms" in said, said
-    assert "torch at depths [1] (exact; PyTorch fastest here: 1.0 ms vs ONNX Runtime's 2.0 ms" in said, said
+    assert "for the block site at depths [1] (exact; fastest here: 1.0 ms vs PyTorch's 2.0 ms" in said, said
+    assert "raced at depth 1 once for the model" in said and "at depths [2] (exact; fastest here" in said, said
 
     again = lw.Extractor(ex.loaded, onnx_cache=tmp_path)  # a later process on this machine: no race
-    for layers in (1, 2):
+    for layers in (2, 1):
         again.encode(TEXTS, layers=layers)
-    assert calls == [1, 2] and again.backend.runtime_for([2], "block") == "onnx"
+        assert again.backend.settle(timeout=120)
+    assert calls == [1] and again.backend.runtime_for([2], "block") == "onnx"
     assert "(timed earlier on this machine)" in again.backend.runtime()
     record = json.loads((tmp_path / "races.json").read_text())
-    assert len(record) == 2 and all(set(t) == {"torch", *ex.backend.compiled_runtimes} for t in record.values())
+    assert len(record) == 1 and all(set(t) == {"torch", *ex.backend.compiled_runtimes} for t in record.values())
+
+
+def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypatch, tmp_path):
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.001} | {r: 0.002 for r in
+                                                                                                runtimes})
+    built = []
+    real = ob.OnnxBackend.build
+    monkeypatch.setattr(ob.OnnxBackend, "build", lambda self, depth: built.append(depth) or real(self, depth))
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    for layers in (1, 2, 0):
+        ex.encode(TEXTS, layers=layers)
+        assert ex.backend.settle(timeout=120)
+    assert built == [1] and ex.backend.runtime_for([2], "block") == "torch"
+    assert "torch at depths [2] (PyTorch fastest here: 1.0 ms" in ex.backend.runtime()
+
+
+def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, tmp_path):
+    """A fresh cache: the first vector comes back while the race is still running (held here until the test lets
+    it go); then the winner takes over and gives the same states."""
+    import threading
+    import time
+
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    release, when = threading.Event(), {}
+    real = AutoBackend.race
+
+    def held(self, depth, runtimes):
+        when["race started"] = time.monotonic()
+        assert release.wait(120)
+        times = real(self, depth, runtimes)
+        when["race finished"] = time.monotonic()
+        return {name: (0.0 if name == "onnx" else s) for name, s in times.items()}  # ONNX Runtime wins
+
+    monkeypatch.setattr(AutoBackend, "race", held)
+    ex = lw.Extractor(tiny_extractors["distilbert"].loaded, onnx_cache=tmp_path)
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    first = ex.encode(TEXTS, layers=-1)
+    when["first vector"] = time.monotonic()
+    try:
+        assert ex.backend.pending() == [2] and ex.backend.runtime_for([2], "block") == "torch"
+        assert "torch at depths [2] (while the compiled runtimes are prepared in the background)" in \
+            ex.backend.runtime()
+        np.testing.assert_array_equal(first, reference.encode(TEXTS, layers=-1))
+    finally:
+        release.set()
+    assert ex.backend.settle(timeout=120) and ex.backend.runtime_for([2], "block") == "onnx"
+    assert when["first vector"] < when["race finished"]
+    np.testing.assert_allclose(ex.encode(TEXTS, layers=-1), first, atol=1e-5, rtol=0)
+    assert ex.backend.prepared[2] > 0
 
 
 def test_race_record_is_keyed_by_what_decides_a_race(tmp_path):
     w, v, pair = "w" * 64, "v" * 64, ["torch", "onnx"]
-    key = RaceRecord.key(w, 6, 2, pair)
-    others = [RaceRecord.key(w, 6, 4, pair), RaceRecord.key(v, 6, 2, pair), RaceRecord.key(w, 5, 2, pair),
-              RaceRecord.key(w, 6, 2, [*pair, "openvino"])]  # threads, weights, depth, runtimes
-    assert len({key, *others}) == 5 and RaceRecord.key(w, 6, 2, pair[::-1]) == key
+    key = RaceRecord.key(w, 2, pair)
+    others = [RaceRecord.key(w, 4, pair), RaceRecord.key(v, 2, pair),
+              RaceRecord.key(w, 2, [*pair, "openvino"])]  # threads, weights, runtimes
+    assert len({key, *others}) == 4 and RaceRecord.key(w, 2, pair[::-1]) == key
     record = RaceRecord(tmp_path)
     assert record.get(key) is None
     record.put(key, {"torch": 0.2, "onnx": 0.1})

@@ -103,6 +103,17 @@ def test_encode_npy_file_and_stdout(runner, tiny, tmp_path):
     assert np.array_equal(piped, got)
 
 
+def test_quiet_silences_the_one_time_work_lines(runner, tiny, tmp_path, monkeypatch):
+    model, _ = tiny
+    args = ["encode", *TEXTS, "--layers", "1", *model]
+    monkeypatch.setenv("LAYERWISE_CACHE", str(tmp_path / "loud"))  # a fresh cache: the export happens, and is said
+    loud = _ok(runner.invoke(app, args))
+    assert "layerwise: exported" in loud.stderr, loud.stderr
+    monkeypatch.setenv("LAYERWISE_CACHE", str(tmp_path / "quiet"))
+    quiet = _ok(runner.invoke(app, [*args, "-q"]))
+    assert "layerwise:" not in quiet.stderr and quiet.stdout == loud.stdout
+
+
 def test_encode_pool_none_gives_token_vectors(runner, tiny):
     model, ex = tiny
     texts = ["hello", "I love Paris in the springtime"]

@@ -87,7 +87,8 @@ def encode(
     batch_tokens: Optional[int] = typer.Option(
         None, "--batch-tokens", help="Token budget per forward batch (default 1024 on CPU, 16384 on CUDA)."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no model line on stderr."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="No progress bar, no model line and no one-time work lines (exports) on stderr."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     output_dtype: str = OutputDtypeOpt,
     dimensions: Optional[int] = DimensionsOpt,
@@ -101,6 +102,9 @@ def encode(
 
     At token level (--pool none) the JSON formats also give each text's tokens and character offsets.
     """
+    from ..notices import set_quiet
+
+    set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
     with user_errors():
         if fmt not in FORMATS:
             raise LayerwiseError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")

@@ -117,7 +117,8 @@ def extract(
         False, "--strict", help="Stop at the first bad record instead of logging and skipping it."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a store made with other options."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary line."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="No progress bar, no summary line and no one-time work lines (exports)."),
     prompt: str = PromptOpt,
     add_eos: bool = AddEosOpt,
     *,
@@ -128,7 +129,9 @@ def extract(
     from ..encoding.spec import EncodeSpec
     from ..extraction.engine import ExtractOptions
     from ..extraction.engine import extract as run_extract
+    from ..notices import set_quiet
 
+    set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
     with user_errors():
         kept = tuple(k.strip() for item in keep for k in item.split(",") if k.strip())
         spec = EncodeSpec(

@@ -23,7 +23,7 @@ def predict(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no one-time work lines (exports)."),
     *,
     model_options: ModelOptions,
 ) -> None:
@@ -35,6 +35,9 @@ def predict(
 
     from ..corpus.readers import BadRecord, read_records
     from ..heads import load
+    from ..notices import set_quiet
+
+    set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
 
     with user_errors():
         if output:

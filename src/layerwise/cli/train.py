@@ -84,7 +84,8 @@ def train(
     cache_dir: Optional[str] = typer.Option(
         None, "--cache-dir", help="Frozen feature cache (default ~/.cache/layerwise/features)."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    quiet: bool = typer.Option(False, "--quiet", "-q",
+                               help="No progress bars and no one-time work lines (exports)."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an earlier layerwise model in OUTPUT (never anything else)."
     ),
@@ -95,7 +96,9 @@ def train(
     from ..heads import HeadConfig, TrainOptions
     from ..heads import train as run_train
     from ..heads.metrics import format_scores
+    from ..notices import set_quiet
 
+    set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
     with user_errors():
         sizes = parse_sizes(hidden, "--hidden") if head == "mlp" else []
         config = HeadConfig(model=model_options, layers=parse_layers(layers), site=site, pool=pool, combine=combine,

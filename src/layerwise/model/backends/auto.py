@@ -4,19 +4,25 @@ For the block site of a family-table encoder in float32 on the CPU there are up 
 (:mod:`layerwise.model.backends.ort`, a core dependency), OpenVINO (:mod:`layerwise.model.backends.openvino`, where
 the ``[openvino]`` extra is installed) and PyTorch. Which one is faster depends on the CPU: OpenVINO, then ONNX
 Runtime, on the AMD EPYC development machines; PyTorch and OpenVINO within 1% of each other on an Intel Xeon with
-AMX (``benchmarks/README.md``). So the
-first time a depth is used, each compiled runtime runs the same probe batch as PyTorch and must agree within 1e-5
-(relative to the states' scale, the project's tolerance for "the same states"); then the exact ones and PyTorch are
-timed on the batches of ``RACE_SHAPES`` (one token budget, the shapes length-sorted batches take) started as the
-pipeline starts them (an asynchronous runtime overlapping them; alternating, best of ``RACE_ROUNDS``) and the fastest
-serves that depth. One repeated shape would favour a runtime that caches per shape (PyTorch bf16 won a 16x64 race
-by 15% on an AMX Xeon and then ran SST-2 30% slower than OpenVINO's bf16).
+AMX (``benchmarks/README.md``). So each compiled runtime runs the same probe batch as PyTorch and must agree within
+1e-5 (relative to the states' scale, the project's tolerance for "the same states"); then, once per model, the exact
+ones and PyTorch are timed on the batches of ``RACE_SHAPES`` (one token budget, the shapes length-sorted batches take)
+started as the pipeline starts them (an asynchronous runtime overlapping them; alternating, best of ``RACE_ROUNDS``),
+at the first depth asked for, and the fastest serves every depth where it is exact. One repeated shape would favour a
+runtime that caches per shape (PyTorch bf16 won a 16x64 race by 15% on an AMX Xeon and then ran SST-2 30% slower
+than OpenVINO's bf16).
+
+None of that is on the caller's path: until a depth is decided, PyTorch serves it, and a background thread exports,
+checks and races (:meth:`AutoBackend.serving`); the winner takes over from the next batch, and a ``layerwise:`` line
+says so. When PyTorch wins, no later depth is exported at all. :meth:`AutoBackend.settle` waits for the background
+work (servers warming depths, benchmarks, tests).
 
 The race's result is kept on disk (``races.json`` beside the exported graphs), keyed by the CPU model, the thread
-count, the weights' fingerprint, the depth and the runtimes' versions, so a later process on the same machine skips
-the timing (the exactness check still runs: it is one small batch). ``$LAYERWISE_AUTO_RUNTIME`` changes the choice
-among exact runtimes: ``fastest`` (the default), ``onnx``, ``openvino`` or ``torch`` (no timing). Every other site,
-device, dtype, padding side or architecture runs on PyTorch. :meth:`AutoBackend.runtime` says which ran, and why.
+count, the weights' fingerprint and the runtimes' versions, so a later process on the same machine skips the timing
+(the exactness check still runs: it is one small batch). ``$LAYERWISE_AUTO_RUNTIME`` changes the choice among exact
+runtimes: ``fastest`` (the default), ``onnx``, ``openvino`` (that runtime, prepared on the caller's path, since it was
+asked for) or ``torch`` (no timing). Every other site, device, dtype, padding side or architecture runs on PyTorch.
+:meth:`AutoBackend.runtime` says which ran, and why.
 
 ``compute_dtype="bfloat16"`` on the CPU races PyTorch bf16 against OpenVINO's bf16 hint the same way (where the
 extra is installed), the two agreeing when every token's states have a cosine of at least ``BF16_AGREE``.
@@ -33,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -41,6 +48,7 @@ import torch
 
 from ...errors import ModelLoadError
 from ...extras import require
+from ...notices import notice
 from ..capture import capture
 from ..discovery import probe_batch
 from ..hardware import cpu_model, native_on_cpu
@@ -77,12 +85,13 @@ class RaceRecord:
         self.path = Path(directory) / "races.json"
 
     @staticmethod
-    def key(fingerprint: str, depth: int, threads: int, runtimes: Sequence[str]) -> str:
-        """A digest of what decides a race: CPU model, threads, weights, depth, the runtimes and their versions."""
+    def key(fingerprint: str, threads: int, runtimes: Sequence[str]) -> str:
+        """A digest of what decides a race: CPU model, threads, weights, the runtimes and their versions (not the
+        depth: a model races once, at the first depth it is asked for)."""
         import onnxruntime
 
         versions = {"torch": torch.__version__, "onnx": onnxruntime.__version__, "openvino": openvino_version()}
-        parts = {"cpu": cpu_model(), "threads": threads, "weights": fingerprint, "depth": depth,
+        parts = {"cpu": cpu_model(), "threads": threads, "weights": fingerprint,
                  "shapes": [list(shape) for shape in RACE_SHAPES],
                  "runtimes": {r: versions[r] for r in sorted(runtimes)}}
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
@@ -161,6 +170,11 @@ class AutoBackend(TorchBackend):
         self._exact: dict[tuple[str, int], bool] = {}  # (runtime, depth) -> agreed with PyTorch on the probe batch
         self._serving: dict[int, str] = {}  # depth -> the runtime that serves it
         self._why: dict[int, str] = {}  # depth -> why that runtime serves it
+        self._winner: tuple[str, str] | None = None  # the race's winner (once per model) and what it measured
+        self._decided = threading.Condition()  # guards _serving/_why/_preparing; notified as each depth is decided
+        self._preparing: list[int] = []  # depths waiting for (or in) the background preparation, in order
+        self._worker: threading.Thread | None = None
+        self.prepared: dict[int, float] = {}  # depth -> seconds its background preparation took
 
     def fingerprint(self) -> str:
         """The weights' sha256 (computed once, shared with the exporter)."""
@@ -198,10 +212,14 @@ class AutoBackend(TorchBackend):
         if self.quantize:
             raise ModelLoadError(f"quantize={self.quantize!r} runs on OpenVINO or ONNX Runtime only; it cannot "
                                  f"switch to PyTorch ({reason})")
-        self.onnx, self.openvino, self.why_torch = None, None, f"is off: {reason}"
-        self._exact.clear()
-        self._serving.clear()
-        self._why.clear()
+        with self._decided:
+            self.onnx, self.openvino, self.why_torch = None, None, f"is off: {reason}"
+            self._exact.clear()
+            self._serving.clear()
+            self._why.clear()
+            self._preparing.clear()
+            self._winner = None
+            self._decided.notify_all()
 
     @staticmethod
     def onnx_unsupported(loaded: LoadedModel, padding_side: str = "right") -> str | None:
@@ -288,7 +306,7 @@ class AutoBackend(TorchBackend):
     def timed_race(self, depth: int, runtimes: Sequence[str]) -> tuple[dict[str, float], bool]:
         """The race of ``runtimes`` and PyTorch at ``depth``: from ``races.json`` when this machine ran it before
         (``True``), else run now and recorded (``False``)."""
-        key = RaceRecord.key(self.fingerprint(), depth, torch.get_num_threads(), ["torch", *runtimes])
+        key = RaceRecord.key(self.fingerprint(), torch.get_num_threads(), ["torch", *runtimes])
         known = self.races.get(key) if self.races is not None else None
         if known is not None and set(known) == {"torch", *runtimes}:
             return known, True
@@ -298,17 +316,92 @@ class AutoBackend(TorchBackend):
         return times, False
 
     def serving(self, depth: int) -> str:
-        """The runtime that serves layers ``0..depth`` of the block site (``"onnx"``, ``"openvino"`` or
-        ``"torch"``): exact, and chosen by ``$LAYERWISE_AUTO_RUNTIME`` (decided once per depth)."""
+        """The runtime that serves layers ``0..depth`` of the block site now (``"onnx"``, ``"openvino"`` or
+        ``"torch"``): exact, and chosen by ``$LAYERWISE_AUTO_RUNTIME``.
+
+        ``fastest`` (the default) never makes the caller wait: until a depth is decided, PyTorch serves it, while a
+        background thread exports, checks and (once per model) races the compiled runtimes; the winner takes over
+        from the next batch on (one ``layerwise:`` line says so). ``onnx``/``openvino`` name the runtime wanted, so
+        it is prepared on the caller's path, as it was asked for."""
         if not self.compiled_runtimes:
             return "torch"
         if self.quantize:
             return "openvino" if self.openvino is not None else "onnx"
-        if depth not in self._serving:
-            choice = runtime_choice()
-            candidates = list(self.compiled_runtimes)
-            if choice != "fastest":
-                candidates = [c for c in candidates if c == choice]
+        with self._decided:
+            if depth in self._serving:
+                return self._serving[depth]
+        choice = runtime_choice()
+        if choice != "fastest":
+            self._decide(depth, choice)
+            return self._serving.get(depth, "torch")
+        self._prepare(depth)
+        return "torch"
+
+    def _prepare(self, depth: int) -> None:
+        """Queue ``depth`` for the background thread (started on first use; it ends when the queue is empty)."""
+        with self._decided:
+            if depth in self._serving or depth in self._preparing:
+                return
+            self._preparing.append(depth)
+            if self._worker is None or not self._worker.is_alive():
+                # a daemon: a short job never waits for it at exit (what it finished is cached on disk)
+                self._worker = threading.Thread(target=self._prepare_all, name="layerwise-auto", daemon=True)
+                self._worker.start()
+
+    def _prepare_all(self) -> None:
+        while True:
+            with self._decided:
+                if not self._preparing:
+                    self._worker = None
+                    return
+                depth = self._preparing[0]
+            t0 = time.perf_counter()
+            try:
+                self._decide(depth, "fastest")
+            except Exception as exc:  # a runtime that fails to build is not a reason to fail the caller's job
+                with self._decided:
+                    self._serving.setdefault(depth, "torch")
+                    self._why.setdefault(depth, f"preparing the compiled runtimes failed: {type(exc).__name__}: {exc}")
+            self.prepared[depth] = time.perf_counter() - t0
+            with self._decided:
+                if depth in self._preparing:
+                    self._preparing.remove(depth)
+                self._decided.notify_all()
+            use = self._serving.get(depth)
+            if use is not None:
+                notice(f"{LABELS[use]} serves layers 0..{depth} from now on ({self._why[depth]}; prepared in the "
+                       f"background in {self.prepared[depth]:.1f} s while PyTorch served)")
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until every depth queued for background preparation is decided (``timeout`` seconds at most);
+        ``True`` when none is left. For servers that warm depths before they report ready, benchmarks and tests."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._decided:
+            while self._preparing:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._decided.wait(left)
+        return True
+
+    def pending(self) -> list[int]:
+        """The depths being prepared in the background (PyTorch serves them meanwhile)."""
+        with self._decided:
+            return list(self._preparing)
+
+    def _decide(self, depth: int, choice: str) -> None:
+        """Decide which runtime serves layers ``0..depth`` (building and checking the compiled ones) and record it.
+        Under ``fastest`` the exact runtimes race once per model: later depths take the winner where it is exact."""
+        candidates = list(self.compiled_runtimes)
+        if choice != "fastest":
+            candidates = [c for c in candidates if c == choice]
+        winner = self._winner
+        if choice == "fastest" and winner is not None and winner[0] == "torch":
+            use, why = "torch", winner[1]  # PyTorch won the race: no graph to export for this depth
+            exact: list[str] = []
+        else:
+            if choice == "fastest" and winner is not None:
+                candidates = [c for c in candidates if c == winner[0]]  # only the winner is built for a new depth
             exact = [c for c in candidates if self.exact(depth, c)]
             inexact = ", ".join(LABELS[c] for c in candidates if c not in exact)
             if choice == "torch":
@@ -320,17 +413,21 @@ class AutoBackend(TorchBackend):
                 use, why = "torch", f"{inexact or 'no other runtime'} not {within} PyTorch there{missing}"
             elif choice != "fastest":
                 use, why = choice, f"exact; LAYERWISE_AUTO_RUNTIME={choice}"
+            elif winner is not None:
+                use, why = winner[0], f"exact; {winner[1]}"
             else:
                 times, known = self.timed_race(depth, exact)
                 use = min(times, key=lambda name: times[name])
                 shapes = ", ".join("x".join(map(str, shape)) for shape in RACE_SHAPES)
                 others = ", ".join(f"{LABELS[n]}'s {s * 1e3:.1f} ms" for n, s in times.items() if n != use)
-                why = (f"exact; {'fastest' if use != 'torch' else 'PyTorch fastest'} here: {times[use] * 1e3:.1f} ms "
-                       f"vs {others} a batch on batches of {shapes} started ahead"
-                       + (" (timed earlier on this machine)" if known else "")
-                       + (f"; {inexact} not exact there" if inexact else ""))
-            self._serving[depth], self._why[depth] = use, why
-        return self._serving[depth]
+                raced = (f"{'fastest' if use != 'torch' else 'PyTorch fastest'} here: {times[use] * 1e3:.1f} ms vs "
+                         f"{others} a batch on batches of {shapes} started ahead, raced at depth {depth} once for "
+                         f"the model" + (" (timed earlier on this machine)" if known else ""))
+                self._winner = (use, raced)
+                why = f"exact; {raced}" + (f"; {inexact} not exact there" if inexact else "")
+        with self._decided:
+            if self.compiled_runtimes or use == "torch":  # torch_only() may have switched them off meanwhile
+                self._serving[depth], self._why[depth] = use, why
 
     def runtime_for(self, layers: Sequence[int], site: str) -> str:
         """Which runtime runs a forward pass for ``layers`` at ``site``: ``"onnx"``, ``"openvino"`` or ``"torch"``
@@ -355,11 +452,15 @@ class AutoBackend(TorchBackend):
                 return f"{versions['openvino']} with {what} (nncf {openvino_version('nncf')}) for the block site"
             return f"{versions['onnx']} ({self.quantize}, dynamic) for the block site"
         parts = []
+        with self._decided:  # the background thread may be deciding a depth
+            serving, why = dict(self._serving), dict(self._why)
         for name in ("openvino", "onnx", "torch"):
-            depths = sorted(d for d, use in self._serving.items() if use == name)
+            depths = sorted(d for d, use in serving.items() if use == name)
             for d in depths:
                 parts.append(f"{versions[name]} {'for the block site ' if name != 'torch' else ''}at depths [{d}] "
-                             f"({self._why[d]})")
+                             f"({why[d]})")
+        for d in self.pending():
+            parts.append(f"torch at depths [{d}] (while the compiled runtimes are prepared in the background)")
         candidates = " or ".join(versions[n] for n in (*self.compiled_runtimes, "torch"))
         return "; ".join(parts or [f"{candidates} for the block site (decided at first use of each depth)"]) \
             + "; torch for other sites"

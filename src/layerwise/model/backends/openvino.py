@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -53,6 +52,7 @@ import torch
 
 from ...errors import ModelLoadError
 from ...extras import require
+from ...notices import notice
 from ..hardware import FAST_ON_CPU, PrecisionWarning, cpu_model, native_on_cpu
 from ..loaded import LoadedModel
 from ..loading import load_model
@@ -144,6 +144,10 @@ class OpenVinoBackend(Backend):
                  calibration: str | None = None):
         super().__init__(loaded)
         self.compute = check_precision(precision)
+        self.quantize = check_quantize(quantize)
+        if self.quantize == "int8-full" and self.compute != "float32":
+            raise ModelLoadError(f"quantize='int8-full' runs its float parts in float32, not compute_dtype="
+                                 f"{self.compute!r}: leave compute_dtype out")
         if self.compute == "bfloat16" and not native_on_cpu(torch.bfloat16):
             warnings.warn(f"OpenVINO runs float32, not bfloat16, on this CPU: it has none of "
                           f"{', '.join(FAST_ON_CPU[torch.bfloat16])}, and OpenVINO's CPU plugin then ignores the bf16 "
@@ -151,10 +155,6 @@ class OpenVinoBackend(Backend):
                           f"compute_dtype out on this machine, or run bf16 on a CPU or GPU that has it",
                           PrecisionWarning, stacklevel=2)
             self.compute = "float32"
-        self.quantize = check_quantize(quantize)
-        if self.quantize == "int8-full" and self.compute != "float32":
-            raise ModelLoadError(f"quantize='int8-full' runs its float parts in float32, not compute_dtype="
-                                 f"{self.compute!r}: leave compute_dtype out")
         # int8-full: the calibration texts, read now so a bad file is refused before any export
         self.calibration = calibration_texts(calibration) if self.quantize == "int8-full" else None
         problem = self.unsupported(loaded)
@@ -170,7 +170,9 @@ class OpenVinoBackend(Backend):
         self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (reduced precision only)
         self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # depth -> (compiled model, infer requests)
-        self._holding: dict[int, _Pending] = {}  # request slot -> the started batch whose result it holds
+        # (depth, request slot) -> the started batch whose result it holds (per depth: auto prepares a new depth in
+        # the background while the caller runs another)
+        self._holding: dict[tuple[int, int], _Pending] = {}
         self._next = 0  # the slot the next started batch takes
 
     @staticmethod
@@ -231,8 +233,7 @@ class OpenVinoBackend(Backend):
         self.convert_seconds[depth] = seconds
         what = f"layers 0..{depth}" + {None: "", "int8": ", int8 weights",
                                        "int8-full": ", int8 weights and activations"}[self.quantize]
-        print(f"layerwise: converted {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, "
-              f"cached at {path}", file=sys.stderr)
+        notice(f"converted {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, cached at {path}")
         return path
 
     def compiled(self, layers: Sequence[int]) -> tuple[Any, list[Any]]:
@@ -278,14 +279,14 @@ class OpenVinoBackend(Backend):
         returned callable waits and copies the requested states out, once. A request still holding an unread
         result is read before it is reused, so no result is lost however many batches are started."""
         _, requests = self.compiled(layers)
-        slot = self._next % len(requests)
+        slot = (self.depth_for(layers), self._next % len(requests))
         self._next += 1
         previous = self._holding.get(slot)
         if previous is not None:
             previous()  # its states copied out: the request is free
-        pending = _Pending(requests[slot], list(layers), self.loaded.hidden_size)
-        requests[slot].start_async({"input_ids": input_ids.numpy().astype(np.int64, copy=False),
-                                    "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)})
+        pending = _Pending(requests[slot[1]], list(layers), self.loaded.hidden_size)
+        requests[slot[1]].start_async({"input_ids": input_ids.numpy().astype(np.int64, copy=False),
+                                       "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)})
         self._holding[slot] = pending
         return pending
 
@@ -295,9 +296,9 @@ class OpenVinoBackend(Backend):
         """``[K, batch, tokens, hidden]`` float32 from OpenVINO (see :meth:`Backend.forward`): the batch cut by rows
         across the infer requests, run asynchronously, the requested states copied once into the result."""
         _, requests = self.compiled(layers)
-        for held in list(self._holding.values()):
-            held()  # results of started batches are read before their requests are reused
-        self._holding.clear()
+        depth = self.depth_for(layers)
+        for key in [key for key in self._holding if key[0] == depth]:
+            self._holding.pop(key)()  # results of started batches are read before their requests are reused
         ids = input_ids.numpy().astype(np.int64, copy=False)
         mask = attention_mask.numpy().astype(np.int64, copy=False)
         batch, tokens = ids.shape

@@ -33,7 +33,6 @@ import copy
 import hashlib
 import json
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -45,6 +44,7 @@ from torch import nn
 
 from ...errors import ModelLoadError
 from ...extras import require
+from ...notices import notice
 from ..loaded import LoadedModel
 from ..options import QUANTIZE_MODES, ModelOptions
 from .base import LOADING_FIELDS, Backend
@@ -283,8 +283,7 @@ class OnnxBackend(Backend):
         seconds = time.perf_counter() - t0
         self.export_seconds[depth] = seconds
         what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
-        print(f"layerwise: exported {self.loaded.name} ({what}) to ONNX in {seconds:.1f} s, cached at {path}",
-              file=sys.stderr)
+        notice(f"exported {self.loaded.name} ({what}) to ONNX in {seconds:.1f} s, cached at {path}")
         return path
 
     def session(self, layers: Sequence[int]) -> Any:
