@@ -49,15 +49,17 @@ def _relink(text: str, source: str, page: str) -> str:
 
 
 def _cli_reference() -> str:
+    import click
     import typer
 
     from layerwise.cli.main import app
 
     group: Any = typer.main.get_command(app)
+    ctx = click.Context(group)
     out = ["Every command of `layerwise`, generated from the command line itself (`layerwise COMMAND --help` says the "
            "same).", ""]
-    for name in sorted(group.commands):
-        cmd = group.commands[name]
+    for name in sorted(group.list_commands(ctx)):
+        cmd = group.get_command(ctx, name)
         out += [f"## `layerwise {name}`", "", (cmd.help or "").strip().split("\n\n")[0], ""]
         args = [p for p in cmd.params if p.param_type_name == "argument"]
         opts = [p for p in cmd.params if p.param_type_name == "option" and not getattr(p, "hidden", False)]

@@ -183,6 +183,40 @@ def test_missing_model_and_pickle_flag(runner, tiny_dirs, tmp_path):
     assert json.loads(_ok(runner.invoke(app, [*args, "--allow-pickle"])).stdout)["shape"] == [1, 32]
 
 
+def test_help_imports_no_model_code():
+    """`layerwise --help` and every command's --help, in a fresh interpreter: neither torch nor transformers is
+    imported (the model loads only in the commands that run one)."""
+    import subprocess
+    import sys
+
+    from layerwise.cli.main import COMMANDS
+
+    child = ("import sys\nfrom layerwise.cli.main import app\n"
+             "for args in [['--help']] + [[name, '--help'] for name in sys.argv[1:]]:\n"
+             "    try:\n        app(args, prog_name='layerwise')\n    except SystemExit as exc:\n"
+             "        assert exc.code == 0, (args, exc.code)\n"
+             "    heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+             "    assert not heavy, (args, heavy)\n"
+             "print('clean')\n")
+    done = subprocess.run([sys.executable, "-c", child, *COMMANDS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("clean"), done.stderr[-2000:]
+
+
+def test_the_help_lines_are_the_commands_own(runner):
+    """The top-level help lists each command from a table (importing none): each line is the start of that
+    command's own docstring, and every command runs."""
+    import inspect
+
+    from layerwise.cli.main import COMMANDS, command
+
+    for name, (_, _, line) in COMMANDS.items():
+        cmd = command(name)
+        own = " ".join(inspect.cleandoc(cmd.callback.__doc__ or "").split("\n\n")[0].split())
+        assert own.startswith(line.rstrip(".")), (name, line, own)
+    listed = _ok(runner.invoke(app, ["--help"])).stdout
+    assert all(name in listed for name in COMMANDS)
+
+
 def test_help_mentions_risk_of_opt_in_flags(runner):
     out = " ".join(_ok(runner.invoke(app, ["encode", "--help"], env={"COLUMNS": "200"})).stdout.split())
     assert "--allow-pickle" in out and "--trust-remote-code" in out and "RISK" in out

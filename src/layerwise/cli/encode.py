@@ -6,18 +6,15 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import IO, Any, List, Optional
+from typing import IO, TYPE_CHECKING, Any, List, Optional
 
-import numpy as np
 import typer
 
 from ..encoding.precision import apply_calibration
-from ..encoding.reduce import Encoded
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
 from ..encoding.vocab import FIXED_POOLS
 from ..errors import LayerwiseError
-from ..extractor import Extractor
 from ..model.options import ModelOptions
 from .options import (
     AddEosOpt,
@@ -37,6 +34,10 @@ from .options import (
     parse_weights,
     user_errors,
 )
+
+if TYPE_CHECKING:  # torch is imported by the commands that load a model, not by --help
+    from ..encoding.reduce import Encoded
+    from ..extractor import Extractor
 
 FORMATS = ("json", "jsonl", "npy")
 
@@ -148,6 +149,8 @@ def _write(ex: Extractor, spec: EncodeSpec, pool: str, results: list[Encoded], f
     """Write the results as one JSON document, JSON lines, or one ``[n, D]`` .npy array (exactly at ``output``)."""
     tokens = spec.level == "token"
     if fmt == "npy":
+        import numpy as np
+
         arr = np.stack([r.features.numpy() for r in results])
         if output:
             with open(output, "wb") as fh:  # np.save(path) would append ".npy"

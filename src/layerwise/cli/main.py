@@ -1,27 +1,81 @@
-"""``layerwise`` command: subcommands are registered from their own modules."""
+"""``layerwise`` command: each subcommand lives in its own module, imported only when that command runs (or its own
+``--help`` is asked), so ``layerwise --help`` imports no model code (no torch, no transformers)."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
+import click
 import typer
+from typer.core import TyperGroup
 
 from ..version import __version__
-from . import (
-    demo,
-    encode,
-    evaluate,
-    explore,
-    export,
-    export_model,
-    extract,
-    inspect,
-    merge,
-    predict,
-    probe,
-    serve,
-    train,
-    verify,
-)
 from .options import DEBUG_ENV, set_debug
+
+# name -> (module, function, the line `layerwise --help` shows: the start of the command's own docstring)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("demo", "demo", "Encode the bundled sample sentences with every layer and print a per-layer summary."),
+    "encode": ("encode", "encode", "Encode TEXTs with the chosen layers, combination and pooling; print JSON / JSON "
+                                   "lines or write .npy."),
+    "extract": ("extract", "extract", "Extract features for every record of INPUT into the store OUTPUT; rerun the "
+                                      "same command to resume."),
+    "inspect": ("inspect", "inspect", "Print a store's provenance, counts, sizes and a few records."),
+    "verify": ("verify", "verify", "Check a store: every listed shard's size, header, sha256 and inner consistency."),
+    "merge": ("merge", "merge", "Check that the parts belong to one run (input, model, options, every index once) "
+                                "and write one store"),
+    "export": ("export", "export", "Convert a store to npy, hdf5 or parquet (streamed, shard by shard)."),
+    "export-model": ("export_model", "export_model", "Write layer K of MODEL as a Hugging Face directory that is "
+                                                     "also a sentence-transformers model"),
+    "train": ("train", "train", "Train a classifier on hidden layers; prints one line per epoch and the final "
+                                "dev/test scores."),
+    "evaluate": ("evaluate", "evaluate", "Score a trained model on a labelled file."),
+    "predict": ("predict", "predict", "Predict every record of FILE; bad records get {\"line\": N, \"error\": "
+                                      "\"...\"} lines, order kept."),
+    "probe": ("probe", "probe", "Which layer knows what: one probe per layer and per strategy, from features "
+                                "extracted once."),
+    "serve": ("serve", "serve", "Serve layerwise's API (POST /v1/encode), OpenAI's (POST /v1/embeddings, GET "
+                                "/v1/models) and TEI's"),
+    "explore": ("explore", "explore", "Open the layer explorer at http://127.0.0.1:8765 (works offline: nothing is "
+                                      "fetched from the network)."),
+}
+
+
+def command(name: str) -> click.Command:
+    """The click command of subcommand ``name`` (its module imported now)."""
+    module, function, _ = COMMANDS[name]
+    found = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    one.command(name)(found)
+    return typer.main.get_command(one)
+
+
+class Commands(TyperGroup):
+    """The subcommands of :data:`COMMANDS`, each imported when it is looked up to run; the group's own help lists
+    them from the table, importing none."""
+
+    listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every subcommand's name, in the table's order."""
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Subcommand ``cmd_name`` (``None`` when there is none): a stand-in with its help line while the group's
+        help is written, else the command itself."""
+        if cmd_name not in COMMANDS:
+            return None
+        if self.listing:
+            return click.Command(cmd_name, short_help=COMMANDS[cmd_name][2])
+        return command(cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: Any) -> None:
+        """The group's help, listing the subcommands from the table."""
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
 
 
 def _version(value: bool) -> None:
@@ -32,6 +86,7 @@ def _version(value: bool) -> None:
 
 app = typer.Typer(
     name="layerwise",
+    cls=Commands,
     help="Every hidden layer of a transformer encoder as features. Layer 0 is the embeddings; -1 the last layer.",
     no_args_is_help=True,
     add_completion=False,
@@ -51,21 +106,6 @@ def global_options(
     """Global options, given before the subcommand."""
     set_debug(ctx, debug)
 
-
-app.command("demo")(demo.demo)
-app.command("encode")(encode.encode)
-app.command("extract")(extract.extract)
-app.command("inspect")(inspect.inspect)
-app.command("verify")(verify.verify)
-app.command("merge")(merge.merge)
-app.command("export")(export.export)
-app.command("export-model")(export_model.export_model)
-app.command("train")(train.train)
-app.command("evaluate")(evaluate.evaluate)
-app.command("predict")(predict.predict)
-app.command("probe")(probe.probe)
-app.command("serve")(serve.serve)
-app.command("explore")(explore.explore)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

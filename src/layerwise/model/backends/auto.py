@@ -36,11 +36,13 @@ run is refused with the reason. Reduced precision is never chosen by this backen
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -65,6 +67,20 @@ RACE_SHAPES = ((64, 16), (32, 32), (16, 64), (8, 128))  # (texts, tokens) of the
 RACE_ROUNDS = 3
 CHOICES = ("fastest", "onnx", "openvino", "torch")
 LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
+_PREPARING: "weakref.WeakSet[AutoBackend]" = weakref.WeakSet()  # backends whose background thread may be running
+
+
+class _Stopped(Exception):
+    """The process is exiting: the background preparation stops at its next step."""
+
+
+@atexit.register
+def _stop_preparing() -> None:
+    """At exit, stop every background preparation after the step it is in (an export, a conversion, a check), and
+    wait for that step: a thread left inside a runtime's native code while the interpreter tears the runtimes down
+    aborts the process. What it finished is in the cache for the next process."""
+    for backend in list(_PREPARING):
+        backend.stop()
 
 
 def runtime_choice() -> str:
@@ -175,6 +191,7 @@ class AutoBackend(TorchBackend):
         self._preparing: list[int] = []  # depths waiting for (or in) the background preparation, in order
         self._worker: threading.Thread | None = None
         self.prepared: dict[int, float] = {}  # depth -> seconds its background preparation took
+        self._stopping = threading.Event()
 
     def fingerprint(self) -> str:
         """The weights' sha256 (computed once, shared with the exporter)."""
@@ -343,21 +360,36 @@ class AutoBackend(TorchBackend):
             if depth in self._serving or depth in self._preparing:
                 return
             self._preparing.append(depth)
+            if self._stopping.is_set():
+                return
             if self._worker is None or not self._worker.is_alive():
-                # a daemon: a short job never waits for it at exit (what it finished is cached on disk)
+                # a daemon, stopped at exit after its current step (_stop_preparing)
                 self._worker = threading.Thread(target=self._prepare_all, name="layerwise-auto", daemon=True)
+                _PREPARING.add(self)
                 self._worker.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the background preparation after the step it is in, and wait for it (``timeout`` seconds at most);
+        the depths not decided stay on PyTorch."""
+        self._stopping.set()
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
 
     def _prepare_all(self) -> None:
         while True:
             with self._decided:
-                if not self._preparing:
+                if not self._preparing or self._stopping.is_set():
+                    self._preparing.clear()
                     self._worker = None
+                    self._decided.notify_all()
                     return
                 depth = self._preparing[0]
             t0 = time.perf_counter()
             try:
                 self._decide(depth, "fastest")
+            except _Stopped:
+                continue
             except Exception as exc:  # a runtime that fails to build is not a reason to fail the caller's job
                 with self._decided:
                     self._serving.setdefault(depth, "torch")
@@ -389,6 +421,12 @@ class AutoBackend(TorchBackend):
         with self._decided:
             return list(self._preparing)
 
+    def _step(self) -> bool:
+        """Between two steps of the preparation: ``True``, or :class:`_Stopped` when the process is exiting."""
+        if self._stopping.is_set() and threading.current_thread() is self._worker:
+            raise _Stopped
+        return True
+
     def _decide(self, depth: int, choice: str) -> None:
         """Decide which runtime serves layers ``0..depth`` (building and checking the compiled ones) and record it.
         Under ``fastest`` the exact runtimes race once per model: later depths take the winner where it is exact."""
@@ -402,7 +440,7 @@ class AutoBackend(TorchBackend):
         else:
             if choice == "fastest" and winner is not None:
                 candidates = [c for c in candidates if c == winner[0]]  # only the winner is built for a new depth
-            exact = [c for c in candidates if self.exact(depth, c)]
+            exact = [c for c in candidates if self._step() and self.exact(depth, c)]
             inexact = ", ".join(LABELS[c] for c in candidates if c not in exact)
             if choice == "torch":
                 use, why = "torch", "LAYERWISE_AUTO_RUNTIME=torch"
@@ -416,6 +454,7 @@ class AutoBackend(TorchBackend):
             elif winner is not None:
                 use, why = winner[0], f"exact; {winner[1]}"
             else:
+                self._step()
                 times, known = self.timed_race(depth, exact)
                 use = min(times, key=lambda name: times[name])
                 shapes = ", ".join("x".join(map(str, shape)) for shape in RACE_SHAPES)
