@@ -49,13 +49,12 @@ def _relink(text: str, source: str, page: str) -> str:
 
 
 def _cli_reference() -> str:
-    import click
     import typer
 
     from layerwise.cli.main import app
 
     group: Any = typer.main.get_command(app)
-    ctx = click.Context(group)
+    ctx = typer.Context(group)
     out = ["Every command of `layerwise`, generated from the command line itself (`layerwise COMMAND --help` says the "
            "same).", ""]
     for name in sorted(group.list_commands(ctx)):

@@ -426,3 +426,33 @@ def test_model_error_is_500_without_traceback(tiny_dirs, ex):
     finally:
         srv.should_exit = True
         thread.join(timeout=30)
+
+
+def test_ready_says_when_the_warmed_depths_are_prepared(tiny_dirs, ex, tmp_path, monkeypatch):
+    """A real server with a fresh cache under auto's timed choice: /health answers at once, requests are answered
+    while the depths warm (PyTorch serves them), and /ready turns 200 once the default depth and --warm's are
+    decided, naming each one's runtime; /ready needs no API key. A bad --warm is refused at start."""
+    from tiny import cli_server
+
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    monkeypatch.setenv("LAYERWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LAYERWISE_API_KEY", "k")
+    args = ["serve", "--model", str(tiny_dirs["bert"]), "--device", "cpu", "--log-level", "warning", "--warm", "1"]
+    with cli_server(args, tmp_path / "server.log", "/health") as url:
+        status, body = _request(url, "GET", "/ready")
+        assert status in (200, 503) and set(body) == {"ready", "depths", "pending", "error"}, body
+        assert status == 200 or body["pending"], body
+        c = http.client.HTTPConnection(urlparse(url).hostname, urlparse(url).port, timeout=120)
+        c.request("POST", "/v1/encode", body=json.dumps({"texts": SENTENCES[:2], "layers": 1}).encode(),
+                  headers={"Content-Type": "application/json", "Authorization": "Bearer k"})
+        answered = c.getresponse()
+        assert answered.status == 200 and "vectors" in json.loads(answered.read())
+        deadline = time.monotonic() + 120
+        while status != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status, body = _request(url, "GET", "/ready")
+        assert status == 200 and body["ready"] and body["pending"] == [] and body["error"] is None, body
+        assert set(body["depths"]) == {"1", "2"} and set(body["depths"].values()) <= {"onnx", "openvino", "torch"}
+    done = subprocess.run([sys.executable, "-m", "layerwise.cli.main", *args[:-1], "7"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "layer 7" in done.stderr and "0..2" in done.stderr, done.stderr[-800:]

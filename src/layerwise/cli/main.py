@@ -6,9 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..version import __version__
 from .options import DEBUG_ENV, set_debug
@@ -41,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def command(name: str) -> click.Command:
+def command(name: str) -> Any:
     """The click command of subcommand ``name`` (its module imported now)."""
     module, function, _ = COMMANDS[name]
     found = getattr(importlib.import_module(f"{__package__}.{module}"), function)
@@ -56,20 +55,20 @@ class Commands(TyperGroup):
 
     listing = False
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         """Every subcommand's name, in the table's order."""
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         """Subcommand ``cmd_name`` (``None`` when there is none): a stand-in with its help line while the group's
         help is written, else the command itself."""
         if cmd_name not in COMMANDS:
             return None
         if self.listing:
-            return click.Command(cmd_name, short_help=COMMANDS[cmd_name][2])
+            return TyperCommand(cmd_name, short_help=COMMANDS[cmd_name][2])
         return command(cmd_name)
 
-    def format_help(self, ctx: click.Context, formatter: Any) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:
         """The group's help, listing the subcommands from the table."""
         self.listing = True
         try:

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import LayerwiseError
 from ..model.options import ModelOptions
-from .options import err_console, extractor, model_flags, user_errors
+from .options import err_console, extractor, model_flags, parse_layers, user_errors
 
 
 @model_flags
@@ -37,11 +37,15 @@ def serve(
     allowed_hosts: Optional[List[str]] = typer.Option(
         None, "--allowed-hosts", help="Host: names to answer (repeatable; default: loopback names when bound to "
         "loopback, any otherwise)."),
+    warm: Optional[List[str]] = typer.Option(
+        None, "--warm", help="Layers whose depth is prepared at start, besides the default request's (the last "
+        "layer): repeatable, any layer spec ('3', '-4:', 'all'). GET /ready answers 200 once they are; requests are "
+        "answered meanwhile."),
     *,
     model_options: ModelOptions,
 ) -> None:
     """Serve layerwise's API (POST /v1/encode), OpenAI's (POST /v1/embeddings, GET /v1/models) and TEI's (POST
-    /embed, /, /embed_all, /tokenize, GET /info), /health, /metrics and OpenAPI docs at /docs."""
+    /embed, /, /embed_all, /tokenize, GET /info), /health, /ready, /metrics and OpenAPI docs at /docs."""
     from ..serve import Limits
     from ..serve import serve as run
     from ..serve.aliases import load_aliases, parse_alias
@@ -68,7 +72,8 @@ def serve(
         for folder in probe or []:
             read_probe_dir(folder)  # a wrong directory is said now, not in the browser
         explorer = Explorer(extractor=ex, probe_dirs=list(probe or []))
-        app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts)  # bad alias: now
+        app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts,
+                         warm=[parse_layers(w) for w in warm or []])  # a bad alias or --warm: said now
     if not is_loopback(host) and not key:
         err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
                           f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "

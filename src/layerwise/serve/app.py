@@ -1,4 +1,5 @@
-"""The HTTP service: ``POST /v1/encode``, ``GET /v1/model``, ``GET /health``, ``GET /metrics`` (FastAPI).
+"""The HTTP service: ``POST /v1/encode``, ``GET /v1/model``, ``GET /health``, ``GET /ready``, ``GET /metrics``
+(FastAPI).
 
 Every request names its own layers, site, combination, pooling and level; requests with the same options are
 merged by the :class:`~layerwise.serve.batcher.Batcher` into token-budget batches run by one worker thread.
@@ -13,14 +14,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from ..encoding.layers import LayerSpec
 from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level, OutputDtype
 from ..errors import ServiceError
@@ -32,6 +34,7 @@ from ..version import __version__
 from .body import add_body_schemas, json_body, off_loop_if_large, request_body
 from .errors import detail_responses, error_response, install_error_shapes
 from .openai import Calibration, openai_router
+from .ready import Readiness, warm_depths
 from .security import ApiKey
 from .service import Kind, Limits, Service, finite, render
 from .tei import tei_router
@@ -128,7 +131,8 @@ class _BodyLimit:
 
 def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = None,
                explorer: Explorer | None = None, aliases: dict[str, dict[str, Any]] | None = None, *,
-               api_key: str | None = None, allowed_hosts: list[str] | None = None) -> FastAPI:
+               api_key: str | None = None, allowed_hosts: list[str] | None = None,
+               warm: Sequence[LayerSpec] = ()) -> FastAPI:
     """A FastAPI app serving ``model`` (call :func:`layerwise.serve.serve` to run it with uvicorn): layerwise's own
     ``/v1/encode``, the OpenAI routes (``/v1/embeddings``, ``/v1/models``), the TEI routes (``/embed``, ``/``,
     ``/embed_all``, ``/tokenize``, ``/info``), and the layer explorer (``explorer``: default, the sentence view of
@@ -138,7 +142,8 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
     :class:`~layerwise.Extractor`. ``aliases``: model name -> :class:`~layerwise.EncodeSpec` fields, picked by an
     OpenAI request's ``model`` (see :mod:`layerwise.serve.aliases`). ``api_key``: every route but ``/health``
     needs ``Authorization: Bearer KEY``; ``allowed_hosts``: the ``Host:`` names answered (others: 400); see
-    :mod:`layerwise.serve.security`.
+    :mod:`layerwise.serve.security`. ``warm``: layer specs whose depths are prepared when the server starts, besides
+    the default request's; ``GET /ready`` answers 200 once they are (see :mod:`layerwise.serve.ready`).
     """
     limits = limits or Limits()
     ex = Extractor.of(model)
@@ -146,9 +151,11 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
     # the model runs one call at a time: the batcher's worker and the explorer's sentence view share this lock
     service = Service(ex, limits, explorer.model_lock, aliases)
     metrics = service.metrics
+    readiness = Readiness(ex, warm_depths(ex, warm))  # a bad --warm spec is said now, before serving
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        readiness.start()  # prepared while requests are answered; /ready says when it is done
         yield
         service.batcher.close()  # stop the worker thread when the server stops
 
@@ -171,6 +178,13 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
     async def health() -> dict:
         """Answered on the event loop itself: no worker thread (they may all be busy parsing or rendering)."""
         return {"status": "ok"}
+
+    @app.get("/ready", responses={503: {"description": "Still preparing: the depths pending, or the error"}})
+    async def ready() -> JSONResponse:
+        """200 once the default request's depth and every ``--warm`` depth are prepared, else 503; both with
+        ``{"ready", "depths", "pending", "error"}``. Answered on the event loop, like ``/health``."""
+        state = readiness.state()
+        return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
     @app.get("/v1/model", responses=detail_responses(401))
     def model_info() -> dict:

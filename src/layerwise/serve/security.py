@@ -1,5 +1,6 @@
-"""Who may call the service: an API key (Bearer) on every route but ``/health``, and a ``Host:`` allowlist against
-DNS rebinding (a web page in the user's browser reaching a server on their loopback through a name it controls).
+"""Who may call the service: an API key (Bearer) on every route but ``/health`` and ``/ready``, and a ``Host:``
+allowlist against DNS rebinding (a web page in the user's browser reaching a server on their loopback through a name
+it controls).
 
 ``layerwise serve`` binds 127.0.0.1 and allows only loopback names unless told otherwise; ``--api-key`` (or
 ``LAYERWISE_API_KEY``) turns on the key, as TEI's ``--api-key`` does; binding beyond loopback without a key prints a
@@ -16,7 +17,7 @@ from .errors import error_response
 
 API_KEY_ENV = "LAYERWISE_API_KEY"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
-OPEN_ROUTES = ("/health",)
+OPEN_ROUTES = ("/health", "/ready")
 
 
 def is_loopback(host: str) -> bool:

@@ -192,6 +192,7 @@ class AutoBackend(TorchBackend):
         self._worker: threading.Thread | None = None
         self.prepared: dict[int, float] = {}  # depth -> seconds its background preparation took
         self._stopping = threading.Event()
+        self._deciding = threading.Lock()  # one decision at a time
 
     def fingerprint(self) -> str:
         """The weights' sha256 (computed once, shared with the exporter)."""
@@ -349,7 +350,9 @@ class AutoBackend(TorchBackend):
                 return self._serving[depth]
         choice = runtime_choice()
         if choice != "fastest":
-            self._decide(depth, choice)
+            with self._deciding:  # a server's request and its warming may both ask first
+                if depth not in self._serving:
+                    self._decide(depth, choice)
             return self._serving.get(depth, "torch")
         self._prepare(depth)
         return "torch"
@@ -387,7 +390,8 @@ class AutoBackend(TorchBackend):
                 depth = self._preparing[0]
             t0 = time.perf_counter()
             try:
-                self._decide(depth, "fastest")
+                with self._deciding:
+                    self._decide(depth, "fastest")
             except _Stopped:
                 continue
             except Exception as exc:  # a runtime that fails to build is not a reason to fail the caller's job
@@ -420,6 +424,13 @@ class AutoBackend(TorchBackend):
         """The depths being prepared in the background (PyTorch serves them meanwhile)."""
         with self._decided:
             return list(self._preparing)
+
+    def warm(self, layers: Sequence[int], site: str = "block") -> None:
+        """Load the blocks ``layers`` need and decide their runtime: under ``fastest`` the background preparation
+        starts (:meth:`pending` lists it until done); a runtime named by ``$LAYERWISE_AUTO_RUNTIME`` is prepared
+        now."""
+        TorchBackend.warm(self, layers, site)
+        self.runtime_for(layers, site)
 
     def _step(self) -> bool:
         """Between two steps of the preparation: ``True``, or :class:`_Stopped` when the process is exiting."""

@@ -181,5 +181,16 @@ class Backend(ABC):
         time)."""
         return 1
 
+    def warm(self, layers: Sequence[int], site: str = "block") -> None:
+        """Make ``layers`` at ``site`` ready to serve before the first request asks: the blocks they need loaded
+        (a runtime with graphs builds and compiles its graph; ``auto`` starts its background preparation, see
+        :meth:`pending`). A server calls it for the depths it warms before it reports ready."""
+        if not self.loaded.streams(max(layers)):
+            self.loaded.ensure_depth(max(layers))
+
+    def pending(self) -> list[int]:
+        """The depths still being prepared off the caller's path (``auto``'s background work); none here."""
+        return []
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.loaded.name!r}, device={self.device}, dtype={self.dtype})"

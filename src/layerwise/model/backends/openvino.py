@@ -59,7 +59,7 @@ from ..loading import load_model
 from ..options import ModelOptions
 from .base import LOADING_FIELDS, Backend, refuse_options
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
-from .ort import OnnxBackend, check_quantize, measure_fidelity
+from .ort import BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity
 
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
@@ -239,6 +239,12 @@ class OpenVinoBackend(Backend):
     def compiled(self, layers: Sequence[int]) -> tuple[Any, list[Any]]:
         """The compiled model serving ``layers`` and its infer requests (one per stream), compiled on first use."""
         depth = self.depth_for(layers)
+        if depth in self._compiled:
+            return self._compiled[depth]
+        with BUILD_LOCK:
+            return self._compile(depth)
+
+    def _compile(self, depth: int) -> tuple[Any, list[Any]]:
         if depth not in self._compiled:
             core = self.ov.Core()
             core.set_property({"CACHE_DIR": str(self.root / "openvino-blobs")})
@@ -260,6 +266,10 @@ class OpenVinoBackend(Backend):
                 if self.quantize == "int8-full":  # what calibration measured and kept in float
                     self.fidelity[depth]["calibration"] = json.loads(report_path(path).read_text(encoding="utf-8"))
         return self._compiled[depth]
+
+    def warm(self, layers: Sequence[int], site: str = "block") -> None:
+        """Convert (or read from the cache) and compile the graph serving ``layers``."""
+        self.compiled(layers)
 
     def settings(self, layers: Sequence[int]) -> dict[str, Any]:
         """What OpenVINO compiled for ``layers``: streams, threads, inference precision, performance hint."""

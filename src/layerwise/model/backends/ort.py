@@ -33,6 +33,7 @@ import copy
 import hashlib
 import json
 import os
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -50,6 +51,9 @@ from ..options import QUANTIZE_MODES, ModelOptions
 from .base import LOADING_FIELDS, Backend
 
 EXPORT_FORMAT = 2  # bump when the exported graph changes (outputs, opset, quantisation recipe)
+# one build at a time in a process: torch's ONNX exporter keeps global state, and a server may build the same depth
+# from two threads at once (a request and the warming of --warm depths); OpenVINO's conversion takes it too
+BUILD_LOCK = threading.RLock()
 
 
 def require_ort() -> Any:
@@ -267,28 +271,40 @@ class OnnxBackend(Backend):
         """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's conversion start from), exported
         now if absent."""
         full = self.path_for(depth)
-        if not full.exists():
-            export(self.loaded, depth, full)
+        with BUILD_LOCK:
+            if not full.exists():
+                export(self.loaded, depth, full)
         return full
 
     def build(self, depth: int) -> Path:
         """The cached graph for ``depth``, exported (and quantised) now if absent; the time is said on stderr."""
         path = self.path_for(depth, self.quantize)
-        if path.exists():
-            return path
-        t0 = time.perf_counter()
-        full = self.float_graph(depth)
-        if self.quantize:
-            quantize_graph(full, path)
+        with BUILD_LOCK:
+            if path.exists():
+                return path
+            t0 = time.perf_counter()
+            full = self.float_graph(depth)
+            if self.quantize:
+                quantize_graph(full, path)
         seconds = time.perf_counter() - t0
         self.export_seconds[depth] = seconds
         what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
         notice(f"exported {self.loaded.name} ({what}) to ONNX in {seconds:.1f} s, cached at {path}")
         return path
 
+    def warm(self, layers: Sequence[int], site: str = "block") -> None:
+        """Export (or read from the cache) and open the graph serving ``layers``."""
+        self.session(layers)
+
     def session(self, layers: Sequence[int]) -> Any:
         """The inference session serving ``layers`` (graph exported on first use, then read from the cache)."""
         depth = self.depth_for(layers)
+        if depth in self._sessions:
+            return self._sessions[depth]
+        with BUILD_LOCK:
+            return self._open(depth)
+
+    def _open(self, depth: int) -> Any:
         if depth not in self._sessions:
             opts = self.ort.SessionOptions()
             opts.intra_op_num_threads = self.threads

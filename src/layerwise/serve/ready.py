@@ -1,0 +1,79 @@
+"""Ready means ready: the depths a server warms before it says so (``layerwise serve --warm LAYERS``), and
+``GET /ready``.
+
+``/health`` answers as soon as the process serves HTTP. ``/ready`` answers 200 only once the default request's depth
+(the last layer) and every ``--warm`` depth are prepared: their blocks loaded and, under ``backend="auto"``, their
+runtime decided (the compiled graph exported, checked and raced in the background; PyTorch answers requests
+meanwhile, so nothing waits for it). Until then it answers 503 with what is still being prepared, which is what a
+load balancer's readiness probe expects.
+
+Example::
+
+    $ layerwise serve --warm 3 --warm -4:
+    $ curl -s localhost:8000/ready
+    {"ready": true, "depths": {"3": "onnx", "6": "onnx"}, "pending": [], "error": null}
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from ..encoding.layers import LayerSpec, resolve_layers
+from ..encoding.spec import EncodeSpec
+from ..extractor import Extractor
+
+
+def warm_depths(ex: Extractor, specs: Sequence[LayerSpec] = ()) -> list[int]:
+    """The depths to prepare: the default request's (``EncodeSpec().layers``) and the deepest layer of each of
+    ``specs`` (each at least 1: a graph serves layers ``0..depth``), in order, once each.
+
+    Raises:
+        SpecError: a spec that is not a layer spec of this model (its valid values said).
+    """
+    depths: list[int] = []
+    for spec in [EncodeSpec().layers, *specs]:
+        depth = max(1, max(resolve_layers(spec, ex.num_layers)))
+        if depth not in depths:
+            depths.append(depth)
+    return depths
+
+
+class Readiness:
+    """The warming of ``depths`` on ``ex``'s backend, started by :meth:`start` in a thread (the server answers
+    meanwhile), and its state for ``/ready``."""
+
+    def __init__(self, ex: Extractor, depths: Sequence[int]):
+        self.ex, self.depths = ex, list(depths)
+        self.done = threading.Event()
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Readiness":
+        """Start warming (returns at once)."""
+        self._thread = threading.Thread(target=self._warm, name="layerwise-warm", daemon=True)
+        self._thread.start()
+        return self
+
+    def _warm(self) -> None:
+        try:
+            for depth in self.depths:
+                self.ex.backend.warm(list(range(depth + 1)))
+        except Exception as exc:  # said by /ready; requests still run (and say their own errors)
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+
+    def state(self) -> dict[str, Any]:
+        """``{"ready": bool, "depths": {depth: runtime or "preparing"}, "pending": [depths], "error": str | None}``;
+        ready once the warming finished without error and nothing is pending."""
+        pending = sorted(set(self.ex.backend.pending()) | (set() if self.done.is_set() else set(self.depths)))
+        runtime_for = getattr(self.ex.backend, "runtime_for", None)
+        depths = {str(d): "preparing" if d in pending else
+                  (runtime_for(list(range(d + 1)), "block") if runtime_for else self.ex.backend.name)
+                  for d in self.depths}
+        return {"ready": self.done.is_set() and not pending and self.error is None, "depths": depths,
+                "pending": pending, "error": self.error}
+
+
+__all__ = ["Readiness", "warm_depths"]
