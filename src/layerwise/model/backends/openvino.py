@@ -58,8 +58,9 @@ from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
 from .base import LOADING_FIELDS, Backend, refuse_options
+from .cache import GraphCache
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
-from .ort import BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity
+from .ort import BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity, weights_bytes
 
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
@@ -234,6 +235,7 @@ class OpenVinoBackend(Backend):
         what = f"layers 0..{depth}" + {None: "", "int8": ", int8 weights",
                                        "int8-full": ", int8 weights and activations"}[self.quantize]
         notice(f"converted {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, cached at {path}")
+        GraphCache(self.root).grew(path, weights_bytes(self.loaded))
         return path
 
     def compiled(self, layers: Sequence[int]) -> tuple[Any, list[Any]]:
@@ -253,6 +255,7 @@ class OpenVinoBackend(Backend):
             if self.quantize == "int8":
                 config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
             path = self.build(depth)
+            GraphCache.touch(path, path.with_suffix(".bin"))  # used: the last to be evicted
             compiled = core.compile_model(str(path), "CPU", config)
             ran = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
             if ran != config["INFERENCE_PRECISION_HINT"]:  # never a precision other than the one recorded

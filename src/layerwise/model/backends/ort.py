@@ -49,6 +49,7 @@ from ...notices import notice
 from ..loaded import LoadedModel
 from ..options import QUANTIZE_MODES, ModelOptions
 from .base import LOADING_FIELDS, Backend
+from .cache import GraphCache
 
 EXPORT_FORMAT = 2  # bump when the exported graph changes (outputs, opset, quantisation recipe)
 # one build at a time in a process: torch's ONNX exporter keeps global state, and a server may build the same depth
@@ -123,6 +124,13 @@ def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
         if hasattr(model.config, attr):
             setattr(model.config, attr, depth)
     return model.cpu().float().eval()
+
+
+def weights_bytes(loaded: LoadedModel) -> int:
+    """Bytes of the model's weights: the whole checkpoint's when it is loaded by depth, else its parameters'."""
+    if loaded.blocks is not None:
+        return int(loaded.blocks.checkpoint.total_bytes)
+    return sum(p.numel() * p.element_size() for p in loaded.model.parameters())
 
 
 def cache_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -290,6 +298,7 @@ class OnnxBackend(Backend):
         self.export_seconds[depth] = seconds
         what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
         notice(f"exported {self.loaded.name} ({what}) to ONNX in {seconds:.1f} s, cached at {path}")
+        GraphCache(self.root).grew(path, weights_bytes(self.loaded))
         return path
 
     def warm(self, layers: Sequence[int], site: str = "block") -> None:
@@ -306,6 +315,7 @@ class OnnxBackend(Backend):
 
     def _open(self, depth: int) -> Any:
         if depth not in self._sessions:
+            GraphCache.touch(self.path_for(depth, self.quantize))  # used: the last to be evicted
             opts = self.ort.SessionOptions()
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1
