@@ -14,7 +14,9 @@ than OpenVINO's bf16).
 
 None of that is on the caller's path: until a depth is decided, PyTorch serves it, and a background thread exports,
 checks and races (:meth:`AutoBackend.serving`); the winner takes over from the next batch, and a ``layerwise:`` line
-says so. When PyTorch wins, no later depth is exported at all. :meth:`AutoBackend.settle` waits for the background
+says so. When PyTorch wins, no later depth is exported at all. The thread starts once the caller is idle for
+``QUIET_S`` or has kept PyTorch busy for ``GRACE_S``, so a script's one short call is neither slowed by it nor kept
+waiting for it at exit (at exit it stops after the step it is in). :meth:`AutoBackend.settle` waits for the background
 work (servers warming depths, benchmarks, tests).
 
 The race's result is kept on disk (``races.json`` beside the exported graphs), keyed by the CPU model, the thread
@@ -37,6 +39,7 @@ run is refused with the reason. Reduced precision is never chosen by this backen
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -44,7 +47,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -65,6 +68,8 @@ EXACT = 1e-5  # max abs difference to PyTorch, relative to max(1, largest state)
 BF16_AGREE = 0.999  # min per-token cosine of two bf16 runtimes' states: the same up to bf16 rounding
 RACE_SHAPES = ((64, 16), (32, 32), (16, 64), (8, 128))  # (texts, tokens) of the batches timed: 1,024 tokens each
 RACE_ROUNDS = 3
+QUIET_S = 0.25  # the background preparation starts once the caller has made no call for this long...
+GRACE_S = 3.0  # ...or once the caller has kept PyTorch busy this long (a long job gains from the compiled runtime)
 CHOICES = ("fastest", "onnx", "openvino", "torch")
 LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
 _PREPARING: "weakref.WeakSet[AutoBackend]" = weakref.WeakSet()  # backends whose background thread may be running
@@ -193,6 +198,8 @@ class AutoBackend(TorchBackend):
         self.prepared: dict[int, float] = {}  # depth -> seconds its background preparation took
         self._stopping = threading.Event()
         self._deciding = threading.Lock()  # one decision at a time
+        self._last_call = 0.0  # time.monotonic() when the caller's last forward pass through auto ended
+        self._busy = 0  # the caller's forward passes running now
 
     def fingerprint(self) -> str:
         """The weights' sha256 (computed once, shared with the exporter)."""
@@ -379,7 +386,18 @@ class AutoBackend(TorchBackend):
         if worker is not None and worker is not threading.current_thread():
             worker.join(timeout)
 
+    def _quiet_moment(self) -> None:
+        """Wait until the caller is idle (no call for :data:`QUIET_S`) or has been busy for :data:`GRACE_S`: a short
+        job (a script's one call) is never slowed by the preparation, nor kept waiting for it at exit."""
+        started = time.monotonic()
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if (not self._busy and now - self._last_call >= QUIET_S) or now - started >= GRACE_S:
+                return
+            self._stopping.wait(0.05)
+
     def _prepare_all(self) -> None:
+        self._quiet_moment()
         while True:
             with self._decided:
                 if not self._preparing or self._stopping.is_set():
@@ -482,6 +500,7 @@ class AutoBackend(TorchBackend):
     def runtime_for(self, layers: Sequence[int], site: str) -> str:
         """Which runtime runs a forward pass for ``layers`` at ``site``: ``"onnx"``, ``"openvino"`` or ``"torch"``
         (always PyTorch for layers streamed block by block under ``max_memory``: an export needs every block)."""
+        self._last_call = time.monotonic()  # the caller is at work (the preparation waits for a quiet moment)
         if not self.compiled_runtimes or site != "block" or self.loaded.streams(max(layers)):
             return "torch"
         return self.serving(max(max(layers), 1))
@@ -519,10 +538,21 @@ class AutoBackend(TorchBackend):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
     ) -> Callable[[], torch.Tensor]:
         """:meth:`Backend.start` on the runtime :meth:`runtime_for` picks (OpenVINO's returns at once)."""
-        backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
-        if backend is not None:
-            return backend.start(input_ids, attention_mask, layers, site)
-        return super().start(input_ids, attention_mask, layers, site)
+        with self._calling():
+            backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
+            if backend is not None:
+                return backend.start(input_ids, attention_mask, layers, site)
+            return super().start(input_ids, attention_mask, layers, site)
+
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        """A forward pass of the caller's (the background preparation waits for a quiet moment)."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self._last_call = time.monotonic()
 
     def ahead(self, layers: Sequence[int], site: str) -> int:
         """The :meth:`Backend.ahead` of the runtime that serves ``layers`` at ``site``."""
@@ -533,10 +563,11 @@ class AutoBackend(TorchBackend):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str
     ) -> torch.Tensor:
         """``[K, batch, tokens, width]`` (see :meth:`Backend.forward`) from the runtime :meth:`runtime_for` picks."""
-        backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
-        if backend is not None:
-            return backend.forward(input_ids, attention_mask, layers, site)
-        return super().forward(input_ids, attention_mask, layers, site)
+        with self._calling():
+            backend = self.compiled_runtimes.get(self.runtime_for(layers, site))
+            if backend is not None:
+                return backend.forward(input_ids, attention_mask, layers, site)
+            return super().forward(input_ids, attention_mask, layers, site)
 
 
 __all__ = ["BF16_AGREE", "CHOICES", "EXACT", "RACE_ROUNDS", "RACE_SHAPES", "AutoBackend", "RaceRecord",
