@@ -194,21 +194,33 @@ def test_torch_when_onnx_cannot_serve(arch_extractors, tiny_extractors):
     assert isinstance(left.backend, TorchBackend) and left.backend.padding_side == "left"
 
 
-def test_one_graph_per_depth_shared_across_layer_choices_and_processes(tiny_extractors, tmp_path, monkeypatch, capfd):
+def test_one_export_per_model_every_depth_a_cut_of_it(tiny_extractors, tmp_path, monkeypatch, capfd):
+    """The model is exported once, whole; each depth is a graph cut from it (milliseconds) that reads the exported
+    weights (one copy on disk); layer choices with one deepest layer share a graph, and so do processes; a cut whose
+    exported graph the cache evicted is rebuilt."""
     calls = []
     real = ob.export
     monkeypatch.setattr(ob, "export", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     loaded = tiny_extractors["electra"].loaded
     first = lw.Extractor(loaded, onnx_cache=tmp_path)
+    reference = lw.Extractor(loaded, backend="torch")
     first.encode(TEXTS, layers=2)
     first.encode(TEXTS, layers=[0, 1, 2], combine="concat")  # same deepest layer: same graph
     assert calls == [2]
-    assert "to ONNX in" in capfd.readouterr().err  # the first-use export time is said
+    assert "to ONNX once for every depth" in capfd.readouterr().err  # the first-use export time is said
     assert set(first.backend.onnx.export_seconds) == {2}
+    np.testing.assert_allclose(first.encode(TEXTS, layers=1), reference.encode(TEXTS, layers=1), atol=1e-5)
+    assert calls == [2] and "cut layers 0..1" in capfd.readouterr().err  # a new depth: a cut, no export
     lw.Extractor(loaded, onnx_cache=tmp_path).encode(TEXTS, layers=[2, 0])  # a new process reads the cache
-    lw.Extractor(loaded, onnx_cache=tmp_path).encode(TEXTS, layers=1)
-    assert calls == [2, 1]
-    assert len(list(tmp_path.glob("*.onnx"))) == 2
+    assert calls == [2]
+    assert len(list(tmp_path.glob("*-all2-*.onnx"))) == 1 and len(list(tmp_path.glob("*-all2-*.onnx.data"))) == 1
+    cuts = sorted(tmp_path.glob("*-d[12]-*.onnx"))
+    assert len(cuts) == 2 and all(c.stat().st_size < 200_000 for c in cuts)  # no weights in a cut
+    for base in tmp_path.glob("*-all2-*"):  # evicted by the cache
+        base.unlink()
+    again = lw.Extractor(loaded, onnx_cache=tmp_path)
+    np.testing.assert_allclose(again.encode(TEXTS, layers=1), reference.encode(TEXTS, layers=1), atol=1e-5)
+    assert calls == [2, 2]
 
 
 def test_cache_directory_from_environment(tmp_path, monkeypatch):

@@ -54,17 +54,20 @@ def test_the_limit(monkeypatch):
 
 
 def test_a_build_past_the_limit_evicts_and_says_so(tiny_extractors, tmp_path, monkeypatch, capfd):
-    """Real exports of the tiny model's depths under a limit that holds about one graph: each build keeps the cache
-    within it, the newest graph stays, and the line says the path, the size, the limit and what went."""
+    """Real builds of the tiny model's depths, beside an older entry, under a limit that holds the model's graphs
+    but not the older one: the build evicts it (never the exported graph its cuts read), and the line says the path,
+    the size, the limit and what went."""
     loaded = tiny_extractors["bert"].loaded
     backend = lw.model.backends.OnnxBackend(loaded, cache=tmp_path)
     first = backend.build(1)
-    size = first.stat().st_size
-    monkeypatch.setenv("LAYERWISE_CACHE_LIMIT", f"{int(size * 1.5)}B")
+    _entry(tmp_path, "bert-d9-older", 400_000, 1_000)  # another model's graph, used long ago
+    ours = GraphCache(tmp_path).total() - 400_000
+    monkeypatch.setenv("LAYERWISE_CACHE_LIMIT", f"{ours + 3 * first.stat().st_size}B")
     capfd.readouterr()
     second = backend.build(2)
     said = capfd.readouterr().err
-    assert not first.exists() and second.exists() and GraphCache(tmp_path).total() <= size * 1.5
+    assert first.exists() and second.exists() and not (tmp_path / "bert-d9-older.onnx").exists()
+    assert backend.intact(1) and backend.intact(2)
     assert "removed the 1 least recently used" in said
     assert f"graph cache {tmp_path}: " in said and "limit (LAYERWISE_CACHE_LIMIT)" in said, said
     assert "list or clear it with `layerwise cache`" in said

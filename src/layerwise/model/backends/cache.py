@@ -116,10 +116,10 @@ class GraphCache:
             removed.append(entry)
         return removed
 
-    def grew(self, built: Path, weights_bytes: int) -> None:
-        """After a build wrote ``built`` (and its companions): mark it used, trim the cache to its limit, and say the
-        cache's path, size and limit (and what was removed) in one line."""
-        companions = tuple(p for p in built.parent.glob(built.name.split(".")[0] + ".*"))
+    def grew(self, built: Path, weights_bytes: int, keep: tuple[Path, ...] = ()) -> None:
+        """After a build wrote ``built`` (and its companions): mark it and ``keep`` (what it reads) used, trim the
+        cache to its limit, and say the cache's path, size and limit (and what was removed) in one line."""
+        companions = tuple(p for p in built.parent.glob(built.name.split(".")[0] + ".*")) + tuple(keep)
         self.touch(*companions)
         limit = cache_limit(weights_bytes)
         removed = self.trim(limit, keep=companions)

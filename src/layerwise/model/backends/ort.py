@@ -1,12 +1,14 @@
-"""The ONNX Runtime backend: the encoder exported once per (model, deepest layer), every layer up to it an output.
+"""The ONNX Runtime backend: the encoder exported once per model, each depth a graph cut from that export.
 
 ``Extractor(..., backend="onnx")`` runs the same pipeline (tokenise, windows, token-budget batches, combine,
 pool) with the forward pass executed by ONNX Runtime instead of PyTorch; ``backend="auto"`` (the default, see
-:mod:`layerwise.model.backends.auto`) does so wherever the result is exact. For a deepest requested layer ``d`` the
-model
-is truncated after layer ``d`` (no later layer exists in the graph) and exported with the hidden states
-``hidden_0 .. hidden_d`` as outputs ``[batch, tokens, hidden]``; a call asks ONNX Runtime for the requested ones
-only, so every layer choice with the same deepest layer shares one graph.
+:mod:`layerwise.model.backends.auto`) does so wherever the result is exact. A model up to ``EXPORT_WHOLE_BYTES`` is
+exported once, whole, with every hidden state ``hidden_0 .. hidden_L`` an output ``[batch, tokens, hidden]`` and its
+weights in one ``.onnx.data`` file; for a deepest requested layer ``d`` the graph is cut after ``hidden_d``
+(:func:`cut_graph`: the nodes and weights later layers need are left out, in milliseconds) and reads the exported
+weights, so every depth shares one copy of them on disk. A larger model is exported per depth, truncated after layer
+``d`` (never loaded whole for an export). A call asks ONNX Runtime for the requested states only, so every layer
+choice with the same deepest layer shares one graph.
 
 Graph optimisations: the session runs with ``ORT_ENABLE_ALL`` (constant folding, LayerNorm, BiasGelu and MatMul
 fusions, kept although the intermediate states are graph outputs). The offline transformer fusions (one
@@ -23,8 +25,8 @@ int8 export quantises the score products and the embeddings too). Fidelity and s
 
 Exports are cached on disk under ``$LAYERWISE_CACHE/onnx`` (default ``~/.cache/layerwise/onnx``; ``cache=``),
 keyed by the weights' sha256, the family, the depth, the site, the quantisation and the exporter versions, and
-written atomically, so the cost (a few seconds, printed on stderr the first time) is paid once per model and depth
-across processes. Only the ``block`` site is exported (the other sites are hooks inside a layer).
+written atomically, so the cost (a few seconds, said on stderr the first time) is paid once per model across
+processes. Only the ``block`` site is exported (the other sites are hooks inside a layer).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from ..options import QUANTIZE_MODES, ModelOptions
 from .base import LOADING_FIELDS, Backend
 from .cache import GraphCache
 
-EXPORT_FORMAT = 2  # bump when the exported graph changes (outputs, opset, quantisation recipe)
+EXPORT_FORMAT = 3  # bump when the exported graph changes (outputs, opset, quantisation recipe, cut graphs)
+EXPORT_WHOLE_BYTES = 2 * 10**9  # a model up to this size is exported once, whole; each depth is cut from it
 # one build at a time in a process: torch's ONNX exporter keeps global state, and a server may build the same depth
 # from two threads at once (a request and the warming of --warm depths); OpenVINO's conversion takes it too
 BUILD_LOCK = threading.RLock()
@@ -155,24 +158,56 @@ def _atomic(path: Path) -> Path:
 
 
 def export(loaded: LoadedModel, depth: int, path: Path) -> Path:
-    """Export the model truncated after layer ``depth`` with outputs ``hidden_0 .. hidden_depth`` to ``path``
-    (atomically: the file is whole or absent). ``depth`` 0 exports one layer (the graph needs a layer to trace)."""
+    """Export the model truncated after layer ``depth`` with outputs ``hidden_0 .. hidden_depth`` to ``path``, its
+    weights in ``path.onnx.data`` beside it (atomically: both whole, or the graph absent). ``depth`` 0 exports one
+    layer (the graph needs a layer to trace)."""
+    import shutil
+    import tempfile
+
+    import onnx
+
     depth = max(depth, 1)
     module = _Truncated(truncated_copy(loaded, depth)).eval()
     ids = torch.tensor([[loaded.tokenizer.cls_token_id or 0] + [5] * 6 + [loaded.tokenizer.sep_token_id or 0]] * 2)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     names = output_names(depth)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))  # a graph over 2 GB comes in many files
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # tracer warnings about Python-side shape checks; the graph is verified against PyTorch where it is used
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, (ids, mask), str(work / "model.onnx"), input_names=["input_ids", "attention_mask"],
+                output_names=names,
+                dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
+                              **{n: {0: "batch", 1: "tokens"} for n in names}},
+                opset_version=17, dynamo=False,
+            )
+        del module
+        graph = onnx.load(str(work / "model.onnx"))
+        data = path.name + ".data"
+        onnx.save_model(graph, str(work / path.name), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data, size_threshold=1024)
+        os.replace(work / data, path.with_name(data))
+        os.replace(work / path.name, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def cut_graph(base: Path, depth: int, path: Path) -> Path:
+    """The graph of layers ``0..depth`` cut from ``base`` (outputs ``hidden_0 .. hidden_depth``; the nodes and
+    weights they do not need left out), written to ``path`` beside it, reading its weights from ``base``'s
+    ``.onnx.data`` (nothing is copied). A few milliseconds, where an export takes seconds."""
+    import onnx
+    import onnx.utils
+
+    graph = onnx.load(str(base), load_external_data=False)
+    cut = onnx.utils.Extractor(graph).extract_model(["input_ids", "attention_mask"], output_names(max(depth, 1)))
     tmp = _atomic(path)
-    with torch.no_grad(), warnings.catch_warnings():
-        # tracer warnings about Python-side shape checks; the graph is verified against PyTorch where it is used
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, (ids, mask), str(tmp), input_names=["input_ids", "attention_mask"], output_names=names,
-            dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
-                          **{n: {0: "batch", 1: "tokens"} for n in names}},
-            opset_version=17, dynamo=False,
-        )
+    onnx.save_model(cut, str(tmp))
     os.replace(tmp, path)
     return path
 
@@ -185,10 +220,14 @@ def quantize_graph(source: Path, path: Path) -> Path:
 
     tmp = _atomic(path)
     prepared = tmp.with_name(tmp.name + ".pre")
+    whole = tmp.with_name(tmp.name + ".whole")
     try:
+        # the cut graph with its weights inside (ORT's preprocessing copies the graph elsewhere, away from the
+        # exported weights it reads)
+        onnx.save_model(onnx.load(str(source)), str(whole))
         # shapes inferred and constants folded, as ORT recommends (its symbolic shape pass cannot follow the window
         # arithmetic of the position ids, so the ONNX shape inference is used)
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quant_pre_process(str(whole), str(prepared), skip_symbolic_shape=True)
         graph = onnx.load(str(prepared), load_external_data=False).graph
         weights = {t.name for t in graph.initializer}
         activations_only = [n.name for n in graph.node if n.op_type == "MatMul" and not (set(n.input) & weights)]
@@ -196,6 +235,7 @@ def quantize_graph(source: Path, path: Path) -> Path:
                          op_types_to_quantize=["MatMul"], nodes_to_exclude=activations_only)
     finally:
         prepared.unlink(missing_ok=True)
+        whole.unlink(missing_ok=True)
     os.replace(tmp, path)
     return path
 
@@ -237,7 +277,7 @@ class OnnxBackend(Backend):
         self.ort = require_ort()
         self.root = cache_dir(cache)
         self.threads = threads or torch.get_num_threads()
-        self.export_seconds: dict[int, float] = {}  # depth -> seconds spent exporting in this process
+        self.export_seconds: dict[int, float] = {}  # exported depth -> seconds spent exporting it in this process
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (quantised only)
         self._sessions: dict[int, Any] = {}
 
@@ -275,31 +315,65 @@ class OnnxBackend(Backend):
         suffix = f"-{quantize}" if quantize else ""
         return self.root / f"{self.loaded.architecture}-d{depth}{suffix}-{digest}.onnx"
 
+    def export_depth(self, depth: int) -> int:
+        """The depth of the graph that ``depth``'s graph is cut from: the whole model when its weights are at most
+        :data:`EXPORT_WHOLE_BYTES` (exported once, every depth a cut of it), else ``depth`` itself (a large model is
+        never loaded whole for an export: memory follows the layers asked for)."""
+        whole = self.loaded.num_layers
+        if weights_bytes(self.loaded) <= EXPORT_WHOLE_BYTES and not self.loaded.streams(whole):
+            return whole
+        return max(depth, 1)
+
+    def base_path(self, depth: int) -> Path:
+        """Where the exported graph of layers ``0..depth`` is cached (``x.onnx``, its weights in ``x.onnx.data``)."""
+        cut = self.path_for(depth)
+        return cut.with_name(cut.name.replace(f"-d{depth}-", f"-all{depth}-", 1))
+
     def float_graph(self, depth: int) -> Path:
-        """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's conversion start from), exported
-        now if absent."""
-        full = self.path_for(depth)
+        """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's conversion start from): a cut of
+        the exported graph (:meth:`export_depth`), which is exported now if absent. The cut holds no weights: it
+        reads the exported graph's ``.onnx.data``, so every depth of a model shares one copy of them on disk."""
+        cut = self.path_for(depth)
         with BUILD_LOCK:
-            if not full.exists():
-                export(self.loaded, depth, full)
-        return full
+            base = self.base_path(self.export_depth(depth))
+            data = base.with_name(base.name + ".data")
+            if not (base.exists() and data.exists()):
+                t0 = time.perf_counter()
+                export(self.loaded, self.export_depth(depth), base)
+                self.export_seconds[self.export_depth(depth)] = time.perf_counter() - t0
+                cut.unlink(missing_ok=True)  # cut from a graph that is gone
+            if not cut.exists():
+                cut_graph(base, depth, cut)
+        return cut
 
     def build(self, depth: int) -> Path:
-        """The cached graph for ``depth``, exported (and quantised) now if absent; the time is said on stderr."""
+        """The cached graph for ``depth``, cut from the exported graph (exported now if absent) and quantised if
+        asked; what it cost is said on stderr."""
         path = self.path_for(depth, self.quantize)
         with BUILD_LOCK:
-            if path.exists():
+            if path.exists() and (self.quantize or self.intact(depth)):
                 return path
             t0 = time.perf_counter()
+            exported = set(self.export_seconds)
             full = self.float_graph(depth)
             if self.quantize:
                 quantize_graph(full, path)
         seconds = time.perf_counter() - t0
-        self.export_seconds[depth] = seconds
+        base = self.base_path(self.export_depth(depth))
         what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
-        notice(f"exported {self.loaded.name} ({what}) to ONNX in {seconds:.1f} s, cached at {path}")
-        GraphCache(self.root).grew(path, weights_bytes(self.loaded))
+        if set(self.export_seconds) != exported:
+            notice(f"exported {self.loaded.name} (layers 0..{self.export_depth(depth)}) to ONNX once for every "
+                   f"depth, and cut {what} from it, in {seconds:.1f} s, cached at {path}")
+        else:
+            notice(f"cut {what} of {self.loaded.name} from its exported graph in {seconds:.2f} s, cached at {path}")
+        GraphCache(self.root).grew(path, weights_bytes(self.loaded), keep=(base, base.with_name(base.name + ".data")))
         return path
+
+    def intact(self, depth: int) -> bool:
+        """Whether the exported graph that ``depth``'s cut reads its weights from is in the cache (the cache may
+        have evicted it)."""
+        base = self.base_path(self.export_depth(depth))
+        return base.exists() and base.with_name(base.name + ".data").exists()
 
     def warm(self, layers: Sequence[int], site: str = "block") -> None:
         """Export (or read from the cache) and open the graph serving ``layers``."""
@@ -315,7 +389,8 @@ class OnnxBackend(Backend):
 
     def _open(self, depth: int) -> Any:
         if depth not in self._sessions:
-            GraphCache.touch(self.path_for(depth, self.quantize))  # used: the last to be evicted
+            base = self.base_path(self.export_depth(depth))  # used, with the weights it reads: the last to be evicted
+            GraphCache.touch(self.path_for(depth, self.quantize), base, base.with_name(base.name + ".data"))
             opts = self.ort.SessionOptions()
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1
