@@ -279,3 +279,26 @@ def test_auto_int8_keeps_the_layers_on_openvino_where_installed(default_extracto
     assert q.describe()["precision"] == "int8-weights" and "with int8 weights (nncf" in q.describe()["runtime"]
     monkeypatch.setattr("layerwise.model.backends.auto.openvino_available", lambda: False)
     assert lw.Extractor(default_extractor.loaded, quantize="int8").describe()["precision"] == "int8"
+
+
+def test_int8_is_timed_against_float32_once_and_said_when_slower(tiny_extractors, monkeypatch, tmp_path, capfd):
+    """quantize="int8": the int8 runtimes are timed against each other and float32 once, off the caller's path;
+    where every one is slower (here: timings that say so), one line says it and names the faster exact path, and
+    describe() records the measurement. The real timing runs too: its numbers are recorded whatever they are."""
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tmp_path)
+    ex.encode(TEXTS, layers=-1)
+    assert ex.backend.settle(timeout=300)
+    real = ex.describe()["int8_timing"]
+    assert set(real["ms_per_batch"]) >= {"int8 ONNX Runtime", "float32 PyTorch", "float32 ONNX Runtime"}, real
+    assert all(t > 0 for t in real["ms_per_batch"].values()) and isinstance(real["slower"], bool)
+    monkeypatch.setattr(AutoBackend, "timed", lambda self, depth, contestants: {
+        name: (0.002 if name.startswith("int8") else 0.001 if name == "float32 ONNX Runtime" else 0.003)
+        for name in contestants})
+    slow = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tmp_path)
+    capfd.readouterr()
+    slow.encode(TEXTS, layers=-1)
+    assert slow.backend.settle(timeout=300)
+    said = capfd.readouterr().err
+    assert "quantize='int8' is slower than float32 on this CPU" in said and "against float32 ONNX Runtime 1.0 " \
+        "ms a batch; drop quantize for the faster, exact path" in said, said
+    assert slow.describe()["int8_timing"]["slower"] is True

@@ -41,13 +41,15 @@ def describe(ex: Described) -> dict[str, Any]:
     the whole model would be ``streamed``; :meth:`layerwise.model.blocks.Blocks.describe`), and for reduced
     precision ``fidelity`` (per depth served: the minimum cosine to float32 of
     every layer on the sample sentences, :mod:`layerwise.model.fidelity`; for ``int8-full`` also its ``calibration``
-    report).
+    report); for ``quantize="int8"`` under ``auto``, once timed, ``int8_timing`` (the int8 runtimes against float32 on
+    this machine, :meth:`layerwise.model.backends.auto.AutoBackend.time_int8`).
     """
     backend = ex.backend
     lm = backend.loaded
     lmap = lm.layer_map
     runtime = getattr(backend, "runtime", None)
     fidelity = getattr(backend, "fidelity", None)
+    int8_timing = getattr(backend, "int8_timing", None)
     return {
         "name": lm.name,
         "architecture": lm.architecture,
@@ -72,6 +74,7 @@ def describe(ex: Described) -> dict[str, Any]:
                                                                        "blocks": lm.num_layers, "loaded": "whole"},
         **({"runtime": runtime()} if callable(runtime) else {}),
         **({"fidelity": {str(d): f for d, f in sorted(fidelity.items())}} if fidelity else {}),
+        **({"int8_timing": int8_timing} if int8_timing else {}),
     }
 
 

@@ -200,6 +200,8 @@ class AutoBackend(TorchBackend):
         self._deciding = threading.Lock()  # one decision at a time
         self._last_call = 0.0  # time.monotonic() when the caller's last forward pass through auto ended
         self._busy = 0  # the caller's forward passes running now
+        self._int8_thread: threading.Thread | None = None
+        self.int8_timing: dict[str, Any] | None = None  # quantized: the int8 runtimes timed against float32, once
 
     def fingerprint(self) -> str:
         """The weights' sha256 (computed once, shared with the exporter)."""
@@ -293,14 +295,19 @@ class AutoBackend(TorchBackend):
         available, on one batch of each of ``RACE_SHAPES`` through layers ``0..depth``, started the way the pipeline
         starts them (:meth:`Backend.start`, up to :meth:`Backend.ahead` at once, so an asynchronous runtime is timed
         with its overlap), after one warm-up run each: ``{"torch": s, "onnx": s, ...}``."""
+        contestants: dict[str, Backend] = {"torch": self}
+        contestants.update({n: b for n, b in self.compiled_runtimes.items() if n in runtimes})
+        return self.timed(depth, contestants)
+
+    def timed(self, depth: int, contestants: dict[str, Backend]) -> dict[str, float]:
+        """Seconds per batch of each of ``contestants`` (``self`` runs as PyTorch) through layers ``0..depth`` on
+        :data:`RACE_SHAPES`' batches, as :meth:`race` times them."""
         vocab = int(getattr(self.loaded.model.config, "vocab_size", 1000))
         seeded = torch.Generator().manual_seed(0)
         longest = self.loaded.max_length  # a model with fewer positions gets the same budget in shorter rows
         shapes = [(n * t // min(t, longest), min(t, longest)) for n, t in RACE_SHAPES]
         batches = [torch.randint(min(1000, vocab - 1), vocab, shape, generator=seeded) for shape in shapes]
         layers = list(range(depth + 1))
-        contestants: dict[str, Backend] = {"torch": self}
-        contestants.update({n: b for n, b in self.compiled_runtimes.items() if n in runtimes})
 
         def torch_start(*args: Any) -> Callable[[], torch.Tensor]:  # PyTorch runs now (not through auto's dispatch)
             states = TorchBackend.forward(self, *args)
@@ -308,8 +315,8 @@ class AutoBackend(TorchBackend):
 
         def runs(name: str) -> None:
             backend = contestants[name]
-            start = torch_start if name == "torch" else backend.start
-            ahead = 1 if name == "torch" else max(1, backend.ahead(layers, "block"))
+            start = torch_start if backend is self else backend.start
+            ahead = 1 if backend is self else max(1, backend.ahead(layers, "block"))
             started: list[Callable[[], torch.Tensor]] = []
             for ids in batches:
                 if len(started) >= ahead:
@@ -351,6 +358,7 @@ class AutoBackend(TorchBackend):
         if not self.compiled_runtimes:
             return "torch"
         if self.quantize:
+            self._time_int8(depth)
             return "openvino" if self.openvino is not None else "onnx"
         with self._decided:
             if depth in self._serving:
@@ -382,9 +390,9 @@ class AutoBackend(TorchBackend):
         """Stop the background preparation after the step it is in, and wait for it (``timeout`` seconds at most);
         the depths not decided stay on PyTorch."""
         self._stopping.set()
-        worker = self._worker
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout)
+        for worker in (self._worker, self._int8_thread):
+            if worker is not None and worker is not threading.current_thread():
+                worker.join(timeout)
 
     def _quiet_moment(self) -> None:
         """Wait until the caller is idle (no call for :data:`QUIET_S`) or has been busy for :data:`GRACE_S`: a short
@@ -426,6 +434,63 @@ class AutoBackend(TorchBackend):
                 notice(f"{LABELS[use]} serves layers 0..{depth} from now on ({self._why[depth]}; prepared in the "
                        f"background in {self.prepared[depth]:.1f} s while PyTorch served)")
 
+    def _time_int8(self, depth: int) -> None:
+        """Once per model: time the int8 runtimes against each other and against float32 in the background (at a
+        quiet moment); a ``layerwise:`` line says so when every int8 runtime is slower (see :attr:`int8_timing`)."""
+        with self._decided:
+            if self._int8_thread is not None or self.quantize == "int8-full" or self._stopping.is_set():
+                return
+            self._int8_thread = threading.Thread(target=self._int8_race, args=(depth,), name="layerwise-int8",
+                                                 daemon=True)
+            _PREPARING.add(self)
+            self._int8_thread.start()
+
+    def _int8_race(self, depth: int) -> None:
+        self._quiet_moment()
+        try:
+            self.int8_timing = self.time_int8(depth)
+            said = self.int8_timing.get("said")
+            if said:
+                notice(said)
+        except _Stopped:
+            pass
+        except Exception as exc:  # the timing is advice: it never fails the caller's job
+            self.int8_timing = {"error": f"{type(exc).__name__}: {exc}"}
+
+    def time_int8(self, depth: int) -> dict[str, Any]:
+        """Seconds per batch through layers ``0..depth`` of the int8 runtimes available (OpenVINO int8 weights, ONNX
+        Runtime dynamic int8) and of float32 (PyTorch, and ONNX Runtime exact), timed as :meth:`race` times; with
+        ``"slower"``: whether every int8 runtime is slower than the fastest float32 one, and then ``"said"``: the line
+        that says so, naming the faster exact path."""
+        from .ort import OnnxBackend
+
+        cache = (self.openvino or self.onnx).root  # type: ignore[union-attr]
+        contestants: dict[str, Backend] = {}
+        if self.openvino is not None:
+            contestants["int8 OpenVINO"] = self.openvino
+        contestants["int8 ONNX Runtime"] = self.onnx if self.onnx is not None and self.onnx.quantize else \
+            OnnxBackend(self.loaded, cache=cache, quantize="int8")
+        contestants["float32 PyTorch"] = self
+        contestants["float32 ONNX Runtime"] = OnnxBackend(self.loaded, cache=cache)
+        for backend in contestants.values():  # built (or read from the cache) one by one, stopping at exit
+            if self._stopping.is_set():
+                raise _Stopped
+            if backend is not self:
+                backend.warm(list(range(depth + 1)))
+        times = self.timed(depth, contestants)
+        int8 = {n: t for n, t in times.items() if n.startswith("int8")}
+        exact = {n: t for n, t in times.items() if n.startswith("float32")}
+        fastest = min(exact, key=lambda n: exact[n])
+        slower = min(int8.values()) > exact[fastest]
+        out: dict[str, Any] = {"depth": depth, "ms_per_batch": {n: round(t * 1e3, 2) for n, t in times.items()},
+                               "slower": slower}
+        if slower:
+            listed = ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in int8.items())
+            out["said"] = (f"quantize={self.quantize!r} is slower than float32 on this CPU ({cpu_model()}): {listed} "
+                           f"against {fastest} {exact[fastest] * 1e3:.1f} ms a batch; drop quantize for the faster, "
+                           f"exact path (backend='auto' serves float32 with the fastest runtime here)")
+        return out
+
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until every depth queued for background preparation is decided (``timeout`` seconds at most);
         ``True`` when none is left. For servers that warm depths before they report ready, benchmarks and tests."""
@@ -436,6 +501,9 @@ class AutoBackend(TorchBackend):
                 if left is not None and left <= 0:
                     return False
                 self._decided.wait(left)
+        if self._int8_thread is not None:
+            self._int8_thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            return not self._int8_thread.is_alive()
         return True
 
     def pending(self) -> list[int]:
