@@ -64,3 +64,35 @@ def test_onnx_errors(tiny_extractors, tmp_path):
     with pytest.raises(ValueError, match="site .attention. is not available for this model with this backend; "
                        "it offers block"):
         ex.encode(["x"], layers=1, site="attention")
+
+
+def test_a_copy_for_export_never_carries_a_captures_hooks(tiny_extractors, monkeypatch):
+    """auto exports in a background thread while the caller captures: the copy for the export waits for the
+    capture, so it never carries the capture's hooks (which stopped the export's trace with their early exit)."""
+    import threading
+    import time
+
+    loaded = tiny_extractors["bert"].loaded
+    monkeypatch.setattr(loaded, "ensure_depth", lambda depth: None)  # as a model loaded whole (no block to read)
+    ex = lw.Extractor(loaded, backend="torch")
+    inside, release = threading.Event(), threading.Event()
+    handle = loaded.layer_map.layers[0].register_forward_hook(
+        lambda m, a, o: (inside.set(), release.wait(30)) and None)
+    try:
+        capturing = threading.Thread(target=lambda: ex.encode(["hello there"], layers=1))
+        capturing.start()
+        assert inside.wait(30)  # the capture's hooks are on the modules now
+        copied: dict = {}
+        copying = threading.Thread(target=lambda: copied.setdefault("model", ob.truncated_copy(loaded, 1)))
+        copying.start()
+        time.sleep(0.3)
+        assert "model" not in copied  # it waits for the capture
+        release.set()
+        capturing.join(30)
+        copying.join(30)
+        hooks = [h for m in copied["model"].modules() for h in (*m._forward_hooks.values(),
+                                                               *m._forward_pre_hooks.values())]
+        assert hooks and not [h for h in hooks if type(getattr(h, "__self__", None)).__name__ == "Recorder"]
+    finally:
+        release.set()
+        handle.remove()

@@ -112,7 +112,8 @@ def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
                              f"an ONNX or OpenVINO export needs them all in memory: use backend='torch' or 'auto', or "
                              f"raise max_memory")
     loaded.ensure_depth(depth)  # a model loaded by depth: its first blocks, read now if they are not in memory
-    model = copy.deepcopy(loaded.model)
+    with loaded.lock:  # never while a capture's hooks are on the modules: the copy would carry them
+        model = copy.deepcopy(loaded.model)
     if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times
         # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
         model.config.num_hidden_layers = depth  # type: ignore[union-attr]
