@@ -79,6 +79,32 @@ def variant(path: Path, layers: str, max_memory: str | None, keep_host: bool = T
     return encode
 
 
+def measure(runs: dict[str, Any], held: dict[str, int], texts: list[str], rounds: int
+            ) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """The variants' encodes, alternating, best of ``rounds``: ``(seconds, own peak of GPU memory (``held`` plus
+    the encode's peak above all held memory), bytes moved to the GPU per encode)`` by variant."""
+    import torch
+
+    best = {name: float("inf") for name in runs}
+    peak: dict[str, int] = {}
+    moved: dict[str, int] = {}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            feed = run.extractor.loaded.blocks.feed  # type: ignore[attr-defined]
+            before = feed.bytes_to_gpu if feed is not None else 0
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()  # every variant's held memory
+            t0 = time.perf_counter()
+            run(texts)
+            torch.cuda.synchronize()
+            best[name] = min(best[name], time.perf_counter() - t0)
+            peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated() - base + held[name])
+            feed = run.extractor.loaded.blocks.feed  # type: ignore[attr-defined]
+            moved[name] = (feed.bytes_to_gpu - before) if feed is not None else 0
+    return best, peak, moved
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="./dev bench gpu_stream", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES))
@@ -119,23 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         vectors[name] = runs[name](texts)  # warm-up: first-call allocations, the first read of the checkpoint
         torch.cuda.synchronize()
         held[name] = torch.cuda.memory_allocated() - before
-    best = {name: float("inf") for name in runs}
-    peak: dict[str, int] = {}
-    moved: dict[str, int] = {}
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            feed = run.extractor.loaded.blocks.feed  # type: ignore[attr-defined]
-            before = feed.bytes_to_gpu if feed is not None else 0
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()  # every variant's held memory
-            t0 = time.perf_counter()
-            run(texts)
-            torch.cuda.synchronize()
-            best[name] = min(best[name], time.perf_counter() - t0)
-            peak[name] = max(peak.get(name, 0), torch.cuda.max_memory_allocated() - base + held[name])
-            feed = run.extractor.loaded.blocks.feed  # type: ignore[attr-defined]
-            moved[name] = (feed.bytes_to_gpu - before) if feed is not None else 0
+    best, peak, moved = measure(runs, held, texts, args.rounds)
     reference = vectors["in GPU memory"]
     table = []
     for name in runs:

@@ -325,10 +325,13 @@ class OnnxBackend(Backend):
             return whole
         return max(depth, 1)
 
-    def base_path(self, depth: int) -> Path:
-        """Where the exported graph of layers ``0..depth`` is cached (``x.onnx``, its weights in ``x.onnx.data``)."""
-        cut = self.path_for(depth)
-        return cut.with_name(cut.name.replace(f"-d{depth}-", f"-all{depth}-", 1))
+    def export_files(self, depth: int) -> tuple[Path, Path]:
+        """The exported graph that ``depth``'s cut is taken from and reads its weights from: ``(x.onnx,
+        x.onnx.data)``, for layers ``0..export_depth(depth)``."""
+        whole = self.export_depth(depth)
+        cut = self.path_for(whole)
+        base = cut.with_name(cut.name.replace(f"-d{whole}-", f"-all{whole}-", 1))
+        return base, base.with_name(base.name + ".data")
 
     def float_graph(self, depth: int) -> Path:
         """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's conversion start from): a cut of
@@ -336,9 +339,8 @@ class OnnxBackend(Backend):
         reads the exported graph's ``.onnx.data``, so every depth of a model shares one copy of them on disk."""
         cut = self.path_for(depth)
         with BUILD_LOCK:
-            base = self.base_path(self.export_depth(depth))
-            data = base.with_name(base.name + ".data")
-            if not (base.exists() and data.exists()):
+            base, _ = self.export_files(depth)
+            if not self.intact(depth):
                 t0 = time.perf_counter()
                 export(self.loaded, self.export_depth(depth), base)
                 self.export_seconds[self.export_depth(depth)] = time.perf_counter() - t0
@@ -360,21 +362,19 @@ class OnnxBackend(Backend):
             if self.quantize:
                 quantize_graph(full, path)
         seconds = time.perf_counter() - t0
-        base = self.base_path(self.export_depth(depth))
         what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
         if set(self.export_seconds) != exported:
             notice(f"exported {self.loaded.name} (layers 0..{self.export_depth(depth)}) to ONNX once for every "
                    f"depth, and cut {what} from it, in {seconds:.1f} s, cached at {path}")
         else:
             notice(f"cut {what} of {self.loaded.name} from its exported graph in {seconds:.2f} s, cached at {path}")
-        GraphCache(self.root).grew(path, weights_bytes(self.loaded), keep=(base, base.with_name(base.name + ".data")))
+        GraphCache(self.root).grew(path, weights_bytes(self.loaded), keep=self.export_files(depth))
         return path
 
     def intact(self, depth: int) -> bool:
         """Whether the exported graph that ``depth``'s cut reads its weights from is in the cache (the cache may
         have evicted it)."""
-        base = self.base_path(self.export_depth(depth))
-        return base.exists() and base.with_name(base.name + ".data").exists()
+        return all(f.exists() for f in self.export_files(depth))
 
     def warm(self, layers: Sequence[int], site: str = "block") -> None:
         """Export (or read from the cache) and open the graph serving ``layers``."""
@@ -390,8 +390,8 @@ class OnnxBackend(Backend):
 
     def _open(self, depth: int) -> Any:
         if depth not in self._sessions:
-            base = self.base_path(self.export_depth(depth))  # used, with the weights it reads: the last to be evicted
-            GraphCache.touch(self.path_for(depth, self.quantize), base, base.with_name(base.name + ".data"))
+            # used, with the export it reads: the last to be evicted
+            GraphCache.touch(self.path_for(depth, self.quantize), *self.export_files(depth))
             opts = self.ort.SessionOptions()
             opts.intra_op_num_threads = self.threads
             opts.inter_op_num_threads = 1
