@@ -59,7 +59,9 @@ from ..discovery import probe_batch
 from ..hardware import cpu_model, native_on_cpu
 from ..loaded import LoadedModel
 from ..options import ModelOptions
+from . import offload
 from .base import Backend
+from .offload import Stopped
 from .openvino import OpenVinoBackend, openvino_available, openvino_version
 from .ort import OnnxBackend, check_quantize, ort_available
 from .pytorch import TorchBackend
@@ -73,10 +75,6 @@ GRACE_S = 3.0  # ...or once the caller has kept PyTorch busy this long (a long j
 CHOICES = ("fastest", "onnx", "openvino", "torch")
 LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
 _PREPARING: "weakref.WeakSet[AutoBackend]" = weakref.WeakSet()  # backends whose background thread may be running
-
-
-class _Stopped(Exception):
-    """The process is exiting: the background preparation stops at its next step."""
 
 
 @atexit.register
@@ -405,6 +403,10 @@ class AutoBackend(TorchBackend):
             self._stopping.wait(0.05)
 
     def _prepare_all(self) -> None:
+        with offload.offloaded(self._stopping):  # the export and conversions in a child: the caller keeps the GIL
+            self._prepare_queued()
+
+    def _prepare_queued(self) -> None:
         self._quiet_moment()
         while True:
             with self._decided:
@@ -418,7 +420,7 @@ class AutoBackend(TorchBackend):
             try:
                 with self._deciding:
                     self._decide(depth, "fastest")
-            except _Stopped:
+            except Stopped:
                 continue
             except Exception as exc:  # a runtime that fails to build is not a reason to fail the caller's job
                 with self._decided:
@@ -448,11 +450,12 @@ class AutoBackend(TorchBackend):
     def _int8_race(self, depth: int) -> None:
         self._quiet_moment()
         try:
-            self.int8_timing = self.time_int8(depth)
+            with offload.offloaded(self._stopping):
+                self.int8_timing = self.time_int8(depth)
             said = self.int8_timing.get("said")
             if said:
                 notice(said)
-        except _Stopped:
+        except Stopped:
             pass
         except Exception as exc:  # the timing is advice: it never fails the caller's job
             self.int8_timing = {"error": f"{type(exc).__name__}: {exc}"}
@@ -474,7 +477,7 @@ class AutoBackend(TorchBackend):
         contestants["float32 ONNX Runtime"] = OnnxBackend(self.loaded, cache=cache)
         for backend in contestants.values():  # built (or read from the cache) one by one, stopping at exit
             if self._stopping.is_set():
-                raise _Stopped
+                raise Stopped
             if backend is not self:
                 backend.warm(list(range(depth + 1)))
         times = self.timed(depth, contestants)
@@ -519,9 +522,9 @@ class AutoBackend(TorchBackend):
         self.runtime_for(layers, site)
 
     def _step(self) -> bool:
-        """Between two steps of the preparation: ``True``, or :class:`_Stopped` when the process is exiting."""
+        """Between two steps of the preparation: ``True``, or :class:`Stopped` when the process is exiting."""
         if self._stopping.is_set() and threading.current_thread() is self._worker:
-            raise _Stopped
+            raise Stopped
         return True
 
     def _decide(self, depth: int, choice: str) -> None:

@@ -57,6 +57,7 @@ from ..hardware import FAST_ON_CPU, PrecisionWarning, cpu_model, native_on_cpu
 from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
+from . import offload
 from .base import LOADING_FIELDS, Backend, refuse_options
 from .cache import GraphCache
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
@@ -219,15 +220,14 @@ class OpenVinoBackend(Backend):
             return path
         t0 = time.perf_counter()
         graph = str(self.onnx.float_graph(depth))
-        model = self.ov.convert_model(graph)
-        if self.quantize == "int8":
-            model = compress_weights(model)
-        elif self.quantize == "int8-full":
+        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
+        if self.quantize == "int8-full":  # calibrated on the tokenizer's batches, in this process
             model, report = quantize_full(lambda: self.ov.convert_model(graph), self.loaded.tokenizer,
                                           self.calibration or [])
             report_path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
-        self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
+            self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
+        elif not offload.run("convert", graph, str(tmp), self.quantize or ""):  # a child in auto's background
+            convert_graph(graph, tmp, self.quantize)
         os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
         os.replace(tmp, path)
         seconds = time.perf_counter() - t0
@@ -324,6 +324,17 @@ class OpenVinoBackend(Backend):
         for request, start, end in running:
             copy_states(request, layers, out[:, start:end])
         return torch.from_numpy(out)
+
+
+def convert_graph(graph: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> None:
+    """Convert the ONNX graph ``graph`` to OpenVINO's IR at ``out`` (``.xml`` and its ``.bin``), its float32 weights
+    kept (never compressed to float16: fp32 means fp32); ``quantize="int8"``: the weights of every matrix product
+    compressed to int8 first (:func:`~layerwise.model.backends.openvino_int8.compress_weights`)."""
+    ov = require_openvino()
+    model = ov.convert_model(os.fspath(graph))
+    if quantize == "int8":
+        model = compress_weights(model)
+    ov.save_model(model, os.fspath(out), compress_to_fp16=False)
 
 
 def report_path(graph: Path) -> Path:

@@ -114,6 +114,10 @@ def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     loaded.ensure_depth(depth)  # a model loaded by depth: its first blocks, read now if they are not in memory
     with loaded.lock:  # never while a capture's hooks are on the modules: the copy would carry them
         model = copy.deepcopy(loaded.model)
+    for module in model.modules():  # layerwise's own hooks (a depth-loaded model's guard, upcasts) serve the original
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key in [k for k, hook in hooks.items() if getattr(hook, "__module__", "").startswith("layerwise.")]:
+                del hooks[key]
     if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times
         # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
         model.config.num_hidden_layers = depth  # type: ignore[union-attr]
@@ -161,15 +165,71 @@ def _atomic(path: Path) -> Path:
 def export(loaded: LoadedModel, depth: int, path: Path) -> Path:
     """Export the model truncated after layer ``depth`` with outputs ``hidden_0 .. hidden_depth`` to ``path``, its
     weights in ``path.onnx.data`` beside it (atomically: both whole, or the graph absent). ``depth`` 0 exports one
-    layer (the graph needs a layer to trace)."""
+    layer (the graph needs a layer to trace). In ``auto``'s background preparation the export runs in a child
+    process (:mod:`layerwise.model.backends.offload`: it holds the GIL for seconds), which rebuilds the truncated
+    copy from a file beside ``path`` (:func:`save_truncated`)."""
+    import tempfile
+
+    from . import offload
+
+    depth = max(depth, 1)
+    model = truncated_copy(loaded, depth)
+    cls_id, sep_id = loaded.tokenizer.cls_token_id or 0, loaded.tokenizer.sep_token_id or 0
+    if offload.active():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, saved = tempfile.mkstemp(prefix=".export-model-", suffix=".pt", dir=path.parent)
+        os.close(fd)
+        try:
+            save_truncated(model, saved)
+            del model  # the child holds its own copy
+            if offload.run("export", saved, str(depth), str(cls_id), str(sep_id), str(path)):
+                return path
+        finally:
+            os.unlink(saved)
+        model = truncated_copy(loaded, depth)  # the child failed: exported here, where an error is raised
+    return export_module(_Truncated(model).eval(), depth, cls_id, sep_id, path)
+
+
+def save_truncated(model: nn.Module, path: str | os.PathLike) -> None:
+    """Write a truncated transformers model (:func:`truncated_copy`) as its class, config and weights, for
+    :func:`load_truncated` in another process (the module itself does not pickle: transformers' output-capturing
+    hooks are closures). The weights are written without holding the GIL for long."""
+    cls = type(model)
+    torch.save({"class": f"{cls.__module__}:{cls.__qualname__}", "config": model.config,
+                "state": model.state_dict()}, path)
+
+
+def load_truncated(path: str | os.PathLike) -> nn.Module:
+    """The model written by :func:`save_truncated`: its class built from the config (whose layer count is the
+    truncated one), the weights loaded; ``ModelLoadError`` when they do not fit it (a key the class lacks)."""
+    import importlib
+
+    saved = torch.load(path, weights_only=False)
+    module_name, _, qualname = saved["class"].partition(":")
+    cls: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    model = cls(saved["config"])
+    # a key the class builds but the weights lack (an unused pooler left out at load) keeps its value: the graph is
+    # checked against PyTorch before it serves
+    unexpected = model.load_state_dict(saved["state"], strict=False).unexpected_keys
+    if unexpected:
+        raise ModelLoadError(f"{saved['class']} rebuilt from its config has no {', '.join(unexpected[:5])}")
+    return model.float().eval()
+
+
+def export_module(module: nn.Module, depth: int, cls_id: int, sep_id: int, path: str | os.PathLike) -> Path:
+    """Export ``module`` (a :class:`_Truncated` encoder of ``depth`` layers: ``(input_ids, attention_mask)``, each
+    ``[batch, tokens]``, to ``hidden_0 .. hidden_depth``, each ``[batch, tokens, hidden]``) to ``path``, its weights
+    in ``path.onnx.data`` beside it (atomically), tracing it on a padded batch of two rows ``[CLS] x x x x x x [SEP]``
+    (``cls_id``, ``sep_id``)."""
     import shutil
     import tempfile
 
     import onnx
 
-    depth = max(depth, 1)
-    module = _Truncated(truncated_copy(loaded, depth)).eval()
-    ids = torch.tensor([[loaded.tokenizer.cls_token_id or 0] + [5] * 6 + [loaded.tokenizer.sep_token_id or 0]] * 2)
+    path = Path(path)
+    ids = torch.tensor([[cls_id] + [5] * 6 + [sep_id]] * 2)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     names = output_names(depth)
@@ -214,8 +274,14 @@ def cut_graph(base: Path, depth: int, path: Path) -> Path:
 
 
 def quantize_graph(source: Path, path: Path) -> Path:
-    """Dynamic int8 copy of ``source`` at ``path``: the matrix products with a weight, per output channel."""
+    """Dynamic int8 copy of ``source`` at ``path``: the matrix products with a weight, per output channel (in a
+    child process in ``auto``'s background preparation, :mod:`layerwise.model.backends.offload`)."""
     import onnx
+
+    from . import offload
+
+    if offload.run("quantize", str(source), str(path)):
+        return path
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 

@@ -1,0 +1,148 @@
+"""Build steps in a child process: what ``backend="auto"`` prepares in the background never stalls the caller.
+
+torch's ONNX export (tracing and the exporter's graph passes) and OpenVINO's conversion run in native code that holds
+Python's GIL for one to three seconds at a time. Run in the background thread of ``auto``, they froze every other
+thread of the process for that long: a server's other requests waited up to 2.4 s (``./dev bench cold_start``). Under
+:func:`offloaded` (entered by ``auto``'s background thread, never on a caller's path) those steps run in a child
+Python process instead, at a lower CPU priority (``nice`` 10): the parent thread only waits on it, so the caller's
+threads keep the interpreter, and on a machine with few cores the child yields the CPU to them.
+
+A step is a file-to-file function of this module's :data:`STEPS` (its arguments are strings), run as ``python -m
+layerwise.model.backends.offload STEP ARGS...``: never ``multiprocessing``'s spawn, which re-runs a user's script
+that has no ``if __name__ == "__main__"`` guard. The child sees the parent's ``sys.path``. A step that fails in the
+child (a missing interpreter, a class it cannot import, any error) is run again in the calling process, where the
+same error, if any, is raised with its real traceback; the child's last lines are said once. When the preparation is
+stopped (process exit), the child is killed and :class:`Stopped` raised in the waiting thread.
+
+Steps: ``export`` (a truncated model written by :func:`layerwise.model.backends.ort.save_truncated` to an ONNX
+graph, :func:`layerwise.model.backends.ort.export_module`),
+``convert`` (an ONNX graph to OpenVINO's IR, :func:`layerwise.model.backends.openvino.convert_graph`), ``quantize``
+(ONNX Runtime's dynamic int8, :func:`layerwise.model.backends.ort.quantize_graph`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from ...notices import notice
+
+NICE = 10  # the child's CPU priority below the caller's
+_LOCAL = threading.local()
+
+
+class Stopped(Exception):
+    """The background preparation was stopped (the process is exiting): the step's child was killed."""
+
+
+@contextmanager
+def offloaded(stop: threading.Event) -> Iterator[None]:
+    """Within it, the build steps this thread runs go to a child process (:func:`run`); ``stop`` set: the child is
+    killed and :class:`Stopped` raised."""
+    before = getattr(_LOCAL, "stop", None)
+    _LOCAL.stop = stop
+    try:
+        yield
+    finally:
+        _LOCAL.stop = before
+
+
+def active() -> bool:
+    """Whether this thread's build steps run in a child process (inside :func:`offloaded`)."""
+    return getattr(_LOCAL, "stop", None) is not None
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the parent's imports, a source checkout too
+    env.setdefault("OMP_NUM_THREADS", "1")  # a trace and a conversion need no thread pool; the caller needs the cores
+    env["LAYERWISE_QUIET"] = "1"
+    return env
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(NICE)
+    except OSError:  # not permitted here: the child runs at the caller's priority
+        pass
+
+
+def run(step: str, *args: str) -> bool:
+    """Run ``step`` (a name in :data:`STEPS`) with ``args`` in a child process when this thread is inside
+    :func:`offloaded`: ``True`` when the child did it; ``False`` (not offloaded, or the child failed: the caller runs
+    the step itself, and its error, if any, is raised there). :class:`Stopped` when the preparation is stopped."""
+    stop = getattr(_LOCAL, "stop", None)
+    if stop is None:
+        return False
+    if stop.is_set():
+        raise Stopped
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", __name__, step, *args], env=_child_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_lower_priority if os.name == "posix" else None)
+    except OSError as exc:
+        notice(f"could not start a child process for the {step} ({exc}); it runs in this process")
+        return False
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    while True:
+        try:
+            code = proc.wait(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            if stop.is_set():
+                proc.kill()
+                proc.wait()
+                raise Stopped from None
+    reader.join(5)
+    if code != 0:
+        tail = "".join(err[-5:]).strip().replace("\n", " | ")
+        notice(f"the {step} in a child process failed (exit {code}: {tail[-400:]}); it runs in this process")
+        return False
+    return True
+
+
+def _export(model: str, depth: str, cls_id: str, sep_id: str, path: str) -> None:
+    import torch
+
+    from .ort import _Truncated, export_module, load_truncated
+
+    torch.set_num_threads(1)
+    export_module(_Truncated(load_truncated(model)).eval(), int(depth), int(cls_id), int(sep_id), path)
+
+
+def _convert(graph: str, out: str, quantize: str) -> None:
+    from .openvino import convert_graph
+
+    convert_graph(graph, out, quantize or None)
+
+
+def _quantize(source: str, path: str) -> None:
+    from pathlib import Path
+
+    from .ort import quantize_graph
+
+    quantize_graph(Path(source), Path(path))
+
+
+STEPS: dict[str, Callable[..., None]] = {"export": _export, "convert": _convert, "quantize": _quantize}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child's entry: ``STEP ARGS...``; exit 0 when done, 2 for an unknown step, 1 (with the traceback on
+    stderr) when the step failed."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in STEPS:
+        print(f"unknown step {argv[:1]}; valid steps are: {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    STEPS[argv[0]](*argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

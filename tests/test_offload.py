@@ -1,0 +1,106 @@
+"""auto's background builds (torch's ONNX export, OpenVINO's conversion, ONNX Runtime's int8) run in a child process,
+so they never hold this process's GIL; a child that fails hands the step back; a stopped preparation kills it."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import layerwise as lw
+import layerwise.model.backends.offload as offload
+import layerwise.model.backends.openvino as ovb
+import layerwise.model.backends.ort as ob
+
+pytest.importorskip("onnxruntime")
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés " * 20]
+
+
+def test_background_export_and_conversion_run_in_a_child(tiny_extractors, monkeypatch, tmp_path):
+    """This process cannot export nor convert (both refused here): the background preparation still serves a
+    compiled runtime, built by the child, and its states equal PyTorch's."""
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("built in the caller's process")
+
+    monkeypatch.setattr(ob, "export_module", refused)
+    monkeypatch.setattr(ovb, "convert_graph", refused)
+    ran = []
+    real = offload.run
+    monkeypatch.setattr(offload, "run", lambda step, *a: ran.append(step) or real(step, *a))
+    loaded = tiny_extractors["bert"].loaded
+    ex = lw.Extractor(loaded, onnx_cache=tmp_path)
+    reference = lw.Extractor(loaded, backend="torch").encode(TEXTS, layers=-1)
+    np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference)  # PyTorch, meanwhile
+    assert ex.backend.settle(timeout=300)
+    depth = loaded.num_layers
+    assert "export" in ran and ex.backend.exact(depth)
+    if ovb.openvino_available():
+        assert "convert" in ran
+    assert "failed" not in ex.backend.runtime()
+    np.testing.assert_allclose(ex.encode(TEXTS, layers=-1), reference, atol=1e-5, rtol=0)
+
+
+def test_the_rebuilt_model_is_the_truncated_copy(tiny_extractors, tmp_path):
+    """What the child exports: the truncated copy rebuilt from its class, config and weights, equal to it."""
+    import torch
+
+    loaded = tiny_extractors["roberta"].loaded
+    model = ob.truncated_copy(loaded, 1)
+    ob.save_truncated(model, tmp_path / "m.pt")
+    rebuilt = ob.load_truncated(tmp_path / "m.pt")
+    ids = torch.tensor([[0, 5, 6, 7, 2]])
+    with torch.no_grad():
+        want = ob._Truncated(model)(ids, torch.ones_like(ids))
+        got = ob._Truncated(rebuilt)(ids, torch.ones_like(ids))
+    assert len(got) == len(want) == 2
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_child_that_fails_hands_the_step_back(tiny_extractors, monkeypatch, tmp_path, capfd):
+    """No interpreter to run the child: the export is done in this process, and said once."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    loaded = tiny_extractors["electra"].loaded
+    with offload.offloaded(threading.Event()):
+        assert offload.active()
+        path = ob.export(loaded, 1, tmp_path / "g.onnx")
+    assert not offload.active()
+    assert path.exists() and path.with_name(path.name + ".data").exists()
+    assert not list(tmp_path.glob(".export-model-*"))  # the file handed to the child is gone
+    assert "it runs in this process" in capfd.readouterr().err
+
+
+def test_a_failing_step_in_the_child_hands_it_back_with_the_reason(monkeypatch, tmp_path, capfd):
+    """The child's own error (a graph that is not there) is said; the caller then runs the step itself."""
+    with offload.offloaded(threading.Event()):
+        assert not offload.run("quantize", str(tmp_path / "absent.onnx"), str(tmp_path / "out.onnx"))
+    err = capfd.readouterr().err
+    assert "the quantize in a child process failed (exit 1" in err and "absent.onnx" in err
+
+
+def test_outside_the_background_nothing_is_offloaded(tmp_path):
+    assert not offload.active()
+    assert offload.run("export", "a", "b") is False
+
+
+def test_a_stopped_preparation_kills_the_child(tmp_path):
+    """Stop (process exit) while the child is starting: it is killed and Stopped raised within a moment."""
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    with offload.offloaded(stop), pytest.raises(offload.Stopped):
+        offload.run("export", str(tmp_path / "m.pt"), "1", "0", "0", str(tmp_path / "g.onnx"))
+    assert time.monotonic() - t0 < 5
+    with offload.offloaded(stop), pytest.raises(offload.Stopped):  # already stopped: no child at all
+        offload.run("quantize", "a", "b")
+
+
+def test_unknown_step_lists_the_valid_ones(capsys):
+    assert offload.main(["compile"]) == 2
+    assert "valid steps are: export, convert, quantize" in capsys.readouterr().err
