@@ -39,9 +39,9 @@ def test_background_export_and_conversion_run_in_a_child(tiny_extractors, monkey
     np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference)  # PyTorch, meanwhile
     assert ex.backend.settle(timeout=300)
     depth = loaded.num_layers
-    assert "export" in ran and ex.backend.exact(depth)
+    assert "layerwise.model.backends.ort:export_saved" in ran and ex.backend.exact(depth)
     if ovb.openvino_available():
-        assert "convert" in ran
+        assert "layerwise.model.backends.openvino:convert_graph" in ran
     assert "failed" not in ex.backend.runtime()
     np.testing.assert_allclose(ex.encode(TEXTS, layers=-1), reference, atol=1e-5, rtol=0)
 
@@ -56,8 +56,8 @@ def test_the_rebuilt_model_is_the_truncated_copy(tiny_extractors, tmp_path):
     rebuilt = ob.load_truncated(tmp_path / "m.pt")
     ids = torch.tensor([[0, 5, 6, 7, 2]])
     with torch.no_grad():
-        want = ob._Truncated(model)(ids, torch.ones_like(ids))
-        got = ob._Truncated(rebuilt)(ids, torch.ones_like(ids))
+        want = ob.Truncated(model)(ids, torch.ones_like(ids))
+        got = ob.Truncated(rebuilt)(ids, torch.ones_like(ids))
     assert len(got) == len(want) == 2
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -79,14 +79,15 @@ def test_a_child_that_fails_hands_the_step_back(tiny_extractors, monkeypatch, tm
 def test_a_failing_step_in_the_child_hands_it_back_with_the_reason(monkeypatch, tmp_path, capfd):
     """The child's own error (a graph that is not there) is said; the caller then runs the step itself."""
     with offload.offloaded(threading.Event()):
-        assert not offload.run("quantize", str(tmp_path / "absent.onnx"), str(tmp_path / "out.onnx"))
+        assert not offload.run("layerwise.model.backends.ort:quantize_graph", str(tmp_path / "absent.onnx"),
+                               str(tmp_path / "out.onnx"))
     err = capfd.readouterr().err
-    assert "the quantize in a child process failed (exit 1" in err and "absent.onnx" in err
+    assert "quantize_graph in a child process failed (exit 1" in err and "absent.onnx" in err
 
 
 def test_outside_the_background_nothing_is_offloaded(tmp_path):
     assert not offload.active()
-    assert offload.run("export", "a", "b") is False
+    assert offload.run("layerwise.model.backends.ort:export_saved", "a", "b") is False
 
 
 def test_a_stopped_preparation_kills_the_child(tmp_path):
@@ -95,12 +96,16 @@ def test_a_stopped_preparation_kills_the_child(tmp_path):
     threading.Timer(0.3, stop.set).start()
     t0 = time.monotonic()
     with offload.offloaded(stop), pytest.raises(offload.Stopped):
-        offload.run("export", str(tmp_path / "m.pt"), "1", "0", "0", str(tmp_path / "g.onnx"))
+        offload.run("layerwise.model.backends.ort:export_saved", str(tmp_path / "m.pt"), "1", "0", "0",
+                    str(tmp_path / "g.onnx"))
     assert time.monotonic() - t0 < 5
     with offload.offloaded(stop), pytest.raises(offload.Stopped):  # already stopped: no child at all
-        offload.run("quantize", "a", "b")
+        offload.run("layerwise.model.backends.ort:quantize_graph", "a", "b")
 
 
-def test_unknown_step_lists_the_valid_ones(capsys):
+def test_a_step_is_a_function_of_layerwise_only(capsys):
     assert offload.main(["compile"]) == 2
-    assert "valid steps are: export, convert, quantize" in capsys.readouterr().err
+    assert "a step is 'layerwise.<module>:<function>'" in capsys.readouterr().err
+    assert offload.main(["os:system", "true"]) == 2  # nothing outside layerwise runs
+    assert offload.main(["layerwise.model.backends.ort:no_such_step"]) == 2
+    assert "has no function 'no_such_step'" in capsys.readouterr().err

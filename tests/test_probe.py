@@ -239,10 +239,11 @@ def test_detect_scheme():
 
 def test_restarts_mean_and_std(runs):
     rows = runs["ner"].rows
-    for r in rows:
-        assert len(r["dev_runs"]) == 3 and r["epochs"] and len(r["epochs"]) == 3
+    for r in rows:  # a linear probe on fixed features is convex, solved exactly: fitted once; a learned mix restarts
+        n = 3 if r["combine"] == "scalar_mix" else 1
+        assert len(r["dev_runs"]) == n and len(r["epochs"]) == n and len(r["fits"]) == n
         assert r["dev_mean"] == pytest.approx(np.mean(r["dev_runs"]), abs=1e-5)
-        assert r["dev_std"] == pytest.approx(np.std(r["dev_runs"], ddof=1), abs=1e-4)
+        assert r["dev_std"] == (pytest.approx(np.std(r["dev_runs"], ddof=1), abs=1e-4) if n > 1 else 0.0)
 
     from layerwise.probe.run import summarise
     from layerwise.probe.train import ProbeRun
@@ -413,8 +414,10 @@ def test_crf_matches_brute_force():
 
 
 def test_bilstm_crf_probe(env):
+    train = env["root"] / "iob1x4.conll"  # each sentence 4 times: the held-out part of train it stops on is seen
+    train.write_text(conll_text(DOCS * 4))
     res = run(
-        env["iob1"],
+        train,
         env["iob1"],
         config=cfg(task="tagging", probe="bilstm", crf=True, hidden=16, layers_only=True, epochs=40, lr=0.05,
                    patience=40),
@@ -423,11 +426,12 @@ def test_bilstm_crf_probe(env):
         **QUIET,
     )
     assert [r["name"] for r in res.rows] == ["embeddings", "layer 1", "layer 2"]
-    # trained and scored on the same few sentences, the BiLSTM + CRF fits them: entity F1 far above the all-"O"
+    # trained on the same few sentences as scored, the BiLSTM + CRF fits them: entity F1 far above the all-"O"
     # answer (F1 0, token accuracy 0.73), so training, Viterbi decoding and scoring all work. On so little data a
     # layer can land one entity short (seen once: 85.7 on a loaded machine, where float reductions run in another
     # order), so every layer must beat 0.5 and the best must fit the set
-    assert all(r["kind"] == "layer" and r["dev_mean"] >= 0.5 and r["dev_accuracy"] >= 0.8 for r in res.rows), res.rows
+    assert all(r["kind"] == "layer" and r["dev_mean"] >= 0.5 and r["dev_accuracy"] >= 0.8 for r in res.rows), \
+        [(r["dev_mean"], r["dev_accuracy"], r["fits"]) for r in res.rows]
     assert max(r["dev_mean"] for r in res.rows) >= 0.9 and max(r["dev_accuracy"] for r in res.rows) >= 0.9
     assert res.options["probe"] == "bilstm" and res.options["crf"] is True
     assert (env["root"] / "lstm" / "report.html").is_file()

@@ -62,6 +62,10 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
     assert "best:" in text and "NER tagging (ner.conll)" in text
     for name in ("embeddings", "layer 1", "layer 2", "concat last 2", "second-to-last"):
         assert name in text, name
+    # the table on stdout (Markdown, each column naming its split), the logs and the summary on stderr
+    assert "| layer 1 | [1] | concat |" in result.stdout and "dev entity F1 [95% CI]" in result.stdout
+    assert "features: train" not in result.stdout and "best:" not in result.stdout
+    assert "within the noise of the best" in result.stderr or "ahead of every other probe" in result.stderr
     best = " ".join(text[text.index("best:") :].split())  # the console wraps long lines
     for name in ("results.md", "results.csv", "results.json", "layers.png", "similarity.png", "report.html"):
         assert (out / name).is_file() and name in best, name

@@ -15,8 +15,8 @@ def probe(
     train: str = typer.Option(
         ..., "--train", help="Tagging: CoNLL-2003 (.conll) or CoNLL-U (.conllu); sentence: .tsv/.csv/.jsonl."
     ),
-    dev: str = typer.Option(..., "--dev", help="Dev file (scores in the table and the plots)."),
-    test: Optional[str] = typer.Option(None, "--test", help="Optional test file."),
+    dev: str = typer.Option(..., "--dev", help="Dev file: scored (nothing is chosen on it); reported without --test."),
+    test: Optional[str] = typer.Option(None, "--test", help="Optional test file: scored and reported."),
     task: str = typer.Option("tagging", "--task", help="tagging (a label per word) or sentence (a label per record)."),
     column: Optional[str] = typer.Option(
         None, "--column", help="Tags: ner|chunk|pos (CoNLL-2003), upos|xpos (CoNLL-U); sentence: label column."
@@ -29,8 +29,13 @@ def probe(
     probe_kind: str = typer.Option("linear", "--probe", help="linear, mlp or bilstm (tagging; 2 layers)."),
     crf: bool = typer.Option(False, "--crf", help="BiLSTM probe with a CRF output layer."),
     hidden: int = typer.Option(256, "--hidden", help="MLP hidden size / BiLSTM size per direction (paper: 768)."),
-    epochs: int = typer.Option(8, "--epochs"),
-    lr: float = typer.Option(1e-3, "--lr"),
+    epochs: Optional[int] = typer.Option(
+        None, "--epochs", help="MLP/BiLSTM: at most this many epochs (default: a budget that follows the data). The "
+                               "linear probe is solved to convergence."),
+    lr: float = typer.Option(1e-3, "--lr", help="MLP/BiLSTM: Adam's learning rate."),
+    control: bool = typer.Option(
+        False, "--control", help="Also train each layer's probe on a control task (random label per word type) "
+                                 "and report selectivity (Hewitt & Liang 2019)."),
     restarts: int = typer.Option(1, "--restarts", help="Seeds per probe; mean ± std reported (paper: 5)."),
     scheme: str = typer.Option("auto", "--scheme", help="Entity F1 scheme: auto, IOB1, IOB2, IOBES or none."),
     subword: str = typer.Option(
@@ -58,13 +63,18 @@ def probe(
     with user_errors():
         config = ProbeConfig(task=task, column=column, probe=probe_kind, crf=crf, hidden=hidden, epochs=epochs, lr=lr,
                              restarts=restarts, scheme=scheme, subword=subword, pool=pool,
-                             document_context=document_context, layers_only=layers_only)
+                             document_context=document_context, layers_only=layers_only, control=control)
         res = run(train, dev, test, config, model=model_options, output=output, text_field=text_field,
                   format=fmt, overwrite=overwrite,
                   log=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))
+    from ..probe.report import noise_note
+
+    notes = "".join(f"\nwarning: {note}" for note in res.unseen_notes())
+    print(f"{res.task_title}\n\n{res.to_markdown()}\n{notes}")  # the results on stdout (Markdown), logs on stderr
     best = res.best
+    err_console.print(noise_note(res), highlight=False, markup=False)
     err_console.print(
-        f"best: {best['name']} (dev {res.metric_name} {100 * best['dev_mean']:.2f}); wrote "
+        f"best: {best['name']} ({res.reported} {res.metric_name} {100 * best[f'{res.reported}_mean']:.2f}); wrote "
         f"{', '.join(p.name for p in res.files.values())} to {output} in {res.seconds:.0f}s",
         highlight=False, markup=False,
     )

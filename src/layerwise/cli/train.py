@@ -74,12 +74,18 @@ def train(
     mode: str = typer.Option(
         "frozen", "--mode", help="frozen (cached features, encoder fixed) or finetune (encoder updated)."
     ),
-    epochs: int = typer.Option(10, "--epochs"),
+    epochs: Optional[int] = typer.Option(
+        None, "--epochs", help="At most this many epochs (default: frozen, a budget that follows the data; "
+                               "finetune, 10)."),
     lr: float = typer.Option(1e-3, "--lr", help="Head learning rate (AdamW)."),
     encoder_lr: float = typer.Option(2e-5, "--encoder-lr", help="Encoder learning rate in finetune mode."),
     batch_size: int = typer.Option(32, "--batch-size"),
     seed: int = typer.Option(0, "--seed", help="Same seed, same model."),
-    patience: int = typer.Option(3, "--patience", help="Epochs without a better dev score before stopping."),
+    patience: int = typer.Option(3, "--patience",
+                                 help="Epochs without a better held-out score before stopping."),
+    held_out: float = typer.Option(
+        0.1, "--held-out", help="Share of the training records held out to choose the epoch on (0: choose on dev, "
+                                "whose score is then not an unbiased estimate)."),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy or macro_f1 (model selection)."),
     cache_dir: Optional[str] = typer.Option(
         None, "--cache-dir", help="Frozen feature cache (default ~/.cache/layerwise/features)."
@@ -105,7 +111,7 @@ def train(
                             weights=parse_weights(weights), classifier=head, hidden=sizes or [256],
                             activation=activation, dropout=dropout, mode=mode)
         options = TrainOptions(epochs=epochs, lr=lr, encoder_lr=encoder_lr, batch_size=batch_size, seed=seed,
-                               patience=patience, metric=metric, cache_dir=cache_dir,
+                               patience=patience, metric=metric, cache_dir=cache_dir, held_out=held_out,
                                progress=False if quiet else None)
         result = run_train(
             config, train_file, dev_file, test_file, options=options, text_field=text_field, label_field=label_field,
@@ -119,5 +125,6 @@ def train(
     if result.layers:
         print("\nlearned layer weights: " + json.dumps(result.layers))
     err_console.print(
-        f"saved to {output} in {result.seconds:.1f}s (features {result.feature_seconds:.1f}s)", highlight=False
+        f"best epoch chosen on {result.chosen_on}; saved to {output} in {result.seconds:.1f}s (features "
+        f"{result.feature_seconds:.1f}s)", highlight=False
     )

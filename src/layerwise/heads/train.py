@@ -1,4 +1,5 @@
-"""Training a head: frozen (features cached once in a store, cheap epochs) or fine-tuned; early stopping on dev.
+"""Training a head: frozen (features cached once in a store, cheap epochs) or fine-tuned; early stopping on a
+held-out part of train, so the dev (and test) scores are never those of the split the epoch was chosen on.
 
 Example::
 
@@ -28,6 +29,7 @@ from ..extractor import Extractor
 from ..model.backends.auto import AutoBackend
 from ..model.loading import DEFAULT_MODEL_NAME
 from ..model.options import ModelOptions
+from ..training.budget import steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .classifier import SequenceClassifier, is_model_dir
@@ -43,15 +45,20 @@ class TrainOptions:
     """How a head is trained (what it is: :class:`HeadConfig`).
 
     Attributes:
-        epochs, lr, batch_size, weight_decay: AdamW training; ``encoder_lr`` for the encoder in ``finetune`` mode.
-        seed: the same seed gives the same model; the caller's global RNG state is left untouched.
-        patience: stop after this many epochs without a better dev score.
+        epochs: at most this many epochs; ``None`` (default): frozen heads get a budget that follows the data
+            (:meth:`epochs_for`), fine-tuned ones 10 epochs.
+        lr, batch_size, weight_decay: AdamW training; ``encoder_lr`` for the encoder in ``finetune`` mode.
+        seed: the same seed gives the same model (and the same held-out records); the caller's global RNG state is
+            left untouched.
+        patience: stop after this many epochs without a better score on the held-out records.
         metric: ``accuracy`` or ``macro_f1`` (early stopping and model selection).
+        held_out: the share of the training records (at least one) held out of training to choose the epoch on;
+            ``0``: choose on dev, whose score then is not an unbiased estimate (``metrics.json`` says which).
         cache_dir: where frozen features are cached (default ``~/.cache/layerwise/features``).
         progress: progress bars (default: when stderr is a terminal).
     """
 
-    epochs: int = 10
+    epochs: int | None = None
     lr: float = 1e-3
     encoder_lr: float = 2e-5
     batch_size: int = 32
@@ -61,14 +68,30 @@ class TrainOptions:
     metric: str = "accuracy"
     cache_dir: str | os.PathLike | None = None
     progress: bool | None = None
+    held_out: float = 0.1
 
     def __post_init__(self) -> None:
-        positive_ints(epochs=self.epochs, batch_size=self.batch_size, patience=self.patience)
+        positive_ints(batch_size=self.batch_size, patience=self.patience)
+        if self.epochs is not None:
+            positive_ints(epochs=self.epochs)
+        if isinstance(self.held_out, bool) or not isinstance(self.held_out, (int, float)) or \
+                not 0 <= self.held_out < 1:
+            raise LayerwiseError(f"held_out must be a share of the training records in [0, 1), got "
+                                 f"{self.held_out!r}; 0 chooses the epoch on dev")
         positive_numbers(lr=self.lr, encoder_lr=self.encoder_lr)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise LayerwiseError(f"seed must be an int, got {self.seed!r}")
         if self.metric not in METRICS:
             raise LayerwiseError(f"unknown metric {self.metric!r}. Valid metrics are: {', '.join(METRICS)}")
+
+    def epochs_for(self, batches_per_epoch: int, mode: str) -> int:
+        """The epochs to train at most: :attr:`epochs` when given; else, frozen: the epochs of
+        :func:`~layerwise.training.budget.steps_by_data`; fine-tuned: 10."""
+        if self.epochs is not None:
+            return self.epochs
+        if mode == "finetune":
+            return 10
+        return max(1, -(-steps_by_data(batches_per_epoch) // max(1, batches_per_epoch)))
 
 
 @dataclass
@@ -84,6 +107,7 @@ class TrainResult:
     seconds: float = 0.0
     feature_seconds: float = 0.0
     output: Path | None = None
+    chosen_on: str = ""  # what the best epoch was chosen on (a held-out part of train, or dev)
 
     def _repr_html_(self) -> str:
         """The head's scores, the best epoch, the epoch curve and the learned layer weights, for notebooks."""
@@ -106,13 +130,33 @@ class TrainResult:
 
 
 class _Split:
-    """One labelled split: frozen features or raw texts, with label indices."""
+    """One labelled split: frozen features or raw texts, with label indices; ``rows``: a part of them."""
 
-    def __init__(self, y: torch.Tensor, feats: FrozenFeatures | None = None, texts: list[str] | None = None):
-        self.y, self.feats, self.texts = y, feats, texts
+    def __init__(self, y: torch.Tensor, feats: FrozenFeatures | None = None, texts: list[str] | None = None,
+                 rows: torch.Tensor | None = None):
+        self.feats, self.texts, self.rows = feats, texts, rows
+        self.y = y if rows is None else y[rows]
 
     def __len__(self) -> int:
         return len(self.y)
+
+    def take(self, rows: torch.Tensor) -> "_Split":
+        """The records ``rows`` of this (whole) split."""
+        return _Split(self.y, self.feats, self.texts, rows)
+
+    def source_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Positions ``index`` of this split as rows of the features or texts it reads."""
+        return index if self.rows is None else self.rows[index]
+
+
+def held_out(split: _Split, share: float, gen: torch.Generator) -> tuple[_Split, _Split | None]:
+    """``(fit, held)``: ``share`` of the records (at least one, at most all but one) held out to choose the epoch
+    on; ``(split, None)`` when ``share`` is 0."""
+    if share <= 0 or len(split) < 2:
+        return split, None
+    order = torch.randperm(len(split), generator=gen)
+    k = min(len(split) - 1, max(1, round(share * len(split))))
+    return split.take(order[k:].sort().values), split.take(order[:k].sort().values)
 
 
 def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress: bool,
@@ -182,6 +226,7 @@ def check_output(output: str | os.PathLike, overwrite: bool) -> None:
 
 def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train: bool):
     dev = clf.extractor.loaded.device
+    index = split.source_rows(index)
     if split.feats is not None:
         x, mask = split.feats.batch(index)
     else:
@@ -271,14 +316,16 @@ def train(
     config = config.replace(labels=names)
     with seeded(opts.seed, ex.loaded.device) as gen:
         clf = SequenceClassifier(config, ex)
-        history, best_epoch = _fit(clf, splits, opts, gen, say, show)
-    result = TrainResult(clf, history, best_epoch, _scores(clf, splits["dev"]), feature_seconds=feature_seconds)
+        history, best_epoch, chosen_on = _fit(clf, splits, opts, gen, say, show)
+    result = TrainResult(clf, history, best_epoch, _scores(clf, splits["dev"]), feature_seconds=feature_seconds,
+                         chosen_on=chosen_on)
     if "test" in splits:
         result.test = _scores(clf, splits["test"])
     result.layers = _layer_report(clf, splits["dev"])
     result.seconds = time.perf_counter() - t0
     if output is not None:
-        metrics = {"dev": result.dev, "test": result.test, "best_epoch": best_epoch, "layers": result.layers,
+        metrics = {"dev": result.dev, "test": result.test, "best_epoch": best_epoch, "chosen_on": chosen_on,
+                   "layers": result.layers,
                    "seconds": result.seconds, "feature_seconds": feature_seconds, "metric": opts.metric,
                    "seed": opts.seed}
         result.output = clf.save(output, log=history, metrics=metrics)
@@ -292,8 +339,9 @@ def encoder_mode(ex: Extractor, *, training: bool) -> None:
 
 
 def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions, gen: torch.Generator,
-         say: Callable[[str], None], show: bool) -> tuple[list[dict[str, Any]], int]:
-    """The epoch loop with early stopping; leaves ``clf`` at its best epoch. Returns the log and the best epoch."""
+         say: Callable[[str], None], show: bool) -> tuple[list[dict[str, Any]], int, str]:
+    """The epoch loop with early stopping on a held-out part of train (``opts.held_out``; on dev when 0); leaves
+    ``clf`` at its best epoch. Returns the log, the best epoch and what it was chosen on."""
     from tqdm.auto import tqdm
 
     ex, config = clf.extractor, clf.config
@@ -304,10 +352,12 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
             ex.loaded.blocks.hold_in_compute()
         params.append({"params": [p for p in ex.model.parameters() if not p.is_meta], "lr": opts.encoder_lr})
     opt = torch.optim.AdamW(params, weight_decay=opts.weight_decay)
-    tr = splits["train"]
+    tr, held = held_out(splits["train"], opts.held_out, gen)
+    judge, judged = (held, "held-out") if held is not None else (splits["dev"], "dev")
+    epochs = opts.epochs_for(-(-len(tr) // opts.batch_size), config.mode)
     history: list[dict[str, Any]] = []
     stop: EarlyStopping[tuple[dict[str, Any], dict[str, Any] | None]] = EarlyStopping(opts.patience)
-    for epoch in range(1, opts.epochs + 1):
+    for epoch in range(1, epochs + 1):
         t_epoch = time.perf_counter()
         clf.head.train()
         encoder_mode(ex, training=config.mode == "finetune")
@@ -323,18 +373,24 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
             opt.step()
             total += loss.item() * len(index)
             seen += len(index)
-        scores = _scores(clf, splits["dev"])
-        improved = stop.update(epoch, scores[opts.metric], lambda: (
+        scores = _scores(clf, splits["dev"])  # logged; the epoch is chosen on `judge`
+        chosen = _scores(clf, held) if held is not None else scores
+        improved = stop.update(epoch, chosen[opts.metric], lambda: (
             copy.deepcopy(clf.head.state_dict()),
             copy.deepcopy(ex.model.state_dict()) if config.mode == "finetune" else None))
         entry = {"epoch": epoch, "loss": total / seen, "dev_accuracy": scores["accuracy"],
-                 "dev_macro_f1": scores["macro_f1"], "seconds": round(time.perf_counter() - t_epoch, 3),
-                 "best": improved}
+                 "dev_macro_f1": scores["macro_f1"]}
+        if held is not None:
+            entry.update(held_out_accuracy=chosen["accuracy"], held_out_macro_f1=chosen["macro_f1"])
+        entry.update(seconds=round(time.perf_counter() - t_epoch, 3), best=improved)
         history.append(entry)
-        say(f"epoch {epoch}/{opts.epochs}  loss {entry['loss']:.4f}  dev accuracy {scores['accuracy']:.4f}  "
-            f"macro-F1 {scores['macro_f1']:.4f}  {entry['seconds']:.1f}s{'  *best' if improved else ''}")
+        say(f"epoch {epoch}/{epochs}  loss {entry['loss']:.4f}  dev accuracy {scores['accuracy']:.4f}  "
+            f"macro-F1 {scores['macro_f1']:.4f}"
+            + (f"  held-out {opts.metric.replace('_', '-')} {chosen[opts.metric]:.4f}" if held is not None else "")
+            + f"  {entry['seconds']:.1f}s{'  *best' if improved else ''}")
         if stop.stopped:
-            say(f"early stop: no better dev {opts.metric} for {opts.patience} epochs; keeping epoch {stop.best_epoch}")
+            say(f"early stop: no better {judged} {opts.metric} for {opts.patience} epochs; keeping epoch "
+                f"{stop.best_epoch}")
             break
     best_state = stop.best_or_raise()
     clf.head.load_state_dict(best_state[0])
@@ -342,7 +398,9 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
         ex.model.load_state_dict(best_state[1])
     encoder_mode(ex, training=False)
     clf.head.eval()
-    return history, stop.best_epoch
+    chosen_on = (f"held-out {len(judge)} of the {len(splits['train'])} training records" if held is not None else
+                 "dev (the dev scores are then not an unbiased estimate: held_out=0)")
+    return history, stop.best_epoch, chosen_on
 
 
 def _layer_report(clf: SequenceClassifier, dev: _Split) -> list[dict]:

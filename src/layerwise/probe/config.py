@@ -23,9 +23,15 @@ class ProbeConfig:
             or the sentence label column (default ``label``).
         probe: ``linear`` (default), ``mlp`` (``hidden`` units) or ``bilstm`` (tagging; 2 layers, ``hidden`` per
             direction; the BERT paper used 768), with ``crf=True`` for a CRF output layer.
-        hidden, epochs, lr: probe size and training.
-        patience: stop a probe after this many epochs without a better dev score.
-        restarts: seeds per probe; tables show mean ± std (the paper averages 5).
+        hidden, lr: MLP/BiLSTM probe size and Adam's learning rate.
+        epochs: MLP/BiLSTM: at most this many epochs; ``None`` (default): the budget follows the data
+            (:meth:`~layerwise.probe.train.ProbeOptions.budget`). The linear probe is solved to convergence instead.
+        patience: MLP/BiLSTM: stop after this many checks without a better score on the held-out part of train.
+        restarts: seeds per probe; tables show mean ± std (the paper averages 5). The linear probe of one layer, a
+            convex problem solved exactly, is fitted once.
+        control: also train each single-layer probe on a control task (Hewitt & Liang 2019: every word type, or
+            every distinct text of a sentence task, given a fixed random label drawn from the training label
+            distribution) and report selectivity: the task's accuracy minus the control's.
         scheme: tag scheme for entity F1: ``auto`` (detected), ``IOB1``, ``IOB2``, ``IOBES`` or ``none``.
         subword: how a word's sub-tokens are pooled (``first`` as in the paper; ``mean``, ``last``, ...).
         pool: sentence tasks: how tokens are pooled per layer.
@@ -38,15 +44,16 @@ class ProbeConfig:
     probe: str = "linear"
     crf: bool = False
     hidden: int = 256
-    epochs: int = 8
+    epochs: int | None = None
     lr: float = 1e-3
-    patience: int = 2
+    patience: int = 5
     restarts: int = 1
     scheme: str = "auto"
     subword: str = "first"
     pool: str = "mean"
     document_context: bool = False
     layers_only: bool = False
+    control: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -55,7 +62,9 @@ class ProbeConfig:
             raise SpecError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
         if self.scheme not in SCHEMES:
             raise SpecError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
-        positive_ints(restarts=self.restarts, hidden=self.hidden, epochs=self.epochs, patience=self.patience)
+        positive_ints(restarts=self.restarts, hidden=self.hidden, patience=self.patience)
+        if self.epochs is not None:
+            positive_ints(epochs=self.epochs)
         positive_numbers(lr=self.lr)
         if self.probe == "bilstm" and self.task != "tagging":
             raise SpecError("probe='bilstm' reads sentences word by word: use it with task='tagging'")

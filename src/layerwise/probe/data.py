@@ -57,6 +57,18 @@ class ProbeSplit:
             raise TypeError("a sentence-task split has no sentence offsets (offsets is None); only tagging splits do")
         return self.offsets
 
+    def take(self, items: np.ndarray) -> "ProbeSplit":
+        """The split restricted to ``items`` (sentence indices for tagging, row indices otherwise), in that order."""
+        items = np.asarray(items, dtype=np.int64)
+        if self.offsets is None:
+            return ProbeSplit(self.x[torch.from_numpy(items)], [self.labels[i] for i in items], None, self.store)
+        off = self.offsets
+        rows = np.concatenate([np.arange(off[i], off[i + 1]) for i in items]) if len(items) else \
+            np.zeros(0, dtype=np.int64)
+        lengths = np.diff(off)[items]
+        return ProbeSplit(self.x[torch.from_numpy(rows)], [self.labels[r] for r in rows],
+                          np.concatenate([[0], np.cumsum(lengths)]), self.store)
+
     @property
     def sentences(self) -> list[list[str]]:
         """Tagging: the gold tags sentence by sentence."""

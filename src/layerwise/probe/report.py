@@ -54,38 +54,72 @@ def cka_matrix(x: np.ndarray, max_rows: int = 4000, seed: int = 0) -> np.ndarray
     return out
 
 
-def _fmt(mean: float | None, std: float | None, restarts: int) -> str:
+def _fmt(mean: float | None, std: float | None, restarts: int, ci: list[float] | None = None) -> str:
     if mean is None:
         return "-"
-    return f"{100 * mean:.2f}" + (f" ± {100 * std:.2f}" if restarts > 1 and std is not None else "")
+    return (f"{100 * mean:.2f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+            + (f" ± {100 * std:.2f}" if restarts > 1 and std else ""))
 
 
 def table_rows(results) -> list[dict]:
-    """One flat dict per probe: name, kind, layers, combine, dev/test mean and std of the main metric, weights."""
+    """One flat dict per probe: name, kind, layers, combine, dev/test mean, std and bootstrap 95% interval of the
+    main metric, the split reported, whether it is inside the noise of the best, selectivity (``--control``),
+    weights."""
     rows = []
     for r in results.rows:
         rows.append({
             "probe": r["name"], "kind": r["kind"], "layers": r["layers"], "combine": r["combine"],
-            "dev": r["dev_mean"], "dev_std": r["dev_std"], "test": r.get("test_mean"), "test_std": r.get("test_std"),
+            "dev": r["dev_mean"], "dev_std": r["dev_std"], "dev_ci": r.get("dev_ci"), "test": r.get("test_mean"),
+            "test_std": r.get("test_std"), "test_ci": r.get("test_ci"), "reported": r.get("reported", "dev"),
+            "within_noise_of_best": r.get("within_noise_of_best"), "selectivity": r.get("selectivity"),
             "dev_accuracy": r["dev_accuracy"], "weights": r.get("weights"),
         })
     return rows
 
 
-def markdown(results) -> str:
+def _columns(results) -> tuple[list[str], bool, bool, bool]:
     metric = results.metric_name
     has_test = any(r.get("test_mean") is not None for r in results.rows)
     extra_acc = metric != "accuracy"  # entity F1 tables also show token accuracy
-    head = ["probe", "layers", "combine", f"dev {metric}"] + ([f"test {metric}"] if has_test else []) + (
-        ["dev accuracy"] if extra_acc else [])
+    control = any(r.get("selectivity") is not None for r in results.rows)
+    head = (["probe", "layers", "combine", f"dev {metric} [95% CI]"] + ([f"test {metric} [95% CI]"] if has_test else [])
+            + (["dev accuracy"] if extra_acc else []) + (["selectivity"] if control else [])
+            + [f"within noise of best ({'test' if has_test else 'dev'})"])
+    return head, has_test, extra_acc, control
+
+
+def _cells(results, r: dict, has_test: bool, extra_acc: bool, control: bool) -> list[str]:
+    cells = [r["probe"], str(r["layers"]), r["combine"], _fmt(r["dev"], r["dev_std"], results.restarts, r["dev_ci"])]
+    if has_test:
+        cells.append(_fmt(r["test"], r["test_std"], results.restarts, r["test_ci"]))
+    if extra_acc:
+        cells.append(f"{100 * r['dev_accuracy']:.2f}")
+    if control:
+        cells.append("-" if r["selectivity"] is None else f"{100 * r['selectivity']:.2f}")
+    cells.append({True: "yes", False: "no", None: "-"}[r["within_noise_of_best"]])
+    return cells
+
+
+def noise_note(results) -> str:
+    """One sentence: which probes are inside the noise of the best on the reported split."""
+    same = results.within_noise()
+    best = results.best["name"]
+    others = [n for n in same if n != best]
+    split = results.reported
+    if not others:
+        return (f"On {split}, {best} is ahead of every other probe by more than the noise (paired bootstrap, 95%).")
+    return (f"On {split}, {_names(others)} {'is' if len(others) == 1 else 'are'} within the noise of the best, "
+            f"{best} (paired bootstrap, 95%: the interval of the difference holds 0); the other differences are "
+            f"larger than the noise.")
+
+
+def markdown(results) -> str:
+    """The results table in Markdown: every probe's scores with their bootstrap 95% intervals, the split each
+    column comes from in its header."""
+    head, has_test, extra_acc, control = _columns(results)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table_rows(results):
-        cells = [r["probe"], str(r["layers"]), r["combine"], _fmt(r["dev"], r["dev_std"], results.restarts)]
-        if has_test:
-            cells.append(_fmt(r["test"], r["test_std"], results.restarts))
-        if extra_acc:
-            cells.append(f"{100 * r['dev_accuracy']:.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_cells(results, r, has_test, extra_acc, control)) + " |")
     return "\n".join(lines)
 
 
@@ -99,22 +133,25 @@ def _figure(figsize: tuple[float, float]):
 def plot_layers(results, path: Path) -> None:
     from matplotlib import rcParams
 
+    split = getattr(results, "reported", "dev")  # the split the scores are reported on
     singles = [r for r in results.rows if r["kind"] == "layer"]
     strategies = [r for r in results.rows if r["kind"] == "strategy" and len(r["layers"]) > 1]
     xs = [r["layers"][0] for r in singles]
-    ys = [100 * r["dev_mean"] for r in singles]
+    ys = [100 * r[f"{split}_mean"] for r in singles]
+    cis = [r.get(f"{split}_ci") or [r[f"{split}_mean"]] * 2 for r in singles]
     fig = _figure((7.5, 4.2))
     ax = fig.subplots()
-    ax.errorbar(xs, ys, yerr=[100 * r["dev_std"] for r in singles], marker="o", capsize=3, label="single layer")
+    yerr = [[y - 100 * c[0] for y, c in zip(ys, cis)], [100 * c[1] - y for y, c in zip(ys, cis)]]
+    ax.errorbar(xs, ys, yerr=yerr, marker="o", capsize=3, label="single layer (bootstrap 95% interval)")
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(strategies):
-        ax.axhline(100 * r["dev_mean"], ls="--", lw=1, color=colors[(i + 1) % len(colors)], label=r["name"])
+        ax.axhline(100 * r[f"{split}_mean"], ls="--", lw=1, color=colors[(i + 1) % len(colors)], label=r["name"])
     ax.set_xticks(xs, ["emb" if x == 0 else str(x) for x in xs])
-    values = ys + [100 * r["dev_mean"] for r in strategies]
+    values = [100 * c[0] for c in cis] + [100 * c[1] for c in cis] + [100 * r[f"{split}_mean"] for r in strategies]
     span = max(values) - min(values) or 1.0
     ax.set_ylim(min(values) - 0.08 * span, max(values) + 0.25 * span)  # room for the strategy lines and the legend
     ax.set_xlabel("layer (0 = embeddings)")
-    ax.set_ylabel(f"dev {results.metric_name} (%)")
+    ax.set_ylabel(f"{split} {results.metric_name} (%)")
     ax.set_title(f"{results.task_title}: probe per layer ({results.options['probe']})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", ncol=2)
@@ -248,7 +285,7 @@ def _write_files(results, out: Path) -> dict[str, Path]:
     notes = results.unseen_notes()
     unseen_md = "".join(f"- {note}\n" for note in notes)
     files["results.md"].write_text(
-        f"# {results.task_title}\n\n{md}\n\n"
+        f"# {results.task_title}\n\n{md}\n\n{noise_note(results)}\n\n"
         + (f"**Labels unseen in training:**\n\n{unseen_md}\n" if notes else "")
         + f"{results.provenance_line()}\n",
         encoding="utf-8",
@@ -274,7 +311,8 @@ def _write_files(results, out: Path) -> dict[str, Path]:
         "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
         "</style></head><body>"
-        f"<h1>{html.escape(results.task_title)}</h1>{table_html}{unseen_html}"
+        f"<h1>{html.escape(results.task_title)}</h1>{table_html}<p>{html.escape(noise_note(results))}</p>"
+        f"{unseen_html}"
         f"<h2>Score per layer</h2><img src='data:image/png;base64,{imgs['layers.png']}'>"
         f"<h2>Similarity between layers</h2><img src='data:image/png;base64,{imgs['similarity.png']}'>"
         f"<h2>Provenance</h2><pre>{prov}</pre></body></html>\n",
@@ -301,10 +339,10 @@ def terminal_table(results) -> Table:
     notes = results.unseen_notes()  # labels are the user's text: never read as rich markup
     caption = Text("\n".join(f"warning: {n}" for n in notes), style="yellow") if notes else None
     t = Table(title=results.task_title, caption=caption, caption_justify="left")
-    for col in ("probe", "layers", "combine", f"dev {results.metric_name}", f"test {results.metric_name}"):
-        t.add_column(col, justify="right" if col.startswith(("dev", "test")) else "left")
+    head, has_test, extra_acc, control = _columns(results)
+    for col in head:
+        t.add_column(col, justify="left" if col in ("probe", "layers", "combine") else "right")
     for r in table_rows(results):
-        t.add_row(r["probe"], str(r["layers"]), r["combine"], _fmt(r["dev"], r["dev_std"], results.restarts),
-                  _fmt(r["test"], r["test_std"], results.restarts))
+        t.add_row(*_cells(results, r, has_test, extra_acc, control))
     return t
 

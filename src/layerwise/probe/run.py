@@ -26,11 +26,13 @@ from ..extractor import Extractor
 from ..model.options import ModelOptions
 from ..version import __version__
 from .config import ProbeConfig
+from .control import control_splits
 from .data import ProbeSplit, check_task, split_features
 from .metrics import detect_scheme
-from .models import probe_specs
-from .report import check_output, cka_matrix, markdown, terminal_table, unseen_notes, write_all
-from .train import ProbeOptions, fit_probe
+from .models import ProbeSpec, probe_specs
+from .report import check_output, cka_matrix, markdown, unseen_notes, write_all
+from .train import ProbeOptions, ProbeRun, fit_probe
+from .uncertainty import interval, item_counts, resample_weights, resampled, within_noise
 
 
 @dataclass
@@ -56,9 +58,20 @@ class ProbeResults:
     files: dict = field(default_factory=dict)
 
     @property
+    def reported(self) -> str:
+        """The split the scores are reported on: ``test`` when one was given, else ``dev`` (nothing is chosen on
+        either: the probes choose on the training split)."""
+        return "test" if any(r.get("test_mean") is not None for r in self.rows) else "dev"
+
+    @property
     def best(self) -> dict:
-        """The probe with the highest mean dev score."""
-        return max(self.rows, key=lambda r: r["dev_mean"])
+        """The probe with the highest mean score on the reported split."""
+        return max(self.rows, key=lambda r: r[f"{self.reported}_mean"])
+
+    def within_noise(self) -> list[str]:
+        """The probes whose reported score differs from the best's by less than the noise (paired bootstrap 95%
+        interval of the difference holds 0), the best included."""
+        return [r["name"] for r in self.rows if r.get("within_noise_of_best")]
 
     def unseen_notes(self) -> list[str]:
         """One sentence per split with labels the training data lacks (counts, names, how they are scored)."""
@@ -174,6 +187,8 @@ def run(
         task=cfg.task, task_title=title, metric_name=metric, restarts=cfg.restarts, rows=rows,
         cka=cka_matrix(splits["dev"].x.float().numpy()).round(4).tolist(),
         options={"probe": cfg.probe, "crf": cfg.crf, "hidden": cfg.hidden, "epochs": cfg.epochs, "lr": cfg.lr,
+                 "control": cfg.control, "selection": "the training split only (cross-validated strength, or a "
+                 "held-out part of train to stop on)", "intervals": "bootstrap 95%, items resampled 1000 times",
                  "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
                  "column": column},
         provenance=_provenance(ex, paths, splits, labels),
@@ -181,9 +196,6 @@ def run(
     )
     results.seconds = round(time.perf_counter() - t0, 1)
     results.files = write_all(results, out)
-    from rich.console import Console
-
-    Console(stderr=True).print(terminal_table(results))
     return results
 
 
@@ -221,34 +233,94 @@ def _task_terms(cfg: ProbeConfig, train: ProbeSplit, path: str | os.PathLike) ->
 
 def _train_all(cfg: ProbeConfig, ex: Extractor, splits: dict[str, ProbeSplit], labels: list[str], scheme: str,
                metric: str, say: Callable[[str], None]) -> list[dict]:
-    """Train every probe (every layer, then the strategies) with ``cfg.restarts`` seeds; one table row each."""
+    """Train every probe (every layer, then the strategies) with ``cfg.restarts`` seeds (once for a one-layer linear
+    probe: convex, solved exactly); one table row each, with bootstrap intervals on every scored split and, on the
+    reported split (test when given, else dev), whether it is inside the noise of the best probe."""
     opts = ProbeOptions(probe=cfg.probe, crf=cfg.crf, hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
                         patience=cfg.patience, device=str(ex.loaded.device))
     specs = probe_specs(ex.num_layers)
     if cfg.layers_only:
         specs = [s for s in specs if s.kind == "layer"]
+    scored = [name for name in ("dev", "test") if name in splits]
+    reported = scored[-1]
+    items = {name: _gold_items(splits[name], cfg.task) for name in scored}
+    weights = {name: resample_weights(len(items[name]), seed=i) for i, name in enumerate(scored)}
+    control = control_splits(splits) if cfg.control else None
     done: dict[tuple, dict] = {}
+    samples: dict[tuple, np.ndarray] = {}
     rows = []
     for spec in specs:
         key = (spec.layers, spec.combine)
         if key not in done:
+            seeds = 1 if cfg.probe == "linear" and spec.combine != "scalar_mix" else cfg.restarts
             runs = [fit_probe(spec, splits["train"], splits["dev"], splits.get("test"), task=cfg.task, labels=labels,
-                              scheme=scheme, opts=opts, seed=seed) for seed in range(cfg.restarts)]
-            done[key] = summarise(runs)
-            say(f"{spec.name:<34} dev {metric} {100 * done[key]['dev_mean']:.2f}"
-                + (f" ± {100 * done[key]['dev_std']:.2f}" if cfg.restarts > 1 else ""))
+                              scheme=scheme, opts=opts, seed=seed) for seed in range(seeds)]
+            row = summarise(runs)
+            for name in scored:
+                draws = np.mean([resampled(item_counts(items[name], _predicted(r, name, labels, splits[name],
+                                                                             cfg.task), metric), weights[name])
+                                 for r in runs], axis=0)
+                row[f"{name}_ci"] = [round(v, 5) for v in interval(draws)]
+                if name == reported:
+                    samples[key] = draws
+            if control is not None and spec.kind == "layer":
+                row.update(_control(spec, control, cfg, opts, reported, runs))
+            unconverged = [r.fit for r in runs if r.fit.get("converged") is False]
+            if unconverged:
+                say(f"warning: the {spec.name} probe did not converge in {unconverged[0]['iterations']} iterations "
+                    f"(gradient norm {unconverged[0]['grad_norm']:.3g}); its score may understate the layer")
+            done[key] = row
+            ci = row[f"{reported}_ci"]
+            say(f"{spec.name:<34} {reported} {metric} {100 * row[f'{reported}_mean']:.2f} "
+                f"[{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]" + (f" ± {100 * row[f'{reported}_std']:.2f}" if seeds > 1
+                                                             else "")
+                + (f"  selectivity {100 * row['selectivity']:.2f}" if "selectivity" in row else ""))
         rows.append({"name": spec.name, "kind": spec.kind, "layers": list(spec.layers), "combine": spec.combine,
                      **done[key]})
+    best = max(rows, key=lambda r: r[f"{reported}_mean"])
+    best_key = (tuple(best["layers"]), best["combine"])
+    for r in rows:
+        r["reported"] = reported
+        key = (tuple(r["layers"]), r["combine"])
+        r["within_noise_of_best"] = key == best_key or within_noise(samples[best_key], samples[key])
     return rows
 
 
+def _gold_items(split: ProbeSplit, task: str) -> list:
+    """The gold labels item by item: tag sequences per sentence (tagging), labels per record (sentence)."""
+    return split.sentences if task == "tagging" else list(split.labels)
+
+
+def _predicted(run: ProbeRun, name: str, labels: list[str], split: ProbeSplit, task: str) -> list:
+    """A run's predictions on split ``name`` as label names, item by item (as :func:`_gold_items`)."""
+    names = [labels[i] if 0 <= i < len(labels) else "O" for i in run.predictions[name]]
+    if task != "tagging":
+        return names
+    off = split.sentence_offsets
+    return [names[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+
+
+def _control(spec: ProbeSpec, control: dict[str, ProbeSplit], cfg: ProbeConfig, opts: ProbeOptions, reported: str,
+             runs: list[ProbeRun]) -> dict:
+    """The control task's accuracy on the reported split for ``spec`` and the selectivity (task accuracy minus
+    control accuracy, the first seed's)."""
+    labels = sorted(set(control["train"].labels))
+    run = fit_probe(spec, control["train"], control["dev"], control.get("test"), task=cfg.task, labels=labels,
+                    scheme="none", opts=opts, seed=0)
+    accuracy = (run.test if reported == "test" else run.dev)["accuracy"]  # type: ignore[index]
+    task = (runs[0].test if reported == "test" else runs[0].dev)["accuracy"]  # type: ignore[index]
+    return {"control_accuracy": round(float(accuracy), 5), "selectivity": round(float(task - accuracy), 5)}
+
+
 def summarise(runs: list) -> dict:
-    """Mean and std over restarts of the main dev (and test) score; mean learned layer weights."""
+    """Mean and std over restarts of the main dev (and test) score; mean learned layer weights; how each run was
+    fitted (``fits``)."""
     main = lambda s: s.get("f1", s["accuracy"])  # noqa: E731
     dev = np.array([main(r.dev) for r in runs])
     out = {"dev_mean": float(dev.mean()), "dev_std": float(dev.std(ddof=1)) if len(runs) > 1 else 0.0,
            "dev_accuracy": float(np.mean([r.dev["accuracy"] for r in runs])),
-           "dev_runs": [round(float(v), 5) for v in dev], "epochs": [r.epochs for r in runs]}
+           "dev_runs": [round(float(v), 5) for v in dev], "epochs": [r.epochs for r in runs],
+           "fits": [r.fit for r in runs]}
     if runs[0].test is not None:
         test = np.array([main(r.test) for r in runs])
         out.update(test_mean=float(test.mean()), test_std=float(test.std(ddof=1)) if len(runs) > 1 else 0.0)

@@ -1,19 +1,32 @@
-"""Training one probe on cached features and scoring it (dev and test), with restarts over seeds."""
+"""Training one probe on cached features and scoring it (dev and test), with restarts over seeds.
+
+Nothing is chosen on a split that is scored: the linear probe's strength by cross-validation on the training split
+(:mod:`layerwise.probe.linear`), the MLP and BiLSTM probes' stopping step on :data:`HELD_OUT` of the training
+split's items (sentences for tagging), held out from their training. Their budget follows the data: up to
+``MAX_EPOCHS_BY_DATA`` epochs and between ``MIN_STEPS`` and ``MAX_STEPS`` optimiser steps (``epochs`` caps it
+when given), checked every ``checks_every`` steps with ``patience`` checks without a better held-out score.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from ..checks import positive_ints, positive_numbers
 from ..encoding.padding import pad_rows
 from ..heads import LayerHead
+from ..training.budget import steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .data import ProbeSplit
+from .linear import fit_linear
 from .metrics import sentence_scores, tagging_scores
 from .models import ProbeSpec, SequenceProbe, word_head
+
+HELD_OUT = 0.1  # share of the training items an MLP or BiLSTM probe stops on
 
 
 @dataclass
@@ -24,15 +37,24 @@ class ProbeOptions:
     crf: bool = False
     hidden: int = 256  # MLP hidden size / BiLSTM hidden size per direction
     dropout: float = 0.1
-    epochs: int = 8
-    patience: int = 2
+    epochs: int | None = None  # MLP/BiLSTM: at most this many epochs; None: the budget follows the data
+    patience: int = 5  # checks on the held-out part of train without a better score
     lr: float = 1e-3
     batch_size: int = 256  # rows (linear/MLP) or 32 sentences (BiLSTM)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        positive_ints(hidden=self.hidden, epochs=self.epochs, patience=self.patience, batch_size=self.batch_size)
+        positive_ints(hidden=self.hidden, patience=self.patience, batch_size=self.batch_size)
+        if self.epochs is not None:
+            positive_ints(epochs=self.epochs)
         positive_numbers(lr=self.lr)
+
+    def budget(self, batches_per_epoch: int) -> tuple[int, int]:
+        """``(steps, checks_every)``: the optimiser steps an MLP or BiLSTM probe may take and how often it is
+        checked on the held-out part of train: :func:`~layerwise.training.budget.steps_by_data` (``epochs``
+        epochs when given), checked about twice an epoch (every 10 to 200 steps)."""
+        steps = batches_per_epoch * self.epochs if self.epochs is not None else steps_by_data(batches_per_epoch)
+        return steps, max(1, min(steps, max(10, min(200, batches_per_epoch // 2))))
 
 
 @dataclass
@@ -41,9 +63,11 @@ class ProbeRun:
 
     dev: dict
     test: dict | None
-    epochs: int
+    epochs: int  # MLP/BiLSTM: the epoch of the step kept (fractional epochs rounded up); linear: 0
     weights: list[float] | None = None  # learned layer weights (scalar mixes)
     extra: dict = field(default_factory=dict)
+    predictions: dict[str, list[int]] = field(default_factory=dict)  # split -> predicted label index per row
+    fit: dict[str, Any] = field(default_factory=dict)  # how it was fitted: solver, C, iterations, steps...
 
 
 def _main(scores: dict) -> float:
@@ -108,17 +132,57 @@ def fit_probe(
     spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str, labels: list[str],
     scheme: str, opts: ProbeOptions, seed: int,
 ) -> ProbeRun:
-    """Train ``spec`` on ``train``; keep the epoch with the best dev score; score dev (and test) with it.
+    """Train ``spec`` on ``train`` (choosing its strength or its stopping step on ``train`` alone) and score dev
+    (and test) with it; their predictions are kept for the intervals (:mod:`layerwise.probe.uncertainty`).
 
     Deterministic for a given ``seed``; the global Python, NumPy and torch random states are left untouched.
     """
     with seeded(seed, opts.device) as gen:
+        if opts.probe == "linear":
+            return _fit_linear(spec, train, dev, test, task=task, labels=labels, scheme=scheme, seed=seed)
         return _fit(spec, train, dev, test, task=task, labels=labels, scheme=scheme, opts=opts, gen=gen)
 
 
-def _epoch(model: SequenceProbe | LayerHead, optim: torch.optim.Optimizer, train: ProbeSplit, y: torch.Tensor,
-           pos: list[int], order: torch.Tensor, batch: int, device: str) -> None:
-    """One pass over ``train`` in ``order``: sentences for a sequence probe, rows (words or records) otherwise."""
+def sentence_ids(split: ProbeSplit) -> np.ndarray:
+    """Tagging: the sentence index of every row ``[rows]``."""
+    off = split.sentence_offsets
+    return np.repeat(np.arange(len(off) - 1), np.diff(off))
+
+
+def _fit_linear(spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str,
+                labels: list[str], scheme: str, seed: int) -> ProbeRun:
+    """The converged linear probe (:func:`layerwise.probe.linear.fit_linear`)."""
+    pos = list(spec.layers)
+    score = _Scorer(task, labels, scheme)
+    y = _targets(train, {label: i for i, label in enumerate(labels)}).numpy()
+    fit = fit_linear(train.x[:, pos], y, len(labels), spec.combine,
+                     groups=sentence_ids(train) if task == "tagging" else None, seed=seed)
+
+    def predict(split: ProbeSplit) -> list[int]:
+        return [int(v) for s in range(0, len(split), 8192) for v in fit.predict(split.x[s : s + 8192][:, pos])]
+
+    predictions = {"dev": predict(dev), **({"test": predict(test)} if test is not None else {})}
+    run = ProbeRun(dev=score(dev, predictions["dev"]),
+                   test=score(test, predictions["test"]) if test is not None else None, epochs=0,
+                   predictions=predictions, fit=fit.report())
+    if fit.mix is not None:
+        run.weights = [round(float(v), 4) for v in fit.mix]
+    return run
+
+
+def held_out(train: ProbeSplit, seed: int, share: float = HELD_OUT) -> tuple[ProbeSplit, ProbeSplit]:
+    """``(fit, held)``: ``train`` split by its items (sentences for tagging, records otherwise), ``share`` of them
+    (at least one) held out to stop on."""
+    items = len(train.sentence_offsets) - 1 if train.offsets is not None else len(train)
+    order = np.random.default_rng(seed).permutation(items)
+    k = min(items - 1, max(1, round(share * items)))
+    return train.take(np.sort(order[k:])), train.take(np.sort(order[:k]))
+
+
+def _steps(model: SequenceProbe | LayerHead, optim: torch.optim.Optimizer, train: ProbeSplit, y: torch.Tensor,
+           pos: list[int], order: torch.Tensor, batch: int, device: str) -> Iterator[None]:
+    """One pass over ``train`` in ``order`` (sentences for a sequence probe, rows otherwise), yielding after each
+    optimiser step."""
     model.train()
     for s in range(0, len(order), batch):
         idx = order[s : s + batch]
@@ -135,16 +199,19 @@ def _epoch(model: SequenceProbe | LayerHead, optim: torch.optim.Optimizer, train
         optim.zero_grad()
         loss.backward()
         optim.step()
+        yield
+        model.train()
 
 
 def _fit(
-    spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str, labels: list[str],
+    spec: ProbeSpec, full: ProbeSplit, dev: ProbeSplit, test: ProbeSplit | None, *, task: str, labels: list[str],
     scheme: str, opts: ProbeOptions, gen: torch.Generator,
 ) -> ProbeRun:
     index = {label: i for i, label in enumerate(labels)}
     pos = list(spec.layers)
-    width = train.x.shape[-1]
+    width = full.x.shape[-1]
     score = _Scorer(task, labels, scheme)
+    train, held = held_out(full, int(torch.randint(0, 2**31 - 1, (), generator=gen)))
     y = _targets(train, index)
     model: SequenceProbe | LayerHead
     if opts.probe == "bilstm":
@@ -168,16 +235,27 @@ def _fit(
         batch = opts.batch_size
     model.to(opts.device)
     optim = torch.optim.Adam(model.parameters(), lr=opts.lr)
+    per_epoch = -(-n_items // batch)
+    budget, every = opts.budget(per_epoch)
     stop: EarlyStopping[dict[str, torch.Tensor]] = EarlyStopping(opts.patience)
-    for epoch in range(1, opts.epochs + 1):
-        _epoch(model, optim, train, y, pos, torch.randperm(n_items, generator=gen), batch, opts.device)
-        stop.update(epoch, _main(score(dev, predict(dev))),
-                    lambda: {k: v.detach().clone() for k, v in model.state_dict().items()})
-        if stop.stopped:
-            break
+    step = 0
+    while step < budget and not stop.stopped:
+        for _ in _steps(model, optim, train, y, pos, torch.randperm(n_items, generator=gen), batch, opts.device):
+            step += 1
+            if step % every == 0 or step == budget:
+                scores = score(held, predict(held))  # ties (a held-out part with no entity) broken by accuracy
+                stop.update(step, _main(scores) + 1e-4 * scores["accuracy"],
+                            lambda: {k: v.detach().clone() for k, v in model.state_dict().items()})
+            if stop.stopped or step >= budget:
+                break
     model.load_state_dict(stop.best_or_raise())
-    run = ProbeRun(dev=score(dev, predict(dev)), test=score(test, predict(test)) if test is not None else None,
-                   epochs=stop.best_epoch)
+    predictions = {"dev": predict(dev), **({"test": predict(test)} if test is not None else {})}
+    run = ProbeRun(dev=score(dev, predictions["dev"]),
+                   test=score(test, predictions["test"]) if test is not None else None,
+                   epochs=-(-stop.best_epoch // per_epoch), predictions=predictions,
+                   fit={"optimiser": "Adam", "lr": opts.lr, "steps": step, "budget": budget,
+                        "best_step": stop.best_epoch, "held_out_items": len(held.sentence_offsets) - 1
+                        if held.offsets is not None else len(held), "stopped_early": stop.stopped})
     w = model.layer_weights()
     if w is not None and spec.combine == "scalar_mix":
         run.weights = [round(float(v), 4) for v in w]

@@ -7,21 +7,23 @@ thread of the process for that long: a server's other requests waited up to 2.4 
 Python process instead, at a lower CPU priority (``nice`` 10): the parent thread only waits on it, so the caller's
 threads keep the interpreter, and on a machine with few cores the child yields the CPU to them.
 
-A step is a file-to-file function of this module's :data:`STEPS` (its arguments are strings), run as ``python -m
-layerwise.model.backends.offload STEP ARGS...``: never ``multiprocessing``'s spawn, which re-runs a user's script
-that has no ``if __name__ == "__main__"`` guard. The child sees the parent's ``sys.path``. A step that fails in the
-child (a missing interpreter, a class it cannot import, any error) is run again in the calling process, where the
-same error, if any, is raised with its real traceback; the child's last lines are said once. When the preparation is
+A step is a file-to-file function of layerwise named ``"layerwise.<module>:<function>"`` (its arguments are
+strings), run as ``python -m layerwise.model.backends.offload STEP ARGS...``: never ``multiprocessing``'s spawn,
+which re-runs a user's script that has no ``if __name__ == "__main__"`` guard. The child sees the parent's
+``sys.path``. A step that fails in the child (a missing interpreter, a class it cannot import, any error) is run
+again in the calling process, where the same error, if any, is raised with its real traceback; the child's last lines
+are said once. When the preparation is
 stopped (process exit), the child is killed and :class:`Stopped` raised in the waiting thread.
 
-Steps: ``export`` (a truncated model written by :func:`layerwise.model.backends.ort.save_truncated` to an ONNX
-graph, :func:`layerwise.model.backends.ort.export_module`),
-``convert`` (an ONNX graph to OpenVINO's IR, :func:`layerwise.model.backends.openvino.convert_graph`), ``quantize``
-(ONNX Runtime's dynamic int8, :func:`layerwise.model.backends.ort.quantize_graph`).
+The steps: :func:`layerwise.model.backends.ort.export_saved` (a truncated model written by
+:func:`~layerwise.model.backends.ort.save_truncated` to an ONNX graph), :func:`layerwise.model.backends.openvino.
+convert_graph` (an ONNX graph to OpenVINO's IR), :func:`layerwise.model.backends.ort.quantize_graph` (ONNX Runtime's
+dynamic int8). This module imports none of them (it runs whichever it is named).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -29,6 +31,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from ...errors import LayerwiseError
 from ...notices import notice
 
 NICE = 10  # the child's CPU priority below the caller's
@@ -72,7 +75,8 @@ def _lower_priority() -> None:
 
 
 def run(step: str, *args: str) -> bool:
-    """Run ``step`` (a name in :data:`STEPS`) with ``args`` in a child process when this thread is inside
+    """Run ``step`` (``"layerwise.<module>:<function>"``, a function that takes strings, :func:`step_function`)
+    with ``args`` in a child process when this thread is inside
     :func:`offloaded`: ``True`` when the child did it; ``False`` (not offloaded, or the child failed: the caller runs
     the step itself, and its error, if any, is raised there). :class:`Stopped` when the preparation is stopped."""
     stop = getattr(_LOCAL, "stop", None)
@@ -85,7 +89,7 @@ def run(step: str, *args: str) -> bool:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=_lower_priority if os.name == "posix" else None)
     except OSError as exc:
-        notice(f"could not start a child process for the {step} ({exc}); it runs in this process")
+        notice(f"could not start a child process for {step} ({exc}); it runs in this process")
         return False
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr or ()), daemon=True)
@@ -102,45 +106,34 @@ def run(step: str, *args: str) -> bool:
     reader.join(5)
     if code != 0:
         tail = "".join(err[-5:]).strip().replace("\n", " | ")
-        notice(f"the {step} in a child process failed (exit {code}: {tail[-400:]}); it runs in this process")
+        notice(f"{step} in a child process failed (exit {code}: {tail[-400:]}); it runs in this process")
         return False
     return True
 
 
-def _export(model: str, depth: str, cls_id: str, sep_id: str, path: str) -> None:
-    import torch
-
-    from .ort import _Truncated, export_module, load_truncated
-
-    torch.set_num_threads(1)
-    export_module(_Truncated(load_truncated(model)).eval(), int(depth), int(cls_id), int(sep_id), path)
-
-
-def _convert(graph: str, out: str, quantize: str) -> None:
-    from .openvino import convert_graph
-
-    convert_graph(graph, out, quantize or None)
-
-
-def _quantize(source: str, path: str) -> None:
-    from pathlib import Path
-
-    from .ort import quantize_graph
-
-    quantize_graph(Path(source), Path(path))
-
-
-STEPS: dict[str, Callable[..., None]] = {"export": _export, "convert": _convert, "quantize": _quantize}
+def step_function(step: str) -> Callable[..., object]:
+    """The function a step names: ``"layerwise.<module>:<function>"`` (a function of layerwise's own that takes
+    strings); :class:`~layerwise.LayerwiseError` for anything else."""
+    module, _, name = step.partition(":")
+    if not module.startswith("layerwise.") or not name.isidentifier():
+        raise LayerwiseError(f"unknown step {step!r}: a step is 'layerwise.<module>:<function>', e.g. "
+                         f"'layerwise.model.backends.ort:export_saved'")
+    function = getattr(importlib.import_module(module), name, None)
+    if not callable(function):
+        raise LayerwiseError(f"unknown step {step!r}: {module} has no function {name!r}")
+    return function
 
 
 def main(argv: list[str] | None = None) -> int:
     """The child's entry: ``STEP ARGS...``; exit 0 when done, 2 for an unknown step, 1 (with the traceback on
     stderr) when the step failed."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in STEPS:
-        print(f"unknown step {argv[:1]}; valid steps are: {', '.join(STEPS)}", file=sys.stderr)
+    try:
+        function = step_function(argv[0] if argv else "")
+    except (LayerwiseError, ImportError) as exc:
+        print(exc, file=sys.stderr)
         return 2
-    STEPS[argv[0]](*argv[1:])
+    function(*argv[1:])
     return 0
 
 

@@ -226,7 +226,7 @@ class OpenVinoBackend(Backend):
                                           self.calibration or [])
             report_path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
             self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
-        elif not offload.run("convert", graph, str(tmp), self.quantize or ""):  # a child in auto's background
+        elif not offload.run(f"{__name__}:convert_graph", graph, str(tmp), self.quantize or ""):  # auto's background
             convert_graph(graph, tmp, self.quantize)
         os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
         os.replace(tmp, path)
@@ -329,7 +329,8 @@ class OpenVinoBackend(Backend):
 def convert_graph(graph: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> None:
     """Convert the ONNX graph ``graph`` to OpenVINO's IR at ``out`` (``.xml`` and its ``.bin``), its float32 weights
     kept (never compressed to float16: fp32 means fp32); ``quantize="int8"``: the weights of every matrix product
-    compressed to int8 first (:func:`~layerwise.model.backends.openvino_int8.compress_weights`)."""
+    compressed to int8 first (:func:`~layerwise.model.backends.openvino_int8.compress_weights`). ``""`` is ``None``
+    (a child process's step, :mod:`~layerwise.model.backends.offload`, passes strings)."""
     ov = require_openvino()
     model = ov.convert_model(os.fspath(graph))
     if quantize == "int8":

@@ -92,7 +92,7 @@ def measure_fidelity(backend: Backend, depth: int) -> dict:
                    lambda ids, mask, layers: capture(loaded, ids, mask, layers), loaded.tokenizer, depth, loaded.name)
 
 
-class _Truncated(nn.Module):
+class Truncated(nn.Module):
     """The encoder cut after its deepest requested layer; returns every hidden state up to it."""
 
     def __init__(self, model: nn.Module):
@@ -114,10 +114,6 @@ def truncated_copy(loaded: LoadedModel, depth: int) -> nn.Module:
     loaded.ensure_depth(depth)  # a model loaded by depth: its first blocks, read now if they are not in memory
     with loaded.lock:  # never while a capture's hooks are on the modules: the copy would carry them
         model = copy.deepcopy(loaded.model)
-    for module in model.modules():  # layerwise's own hooks (a depth-loaded model's guard, upcasts) serve the original
-        for hooks in (module._forward_pre_hooks, module._forward_hooks):
-            for key in [k for k, hook in hooks.items() if getattr(hook, "__module__", "").startswith("layerwise.")]:
-                del hooks[key]
     if loaded.architecture == "albert":  # one shared layer run num_hidden_layers times
         # config: the transformers model's PretrainedConfig, which mypy sees as nn.Module.__getattr__'s Tensor | Module
         model.config.num_hidden_layers = depth  # type: ignore[union-attr]
@@ -182,12 +178,20 @@ def export(loaded: LoadedModel, depth: int, path: Path) -> Path:
         try:
             save_truncated(model, saved)
             del model  # the child holds its own copy
-            if offload.run("export", saved, str(depth), str(cls_id), str(sep_id), str(path)):
+            if offload.run(f"{__name__}:export_saved", saved, str(depth), str(cls_id), str(sep_id), str(path)):
                 return path
         finally:
             os.unlink(saved)
         model = truncated_copy(loaded, depth)  # the child failed: exported here, where an error is raised
-    return export_module(_Truncated(model).eval(), depth, cls_id, sep_id, path)
+    return export_module(Truncated(model).eval(), depth, cls_id, sep_id, path)
+
+
+def export_saved(saved: str, depth: str, cls_id: str, sep_id: str, path: str) -> None:
+    """The export step of a child process (:mod:`~layerwise.model.backends.offload`; arguments as strings): the
+    model written by :func:`save_truncated` at ``saved`` exported by :func:`export_module` to ``path``, on one
+    thread."""
+    torch.set_num_threads(1)
+    export_module(Truncated(load_truncated(saved)).eval(), int(depth), int(cls_id), int(sep_id), path)
 
 
 def save_truncated(model: nn.Module, path: str | os.PathLike) -> None:
@@ -219,7 +223,7 @@ def load_truncated(path: str | os.PathLike) -> nn.Module:
 
 
 def export_module(module: nn.Module, depth: int, cls_id: int, sep_id: int, path: str | os.PathLike) -> Path:
-    """Export ``module`` (a :class:`_Truncated` encoder of ``depth`` layers: ``(input_ids, attention_mask)``, each
+    """Export ``module`` (a :class:`Truncated` encoder of ``depth`` layers: ``(input_ids, attention_mask)``, each
     ``[batch, tokens]``, to ``hidden_0 .. hidden_depth``, each ``[batch, tokens, hidden]``) to ``path``, its weights
     in ``path.onnx.data`` beside it (atomically), tracing it on a padded batch of two rows ``[CLS] x x x x x x [SEP]``
     (``cls_id``, ``sep_id``)."""
@@ -273,14 +277,15 @@ def cut_graph(base: Path, depth: int, path: Path) -> Path:
     return path
 
 
-def quantize_graph(source: Path, path: Path) -> Path:
+def quantize_graph(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Dynamic int8 copy of ``source`` at ``path``: the matrix products with a weight, per output channel (in a
     child process in ``auto``'s background preparation, :mod:`layerwise.model.backends.offload`)."""
     import onnx
 
     from . import offload
 
-    if offload.run("quantize", str(source), str(path)):
+    source, path = Path(source), Path(path)
+    if offload.run(f"{__name__}:quantize_graph", str(source), str(path)):
         return path
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process

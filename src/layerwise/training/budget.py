@@ -1,0 +1,17 @@
+"""How long a head or a probe trains when the user does not say: a budget that follows the data.
+
+A fixed epoch count gives a small set a few dozen optimiser steps (1,000 sentences in batches of 256: 32 steps in
+8 epochs), far from converged, and a large one far more than it needs. The budget is ``MAX_EPOCHS_BY_DATA`` epochs
+held within ``[MIN_STEPS, MAX_STEPS]`` optimiser steps; early stopping on a held-out part of train usually ends it
+sooner.
+"""
+
+from __future__ import annotations
+
+MIN_STEPS, MAX_STEPS, MAX_EPOCHS_BY_DATA = 300, 20_000, 40
+
+
+def steps_by_data(batches_per_epoch: int) -> int:
+    """Optimiser steps for a training split of ``batches_per_epoch`` batches: ``MAX_EPOCHS_BY_DATA`` epochs, at least
+    ``MIN_STEPS`` and at most ``MAX_STEPS``."""
+    return min(MAX_STEPS, max(MIN_STEPS, MAX_EPOCHS_BY_DATA * max(1, batches_per_epoch)))
