@@ -97,7 +97,8 @@ def sklearn_per_layer(case: dict[str, Any], out: Path) -> dict[str, float]:
     (xt, yt), (xd, yd) = load("train"), load("dev")
     scores = {}
     for layer in range(xt.shape[1]):
-        model = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=10, max_iter=1000, scoring="accuracy"))
+        model = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=10, max_iter=1000, scoring="accuracy",
+                                                                 n_jobs=-1))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model.fit(xt[:, layer], yt)

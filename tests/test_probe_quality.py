@@ -165,3 +165,18 @@ def test_mlp_budget_follows_the_data():
     assert opts.budget(4) == (300, 10)  # a small set: the minimum number of steps
     assert opts.budget(100)[0] == 4000 and opts.budget(10_000)[0] == 20_000
     assert ProbeOptions(probe="mlp", epochs=3).budget(50) == (150, 25)
+
+
+def test_patience_follows_the_budget():
+    """A quarter of the checks (at least 3): a noisy held-out score on a small set does not stop a head after
+    4 of its 40 epochs."""
+    from layerwise.heads import TrainOptions
+    from layerwise.training.budget import patience_for
+
+    assert patience_for(40) == 10 and patience_for(4) == 3
+    assert TrainOptions().patience is None and TrainOptions().epochs_for(32, "frozen") == 40
+    assert TrainOptions().epochs_for(32, "finetune") == 10 and TrainOptions(epochs=2).epochs_for(32, "frozen") == 2
+    with pytest.raises(Exception, match="patience must be a positive int, got 0"):
+        TrainOptions(patience=0)
+    with pytest.raises(Exception, match="held_out must be a share of the training records"):
+        TrainOptions(held_out=1.5)

@@ -81,8 +81,9 @@ def train(
     encoder_lr: float = typer.Option(2e-5, "--encoder-lr", help="Encoder learning rate in finetune mode."),
     batch_size: int = typer.Option(32, "--batch-size"),
     seed: int = typer.Option(0, "--seed", help="Same seed, same model."),
-    patience: int = typer.Option(3, "--patience",
-                                 help="Epochs without a better held-out score before stopping."),
+    patience: Optional[int] = typer.Option(
+        None, "--patience", help="Epochs without a better held-out score before stopping (default: a quarter of the "
+                                 "epochs, at least 3)."),
     held_out: float = typer.Option(
         0.1, "--held-out", help="Share of the training records held out to choose the epoch on (0: choose on dev, "
                                 "whose score is then not an unbiased estimate)."),

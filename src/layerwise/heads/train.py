@@ -29,7 +29,7 @@ from ..extractor import Extractor
 from ..model.backends.auto import AutoBackend
 from ..model.loading import DEFAULT_MODEL_NAME
 from ..model.options import ModelOptions
-from ..training.budget import steps_by_data
+from ..training.budget import patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .classifier import SequenceClassifier, is_model_dir
@@ -50,7 +50,8 @@ class TrainOptions:
         lr, batch_size, weight_decay: AdamW training; ``encoder_lr`` for the encoder in ``finetune`` mode.
         seed: the same seed gives the same model (and the same held-out records); the caller's global RNG state is
             left untouched.
-        patience: stop after this many epochs without a better score on the held-out records.
+        patience: stop after this many epochs without a better score on the held-out records; ``None`` (default):
+            a quarter of the epochs, at least 3 (:func:`~layerwise.training.budget.patience_for`).
         metric: ``accuracy`` or ``macro_f1`` (early stopping and model selection).
         held_out: the share of the training records (at least one) held out of training to choose the epoch on;
             ``0``: choose on dev, whose score then is not an unbiased estimate (``metrics.json`` says which).
@@ -64,14 +65,16 @@ class TrainOptions:
     batch_size: int = 32
     weight_decay: float = 0.01
     seed: int = 0
-    patience: int = 3
+    patience: int | None = None
     metric: str = "accuracy"
     cache_dir: str | os.PathLike | None = None
     progress: bool | None = None
     held_out: float = 0.1
 
     def __post_init__(self) -> None:
-        positive_ints(batch_size=self.batch_size, patience=self.patience)
+        positive_ints(batch_size=self.batch_size)
+        if self.patience is not None:
+            positive_ints(patience=self.patience)
         if self.epochs is not None:
             positive_ints(epochs=self.epochs)
         if isinstance(self.held_out, bool) or not isinstance(self.held_out, (int, float)) or \
@@ -356,7 +359,8 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
     judge, judged = (held, "held-out") if held is not None else (splits["dev"], "dev")
     epochs = opts.epochs_for(-(-len(tr) // opts.batch_size), config.mode)
     history: list[dict[str, Any]] = []
-    stop: EarlyStopping[tuple[dict[str, Any], dict[str, Any] | None]] = EarlyStopping(opts.patience)
+    patience = opts.patience if opts.patience is not None else patience_for(epochs)
+    stop: EarlyStopping[tuple[dict[str, Any], dict[str, Any] | None]] = EarlyStopping(patience)
     for epoch in range(1, epochs + 1):
         t_epoch = time.perf_counter()
         clf.head.train()
@@ -389,7 +393,7 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
             + (f"  held-out {opts.metric.replace('_', '-')} {chosen[opts.metric]:.4f}" if held is not None else "")
             + f"  {entry['seconds']:.1f}s{'  *best' if improved else ''}")
         if stop.stopped:
-            say(f"early stop: no better {judged} {opts.metric} for {opts.patience} epochs; keeping epoch "
+            say(f"early stop: no better {judged} {opts.metric} for {patience} epochs; keeping epoch "
                 f"{stop.best_epoch}")
             break
     best_state = stop.best_or_raise()

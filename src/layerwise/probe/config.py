@@ -26,7 +26,8 @@ class ProbeConfig:
         hidden, lr: MLP/BiLSTM probe size and Adam's learning rate.
         epochs: MLP/BiLSTM: at most this many epochs; ``None`` (default): the budget follows the data
             (:meth:`~layerwise.probe.train.ProbeOptions.budget`). The linear probe is solved to convergence instead.
-        patience: MLP/BiLSTM: stop after this many checks without a better score on the held-out part of train.
+        patience: MLP/BiLSTM: stop after this many checks without a better score on the held-out part of train
+            (``None``: a quarter of the checks, at least 3).
         restarts: seeds per probe; tables show mean ± std (the paper averages 5). The linear probe of one layer, a
             convex problem solved exactly, is fitted once.
         control: also train each single-layer probe on a control task (Hewitt & Liang 2019: every word type, or
@@ -46,7 +47,7 @@ class ProbeConfig:
     hidden: int = 256
     epochs: int | None = None
     lr: float = 1e-3
-    patience: int = 5
+    patience: int | None = None
     restarts: int = 1
     scheme: str = "auto"
     subword: str = "first"
@@ -62,7 +63,9 @@ class ProbeConfig:
             raise SpecError(f"unknown probe {self.probe!r}. Valid probes are: {', '.join(PROBES)}")
         if self.scheme not in SCHEMES:
             raise SpecError(f"unknown scheme {self.scheme!r}. Valid schemes are: {', '.join(SCHEMES)}")
-        positive_ints(restarts=self.restarts, hidden=self.hidden, patience=self.patience)
+        positive_ints(restarts=self.restarts, hidden=self.hidden)
+        if self.patience is not None:
+            positive_ints(patience=self.patience)
         if self.epochs is not None:
             positive_ints(epochs=self.epochs)
         positive_numbers(lr=self.lr)

@@ -18,7 +18,7 @@ import torch
 from ..checks import positive_ints, positive_numbers
 from ..encoding.padding import pad_rows
 from ..heads import LayerHead
-from ..training.budget import steps_by_data
+from ..training.budget import patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .data import ProbeSplit
@@ -38,13 +38,15 @@ class ProbeOptions:
     hidden: int = 256  # MLP hidden size / BiLSTM hidden size per direction
     dropout: float = 0.1
     epochs: int | None = None  # MLP/BiLSTM: at most this many epochs; None: the budget follows the data
-    patience: int = 5  # checks on the held-out part of train without a better score
+    patience: int | None = None  # checks without a better held-out score; None: a quarter of the checks, >= 3
     lr: float = 1e-3
     batch_size: int = 256  # rows (linear/MLP) or 32 sentences (BiLSTM)
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        positive_ints(hidden=self.hidden, patience=self.patience, batch_size=self.batch_size)
+        positive_ints(hidden=self.hidden, batch_size=self.batch_size)
+        if self.patience is not None:
+            positive_ints(patience=self.patience)
         if self.epochs is not None:
             positive_ints(epochs=self.epochs)
         positive_numbers(lr=self.lr)
@@ -237,7 +239,8 @@ def _fit(
     optim = torch.optim.Adam(model.parameters(), lr=opts.lr)
     per_epoch = -(-n_items // batch)
     budget, every = opts.budget(per_epoch)
-    stop: EarlyStopping[dict[str, torch.Tensor]] = EarlyStopping(opts.patience)
+    stop: EarlyStopping[dict[str, torch.Tensor]] = EarlyStopping(
+        opts.patience if opts.patience is not None else patience_for(budget // every))
     step = 0
     while step < budget and not stop.stopped:
         for _ in _steps(model, optim, train, y, pos, torch.randperm(n_items, generator=gen), batch, opts.device):

@@ -3,15 +3,24 @@
 A fixed epoch count gives a small set a few dozen optimiser steps (1,000 sentences in batches of 256: 32 steps in
 8 epochs), far from converged, and a large one far more than it needs. The budget is ``MAX_EPOCHS_BY_DATA`` epochs
 held within ``[MIN_STEPS, MAX_STEPS]`` optimiser steps; early stopping on a held-out part of train usually ends it
-sooner.
+sooner. Its patience follows the budget too (:func:`patience_for`): on a small set the held-out score is noisy
+(100 records: a few points from one check to the next), and a fixed patience of 3 epochs stopped an MLP head on
+1,000 SST-2 sentences after 4 of its 40 epochs, 10 points below a converged linear probe.
 """
 
 from __future__ import annotations
 
 MIN_STEPS, MAX_STEPS, MAX_EPOCHS_BY_DATA = 300, 20_000, 40
+MIN_PATIENCE = 3
 
 
 def steps_by_data(batches_per_epoch: int) -> int:
     """Optimiser steps for a training split of ``batches_per_epoch`` batches: ``MAX_EPOCHS_BY_DATA`` epochs, at least
     ``MIN_STEPS`` and at most ``MAX_STEPS``."""
     return min(MAX_STEPS, max(MIN_STEPS, MAX_EPOCHS_BY_DATA * max(1, batches_per_epoch)))
+
+
+def patience_for(checks: int) -> int:
+    """Checks (epochs, or held-out evaluations) without a better score before stopping, for a budget of ``checks``:
+    a quarter of them, at least ``MIN_PATIENCE``."""
+    return max(MIN_PATIENCE, checks // 4)
