@@ -89,7 +89,7 @@ def test_selection_never_reads_the_reported_split(probe):
     """Poisoned dev labels (shuffled) change the dev score, never what was chosen: the linear probe's strength and
     iterations, the MLP's stopping step, the predictions."""
     names = ["a", "b", "c"]
-    x, y = _features(300, 3, seed=4)
+    x, y = _features(600, 3, seed=4)  # 60 records held out of train for the MLP to stop on
     dx, dy = _features(120, 3, seed=5)
     train, dev = _sentence_split(x, y, names), _sentence_split(dx, dy, names)
     poisoned = _sentence_split(dx, np.random.default_rng(0).permutation(dy), names)
@@ -99,6 +99,8 @@ def test_selection_never_reads_the_reported_split(probe):
     dirty = fit_probe(spec, train, poisoned, None, task="sentence", labels=names, scheme="none", opts=opts, seed=0)
     assert clean.fit == dirty.fit and clean.predictions == dirty.predictions
     assert clean.dev["accuracy"] != dirty.dev["accuracy"]
+    if probe == "mlp":
+        assert clean.fit["held_out_items"] == 60
 
 
 def test_intervals_cover_the_score_and_narrow_with_more_items():

@@ -29,7 +29,7 @@ from ..extractor import Extractor
 from ..model.backends.auto import AutoBackend
 from ..model.loading import DEFAULT_MODEL_NAME
 from ..model.options import ModelOptions
-from ..training.budget import patience_for, steps_by_data
+from ..training.budget import MIN_HELD_OUT, patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .classifier import SequenceClassifier, is_model_dir
@@ -153,12 +153,12 @@ class _Split:
 
 
 def held_out(split: _Split, share: float, gen: torch.Generator) -> tuple[_Split, _Split | None]:
-    """``(fit, held)``: ``share`` of the records (at least one, at most all but one) held out to choose the epoch
-    on; ``(split, None)`` when ``share`` is 0."""
-    if share <= 0 or len(split) < 2:
+    """``(fit, held)``: ``share`` of the records held out to choose the epoch on; ``(split, None)`` when ``share``
+    is 0 or would hold out fewer than :data:`~layerwise.training.budget.MIN_HELD_OUT` records."""
+    k = round(share * len(split))
+    if share <= 0 or k < MIN_HELD_OUT:
         return split, None
     order = torch.randperm(len(split), generator=gen)
-    k = min(len(split) - 1, max(1, round(share * len(split))))
     return split.take(order[k:].sort().values), split.take(order[:k].sort().values)
 
 
@@ -356,6 +356,7 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
         params.append({"params": [p for p in ex.model.parameters() if not p.is_meta], "lr": opts.encoder_lr})
     opt = torch.optim.AdamW(params, weight_decay=opts.weight_decay)
     tr, held = held_out(splits["train"], opts.held_out, gen)
+    last = held is None and opts.held_out > 0  # too few records to hold out: the whole budget, the last epoch kept
     judge, judged = (held, "held-out") if held is not None else (splits["dev"], "dev")
     epochs = opts.epochs_for(-(-len(tr) // opts.batch_size), config.mode)
     history: list[dict[str, Any]] = []
@@ -379,7 +380,7 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
             seen += len(index)
         scores = _scores(clf, splits["dev"])  # logged; the epoch is chosen on `judge`
         chosen = _scores(clf, held) if held is not None else scores
-        improved = stop.update(epoch, chosen[opts.metric], lambda: (
+        improved = stop.update(epoch, float(epoch) if last else chosen[opts.metric], lambda: (
             copy.deepcopy(clf.head.state_dict()),
             copy.deepcopy(ex.model.state_dict()) if config.mode == "finetune" else None))
         entry = {"epoch": epoch, "loss": total / seen, "dev_accuracy": scores["accuracy"],
@@ -403,7 +404,8 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
     encoder_mode(ex, training=False)
     clf.head.eval()
     chosen_on = (f"held-out {len(judge)} of the {len(splits['train'])} training records" if held is not None else
-                 "dev (the dev scores are then not an unbiased estimate: held_out=0)")
+                 f"nothing: the last epoch (the {len(tr)} training records are too few to hold out "
+                 f"{MIN_HELD_OUT})" if last else "dev (the dev scores are then not an unbiased estimate: held_out=0)")
     return history, stop.best_epoch, chosen_on
 
 

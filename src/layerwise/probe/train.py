@@ -2,9 +2,10 @@
 
 Nothing is chosen on a split that is scored: the linear probe's strength by cross-validation on the training split
 (:mod:`layerwise.probe.linear`), the MLP and BiLSTM probes' stopping step on :data:`HELD_OUT` of the training
-split's items (sentences for tagging), held out from their training. Their budget follows the data: up to
-``MAX_EPOCHS_BY_DATA`` epochs and between ``MIN_STEPS`` and ``MAX_STEPS`` optimiser steps (``epochs`` caps it
-when given), checked every ``checks_every`` steps with ``patience`` checks without a better held-out score.
+split's items (sentences for tagging), held out from their training (with fewer than ``MIN_HELD_OUT`` such items
+the whole budget is trained and the last step kept). Their budget follows the data
+(:func:`layerwise.training.budget.steps_by_data`; ``epochs`` sets it when given), checked about twice an epoch
+with a patience of a quarter of the checks (:func:`layerwise.training.budget.patience_for`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from ..checks import positive_ints, positive_numbers
 from ..encoding.padding import pad_rows
 from ..heads import LayerHead
-from ..training.budget import patience_for, steps_by_data
+from ..training.budget import MIN_HELD_OUT, patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .data import ProbeSplit
@@ -172,12 +173,15 @@ def _fit_linear(spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: Probe
     return run
 
 
-def held_out(train: ProbeSplit, seed: int, share: float = HELD_OUT) -> tuple[ProbeSplit, ProbeSplit]:
+def held_out(train: ProbeSplit, seed: int, share: float = HELD_OUT) -> tuple[ProbeSplit, ProbeSplit | None]:
     """``(fit, held)``: ``train`` split by its items (sentences for tagging, records otherwise), ``share`` of them
-    (at least one) held out to stop on."""
+    held out to stop on; ``(train, None)`` when that is fewer than :data:`~layerwise.training.budget.MIN_HELD_OUT`
+    items (the whole budget is trained, the last step kept)."""
     items = len(train.sentence_offsets) - 1 if train.offsets is not None else len(train)
+    k = round(share * items)
+    if k < MIN_HELD_OUT:
+        return train, None
     order = np.random.default_rng(seed).permutation(items)
-    k = min(items - 1, max(1, round(share * items)))
     return train.take(np.sort(order[k:])), train.take(np.sort(order[:k]))
 
 
@@ -246,8 +250,12 @@ def _fit(
         for _ in _steps(model, optim, train, y, pos, torch.randperm(n_items, generator=gen), batch, opts.device):
             step += 1
             if step % every == 0 or step == budget:
-                scores = score(held, predict(held))  # ties (a held-out part with no entity) broken by accuracy
-                stop.update(step, _main(scores) + 1e-4 * scores["accuracy"],
+                if held is None:  # too few items to hold out: the last step is kept
+                    value = float(step)
+                else:  # ties (a held-out part with no entity) broken by accuracy
+                    scores = score(held, predict(held))
+                    value = _main(scores) + 1e-4 * scores["accuracy"]
+                stop.update(step, value,
                             lambda: {k: v.detach().clone() for k, v in model.state_dict().items()})
             if stop.stopped or step >= budget:
                 break
@@ -257,8 +265,9 @@ def _fit(
                    test=score(test, predictions["test"]) if test is not None else None,
                    epochs=-(-stop.best_epoch // per_epoch), predictions=predictions,
                    fit={"optimiser": "Adam", "lr": opts.lr, "steps": step, "budget": budget,
-                        "best_step": stop.best_epoch, "held_out_items": len(held.sentence_offsets) - 1
-                        if held.offsets is not None else len(held), "stopped_early": stop.stopped})
+                        "best_step": stop.best_epoch, "stopped_early": stop.stopped,
+                        "held_out_items": 0 if held is None else len(held.sentence_offsets) - 1
+                        if held.offsets is not None else len(held)})
     w = model.layer_weights()
     if w is not None and spec.combine == "scalar_mix":
         run.weights = [round(float(v), 4) for v in w]

@@ -5,13 +5,15 @@ A fixed epoch count gives a small set a few dozen optimiser steps (1,000 sentenc
 held within ``[MIN_STEPS, MAX_STEPS]`` optimiser steps; early stopping on a held-out part of train usually ends it
 sooner. Its patience follows the budget too (:func:`patience_for`): on a small set the held-out score is noisy
 (100 records: a few points from one check to the next), and a fixed patience of 3 epochs stopped an MLP head on
-1,000 SST-2 sentences after 4 of its 40 epochs, 10 points below a converged linear probe.
+1,000 SST-2 sentences after 4 of its 40 epochs, 10 points below a converged linear probe. Below ``MIN_HELD_OUT``
+held-out items a choice would be noise: the whole budget is trained and the last step kept.
 """
 
 from __future__ import annotations
 
 MIN_STEPS, MAX_STEPS, MAX_EPOCHS_BY_DATA = 300, 20_000, 40
 MIN_PATIENCE = 3
+MIN_HELD_OUT = 50  # items (records, or sentences) a held-out part needs to choose on; fewer: the last step is kept
 
 
 def steps_by_data(batches_per_epoch: int) -> int:
