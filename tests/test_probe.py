@@ -691,3 +691,21 @@ def test_results_show_as_html_in_a_notebook(runs):
     hostile = dataclasses.replace(runs["sentence"], task_title="<script>alert(1)</script>")
     page = hostile._repr_html_()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script" not in page
+
+
+def test_control_task_and_intervals_in_every_output(env, tmp_path):
+    """--control: each layer's row has its control accuracy and selectivity (word types from the store), shown in
+    the table; every row has its bootstrap interval, the split reported and whether it is within the noise."""
+    res = run(env["ud"], env["ud"], config=cfg(task="tagging", column="upos", control=True, layers_only=True),
+              model=env["ex"], output=tmp_path / "ctrl", **QUIET)
+    for r in res.rows:
+        assert 0.0 <= r["control_accuracy"] <= 1.0
+        assert r["selectivity"] == pytest.approx(r["dev_accuracy"] - r["control_accuracy"], abs=1e-4)
+        lo, hi = r["dev_ci"]
+        assert lo <= r["dev_mean"] <= hi and r["reported"] == "dev" and isinstance(r["within_noise_of_best"], bool)
+        assert r["fits"][0]["converged"] and r["fits"][0]["solver"] == "scikit-learn lbfgs"
+    md = (tmp_path / "ctrl" / "results.md").read_text()
+    assert "selectivity" in md and "dev accuracy [95% CI]" in md
+    assert "within the noise" in md or "ahead of every other probe" in md
+    data = json.loads((tmp_path / "ctrl" / "results.json").read_text())
+    assert data["options"]["control"] is True and "training split only" in data["options"]["selection"]

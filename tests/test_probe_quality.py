@@ -182,3 +182,11 @@ def test_patience_follows_the_budget():
         TrainOptions(patience=0)
     with pytest.raises(Exception, match="held_out must be a share of the training records"):
         TrainOptions(held_out=1.5)
+
+
+def test_linear_probe_errors_name_the_valid_values():
+    x, y = _features(20, 2)
+    with pytest.raises(Exception, match="Valid values are: concat, sum, scalar_mix"):
+        fit_linear(x, y, 2, "mean")
+    with pytest.raises(Exception, match="sklearn, torch"):
+        fit_linear(x, y, 2, solver="liblinear")

@@ -31,6 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import LayerwiseError
+
+COMBINES = ("concat", "sum", "scalar_mix")
+SOLVERS = ("sklearn", "torch")
 STRENGTHS = tuple(float(c) for c in np.logspace(-4, 4, 10))  # C: scikit-learn's LogisticRegressionCV(Cs=10) grid
 FOLDS = 3
 MAX_ITER = 1000
@@ -138,6 +142,11 @@ def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combin
         groups: ``[rows]`` group ids kept within one fold (a tagging task's sentence index), or ``None``.
         solver: ``None`` (scikit-learn where the features fit, else torch), ``"sklearn"`` or ``"torch"``.
     """
+    if combine not in COMBINES:
+        raise LayerwiseError(f"unknown combine {combine!r} for a linear probe. Valid values are: {', '.join(COMBINES)}")
+    if solver not in (None, *SOLVERS):
+        raise LayerwiseError(f"unknown solver {solver!r}. Valid values are: None (scikit-learn where the features "
+                             f"fit, else torch), {', '.join(SOLVERS)}")
     keep = y >= 0
     x_all = _as_float(x)[keep]
     y = np.asarray(y)[keep]
