@@ -29,7 +29,7 @@ from ..extractor import Extractor
 from ..model.backends.auto import AutoBackend
 from ..model.loading import DEFAULT_MODEL_NAME
 from ..model.options import ModelOptions
-from ..training.budget import MIN_HELD_OUT, patience_for, steps_by_data
+from ..training.budget import MIN_HELD_OUT, held_out_count, patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .classifier import SequenceClassifier, is_model_dir
@@ -155,8 +155,8 @@ class _Split:
 def held_out(split: _Split, share: float, gen: torch.Generator) -> tuple[_Split, _Split | None]:
     """``(fit, held)``: ``share`` of the records held out to choose the epoch on; ``(split, None)`` when ``share``
     is 0 or would hold out fewer than :data:`~layerwise.training.budget.MIN_HELD_OUT` records."""
-    k = round(share * len(split))
-    if share <= 0 or k < MIN_HELD_OUT:
+    k = held_out_count(len(split), share)
+    if not k:
         return split, None
     order = torch.randperm(len(split), generator=gen)
     return split.take(order[k:].sort().values), split.take(order[:k].sort().values)

@@ -77,8 +77,10 @@ class LinearFit:
 
     def logits(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
         """``[rows, classes]`` for features ``x [rows, K, W]``."""
-        z = _standardise(_as_float(x), self.combine, self.mean, self.scale, self.mix).astype(np.float64)
-        return z @ self.weight.T.astype(np.float64) + self.bias  # float64: near ties decided as scikit-learn does
+        x = _as_float(x)
+        z = _mixed((x - self.mean) / self.scale, self.mix) if self.mix is not None else \
+            (_combined(x, self.combine) - self.mean) / self.scale
+        return z.astype(np.float64) @ self.weight.T.astype(np.float64) + self.bias  # float64: ties as scikit-learn
 
     def predict(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
         """Class indices ``[rows]`` for features ``x [rows, K, W]``."""
@@ -86,10 +88,9 @@ class LinearFit:
 
     def report(self) -> dict[str, Any]:
         """What the fit chose and how it ended, JSON-ready."""
-        out: dict[str, Any] = {"solver": self.solver, "C": self.strength, "iterations": self.iterations,
-                               "grad_norm": float(f"{self.grad_norm:.3g}"), "converged": self.converged,
-                               "cv_accuracy": {f"{c:.4g}": round(s, 5) for c, s in self.scores.items()}}
-        return out
+        return {"solver": self.solver, "C": self.strength, "iterations": self.iterations,
+                "grad_norm": float(f"{self.grad_norm:.3g}"), "converged": self.converged,
+                "cv_accuracy": {f"{c:.4g}": round(s, 5) for c, s in self.scores.items()}}
 
 
 def _as_float(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -103,12 +104,10 @@ def _combined(x: np.ndarray, combine: str) -> np.ndarray:
     return x.reshape(len(x), -1)
 
 
-def _standardise(x: np.ndarray, combine: str, mean: np.ndarray, scale: np.ndarray,
-                 mix: np.ndarray | None) -> np.ndarray:
-    if combine == "scalar_mix":
-        assert mix is not None
-        return np.einsum("nkw,k->nw", (x - mean) / scale, mix)
-    return (_combined(x, combine) - mean) / scale
+def _mixed(z: np.ndarray, mix: np.ndarray | None) -> np.ndarray:
+    """``[rows, W]``: the ``K`` layers of ``z [rows, K, W]`` weighed by a scalar mix ``[K]``; ``z`` itself without
+    one (already ``[rows, D]``)."""
+    return z if mix is None else np.einsum("nkw,k->nw", z, mix)
 
 
 def _moments(z: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +189,7 @@ def _choose(z: np.ndarray, y: np.ndarray, classes: int, strengths: tuple[float, 
         for f, (tr, va) in enumerate(splits):
             w, b, _, _, mix = _fit_torch(z[tr], y[tr], classes, c, combine, seed, starts[f], CV_MAX_ITER)
             starts[f] = (w, b, mix)
-            right[c] += int((_logits(z[va], w, b, combine, mix).argmax(1) == y[va]).sum())
+            right[c] += int((_logits(z[va], w, b, mix).argmax(1) == y[va]).sum())
         below = below + 1 if right[c] < max(right.values()) else 0
         if below >= SCAN_PATIENCE:
             break
@@ -198,11 +197,8 @@ def _choose(z: np.ndarray, y: np.ndarray, classes: int, strengths: tuple[float, 
     return {c: r / validated for c, r in right.items()}
 
 
-def _logits(z: np.ndarray, w: np.ndarray, b: np.ndarray, combine: str, mix: np.ndarray | None) -> np.ndarray:
-    if combine == "scalar_mix":
-        assert mix is not None
-        z = np.einsum("nkw,k->nw", z, mix)
-    return z @ w.T + b
+def _logits(z: np.ndarray, w: np.ndarray, b: np.ndarray, mix: np.ndarray | None) -> np.ndarray:
+    return _mixed(z, mix) @ w.T + b
 
 
 def _full(w: np.ndarray, b: np.ndarray, classes: int, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

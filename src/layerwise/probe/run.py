@@ -32,7 +32,7 @@ from .metrics import detect_scheme
 from .models import ProbeSpec, probe_specs
 from .report import check_output, cka_matrix, markdown, unseen_notes, write_all
 from .train import ProbeOptions, ProbeRun, fit_probe
-from .uncertainty import interval, item_counts, resample_weights, resampled, within_noise
+from .uncertainty import RESAMPLES, interval, item_counts, resample_weights, resampled, within_noise
 
 
 @dataclass
@@ -186,17 +186,23 @@ def run(
     results = ProbeResults(
         task=cfg.task, task_title=title, metric_name=metric, restarts=cfg.restarts, rows=rows,
         cka=cka_matrix(splits["dev"].x.float().numpy()).round(4).tolist(),
-        options={"probe": cfg.probe, "crf": cfg.crf, "hidden": cfg.hidden, "epochs": cfg.epochs, "lr": cfg.lr,
-                 "control": cfg.control, "selection": "the training split only (cross-validated strength, or a "
-                 "held-out part of train to stop on)", "intervals": "bootstrap 95%, items resampled 1000 times",
-                 "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
-                 "column": column},
+        options=_options(cfg, scheme, column),
         provenance=_provenance(ex, paths, splits, labels),
         seconds=0.0, extract_seconds=round(extract_seconds, 1), unseen_labels=unseen,
     )
     results.seconds = round(time.perf_counter() - t0, 1)
     results.files = write_all(results, out)
     return results
+
+
+def _options(cfg: ProbeConfig, scheme: str, column: str) -> dict:
+    """The run's settings as ``results.json`` records them, with what was chosen on which split and how the
+    intervals were drawn."""
+    return {"probe": cfg.probe, "crf": cfg.crf, "hidden": cfg.hidden, "epochs": cfg.epochs, "lr": cfg.lr,
+            "control": cfg.control, "selection": "the training split only (cross-validated strength, or a held-out "
+            "part of train to stop on)", "intervals": f"bootstrap 95%, items resampled {RESAMPLES} times",
+            "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
+            "column": column}
 
 
 def _provenance(ex: Extractor, paths: dict[str, Any], splits: dict[str, ProbeSplit], labels: list[str]) -> dict:

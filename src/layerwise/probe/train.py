@@ -19,7 +19,7 @@ import torch
 from ..checks import positive_ints, positive_numbers
 from ..encoding.padding import pad_rows
 from ..heads import LayerHead
-from ..training.budget import MIN_HELD_OUT, patience_for, steps_by_data
+from ..training.budget import held_out_count, patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .data import ProbeSplit
@@ -178,8 +178,8 @@ def held_out(train: ProbeSplit, seed: int, share: float = HELD_OUT) -> tuple[Pro
     held out to stop on; ``(train, None)`` when that is fewer than :data:`~layerwise.training.budget.MIN_HELD_OUT`
     items (the whole budget is trained, the last step kept)."""
     items = len(train.sentence_offsets) - 1 if train.offsets is not None else len(train)
-    k = round(share * items)
-    if k < MIN_HELD_OUT:
+    k = held_out_count(items, share)
+    if not k:
         return train, None
     order = np.random.default_rng(seed).permutation(items)
     return train.take(np.sort(order[k:])), train.take(np.sort(order[:k]))

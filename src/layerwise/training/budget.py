@@ -22,6 +22,13 @@ def steps_by_data(batches_per_epoch: int) -> int:
     return min(MAX_STEPS, max(MIN_STEPS, MAX_EPOCHS_BY_DATA * max(1, batches_per_epoch)))
 
 
+def held_out_count(items: int, share: float) -> int:
+    """How many of ``items`` to hold out of training to choose on: ``share`` of them, or 0 (hold none out: train the
+    whole budget, keep the last step) when that is under ``MIN_HELD_OUT``."""
+    k = round(share * items) if share > 0 else 0
+    return k if k >= MIN_HELD_OUT else 0
+
+
 def patience_for(checks: int) -> int:
     """Checks (epochs, or held-out evaluations) without a better score before stopping, for a budget of ``checks``:
     a quarter of them, at least ``MIN_PATIENCE``."""
