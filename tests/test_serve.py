@@ -315,7 +315,7 @@ def test_concurrent_clients_batched_and_correct(server, ex):
         bad = [b for out in pool_.map(client, plan) for b in out]
     assert bad == [], bad[:5]
     after = _request(server, "GET", "/metrics")[1]
-    n, ok = 64 * 20, 'layerwise_requests_total{status="200"}'
+    n, ok = 64 * 20, 'layerwise_requests_total{route="/v1/encode",status="200"}'
     names = (ok, "layerwise_batches_total", "layerwise_batch_requests_sum", "layerwise_batch_requests_count")
 
     def value(text, m):
@@ -401,14 +401,15 @@ def test_chunked_body_over_limit_413(server, ex):
 
 def test_model_error_is_500_without_traceback(tiny_dirs, ex):
     patched = lw.Extractor(str(tiny_dirs["bert"]), device="cpu")
-    real = patched.stream
+    real = patched.encode_shared
+    boom = patched.tokenize(["BOOM"], words=False)[0].ids[1:-1]
 
-    def stream(items, spec, **kw):  # a model error for batches holding "BOOM", the real thing otherwise
-        if "BOOM" in items:
+    def encode_shared(parts, **kw):  # a model error for calls holding "BOOM", the real thing otherwise
+        if any(t.ids[1:-1] == boom for toks, _ in parts for t in toks):
             raise RuntimeError("secret internal detail from deep inside torch")
-        return real(items, spec, **kw)
+        return real(parts, **kw)
 
-    patched.stream = stream
+    patched.encode_shared = encode_shared
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(create_app(patched), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)

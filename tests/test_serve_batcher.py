@@ -1,5 +1,6 @@
-"""The service's dynamic Batcher on its own (no model, no HTTP): a lone request runs at once, concurrent compatible
-requests share one call, each caller gets its own slice, errors reach every caller of the batch."""
+"""The service's Batcher on its own (no model, no HTTP): a lone request runs at once; requests of one group share a
+call whatever their specs, as the cost model plans by depth; a large call takes turns with later requests; a call
+nobody awaits stops between its steps; one request's failure does not fail the others it shared a call with."""
 
 from __future__ import annotations
 
@@ -8,26 +9,37 @@ import statistics
 import threading
 import time
 
-from layerwise.serve.batcher import Batcher
+from layerwise.serve.batcher import Batcher, BatchStats
+from layerwise.serve.cost import CostModel
+
+
+def cpu() -> CostModel:
+    return CostModel(batch_tokens=1024, overhead=0.002, unit=2e-5)
 
 
 class Recorder:
-    """A model call that records its batches and echoes ``(key, item)`` per item; can be held to queue requests."""
+    """A model side that records its calls ``(payloads, depth, items)`` and echoes ``(payload, item)`` per item,
+    ``per_step`` items a step (each step sleeping ``step_seconds``); can be held to queue requests."""
 
-    def __init__(self, fail_on: str | None = None):
-        self.calls: list[tuple[str, list]] = []
+    def __init__(self, fail_on: str | None = None, per_step: int = 10**6, step_seconds: float = 0.0):
+        self.calls: list[tuple[list, int, list]] = []
+        self.steps_run = 0
         self.started = threading.Event()
         self.release = threading.Event()
         self.release.set()
-        self.fail_on = fail_on
+        self.fail_on, self.per_step, self.step_seconds = fail_on, per_step, step_seconds
 
-    def __call__(self, key: str, items: list) -> list:
-        self.calls.append((key, list(items)))
+    def __call__(self, jobs):
+        items = [(j, i, job.payload, item) for j, job in enumerate(jobs) for i, item in enumerate(job.items)]
+        self.calls.append(([job.payload for job in jobs], max(job.depth for job in jobs), [it[3] for it in items]))
         self.started.set()
         self.release.wait(30)
-        if self.fail_on is not None and self.fail_on in items:
+        if self.fail_on is not None and any(self.fail_on == it[3] for it in items):
             raise RuntimeError(f"model failed on {self.fail_on}")
-        return [(key, item) for item in items]
+        for start in range(0, len(items), self.per_step):
+            time.sleep(self.step_seconds)
+            self.steps_run += 1
+            yield [(j, i, (payload, item)) for j, i, payload, item in items[start:start + self.per_step]]
 
 
 def test_lone_requests_run_at_once_without_a_timer(monkeypatch):
@@ -40,13 +52,13 @@ def test_lone_requests_run_at_once_without_a_timer(monkeypatch):
 
     monkeypatch.setattr(threading.Condition, "wait", recording_wait)
     run = Recorder()
-    b = Batcher(run)
+    b = Batcher(run, cpu())
 
     async def sequential() -> list[float]:
         latencies = []
         for i in range(40):
             t0 = time.perf_counter()
-            assert await b.submit("k", [f"t{i}"], 3) == [("k", f"t{i}")]
+            assert await b.submit("g", 1, [f"t{i}"], "k", 3) == [("k", f"t{i}")]
             latencies.append(time.perf_counter() - t0)
         return latencies
 
@@ -54,7 +66,7 @@ def test_lone_requests_run_at_once_without_a_timer(monkeypatch):
         latencies = asyncio.run(sequential())
     finally:
         b.close()
-    assert [len(items) for _, items in run.calls] == [1] * 40  # one model call per lone request
+    assert [len(items) for _, _, items in run.calls] == [1] * 40  # one model call per lone request
     # the worker only ever sleeps until a request comes: no batching window, no timed wait
     assert waits and all(timeout is None for timeout in waits), waits
     # a thread wake-up and an event-loop wake-up per request (generous for a loaded CI machine; a batching window
@@ -62,25 +74,26 @@ def test_lone_requests_run_at_once_without_a_timer(monkeypatch):
     assert statistics.median(latencies) < 0.010, latencies
 
 
-async def busy_with(b: Batcher, run: Recorder, key: str, items: list[str]) -> asyncio.Future:
+async def busy_with(b: Batcher, run: Recorder, items: list[str]) -> asyncio.Future:
     """Submit a first request and return once the worker is running it (held until ``run.release`` is set), so
     the requests submitted next wait in the queue together."""
     run.release.clear()
-    first = asyncio.ensure_future(b.submit(key, items, 1))
+    first = asyncio.ensure_future(b.submit("g", 1, items, "first", 1))
     while not run.started.is_set():
         await asyncio.sleep(0.001)
     return first
 
 
-def test_waiting_compatible_requests_share_one_call_and_get_their_own_rows():
+def test_requests_of_one_depth_share_a_call_whatever_their_spec_and_get_their_own_rows():
     run = Recorder()
-    b = Batcher(run, max_batch_tokens=1000, max_batch_texts=100)
+    stats: list[BatchStats] = []
+    b = Batcher(run, cpu(), max_batch_tokens=1000, max_batch_texts=100, on_batch=stats.append)
 
     async def scenario():
-        first = await busy_with(b, run, "A", ["a0"])  # the worker is busy with the first request ...
-        later = [  # ... while these queue: A and B interleaved
-            asyncio.ensure_future(b.submit(key, [f"{key}{i}-{j}" for j in range(n)], n))
-            for i, (key, n) in enumerate([("A", 2), ("B", 1), ("A", 3), ("A", 1), ("B", 2)])
+        first = await busy_with(b, run, ["a0"])  # the worker is busy with the first request ...
+        later = [  # ... while these queue: specs A and B (say, two pools) at depth 3, and one at site "other"
+            asyncio.ensure_future(b.submit(group, 3, [f"{spec}{i}-{j}" for j in range(n)], spec, n))
+            for i, (group, spec, n) in enumerate([("g", "A", 2), ("g", "B", 1), ("other", "C", 1), ("g", "A", 3)])
         ]
         await asyncio.sleep(0.05)
         run.release.set()
@@ -90,28 +103,59 @@ def test_waiting_compatible_requests_share_one_call_and_get_their_own_rows():
         first, later = asyncio.run(scenario())
     finally:
         b.close()
-    assert run.calls == [
-        ("A", ["a0"]),
-        ("A", ["A0-0", "A0-1", "A2-0", "A2-1", "A2-2", "A3-0"]),  # every waiting A, in arrival order
-        ("B", ["B1-0", "B4-0", "B4-1"]),
+    assert [(payloads, depth, items) for payloads, depth, items in run.calls] == [
+        (["first"], 1, ["a0"]),
+        (["A", "B", "A"], 3, ["A0-0", "A0-1", "B1-0", "A3-0", "A3-1", "A3-2"]),  # one forward pass, two specs
+        (["C"], 3, ["C2-0"]),  # another site: another pass
     ]
-    assert first == [("A", "a0")]
-    assert later == [
-        [("A", "A0-0"), ("A", "A0-1")],
-        [("B", "B1-0")],
-        [("A", "A2-0"), ("A", "A2-1"), ("A", "A2-2")],
-        [("A", "A3-0")],
-        [("B", "B4-0"), ("B", "B4-1")],
-    ]
+    assert first == [("first", "a0")]
+    assert later == [[("A", "A0-0"), ("A", "A0-1")], [("B", "B1-0")], [("C", "C2-0")],
+                     [("A", "A3-0"), ("A", "A3-1"), ("A", "A3-2")]]
+    merged = stats[1]
+    assert (merged.requests, merged.specs, merged.texts, merged.depth) == (3, 2, 6, 3)
+
+
+class Fixed(CostModel):
+    """Prices that do not learn (the held first call of a test is no measure of anything)."""
+
+    def observe(self, batches, tokens, depth, seconds):
+        pass
+
+
+def test_the_cost_model_decides_which_depths_share_a_pass():
+    def calls_for(cost: CostModel) -> list[tuple[int, list]]:
+        run = Recorder()
+        b = Batcher(run, cost, max_batch_tokens=100_000)
+
+        async def scenario():
+            first = await busy_with(b, run, ["x"])
+            queued = [asyncio.ensure_future(b.submit("g", depth, [f"d{depth}"], "spec", tokens))
+                      for depth, tokens in ((1, 40), (6, 800), (5, 40))]
+            await asyncio.sleep(0.05)
+            run.release.set()
+            await first
+            return await asyncio.gather(*queued)
+
+        try:
+            asyncio.run(scenario())
+        finally:
+            b.close()
+        return [(depth, items) for _, depth, items in run.calls[1:]]
+
+    # a CPU pays per layer: 40 tokens through 5 layers they do not need cost more than a batch of their own; one
+    # more layer for 40 tokens costs less than a batch
+    assert calls_for(Fixed(1024, 0.002, 2e-5)) == [(1, ["d1"]), (6, ["d6", "d5"])]
+    # a GPU pays per batch: everything shares one pass to the deepest layer
+    assert calls_for(Fixed(16384, 0.004, 2e-7)) == [(6, ["d1", "d6", "d5"])]
 
 
 def test_batch_budget_splits_merged_calls():
     run = Recorder()
-    b = Batcher(run, max_batch_tokens=10, max_batch_texts=3)
+    b = Batcher(run, cpu(), max_batch_tokens=10, max_batch_texts=3)
 
     async def scenario():
-        first = await busy_with(b, run, "A", ["x"])
-        later = [asyncio.ensure_future(b.submit("A", [f"t{i}"], 4)) for i in range(5)]
+        first = await busy_with(b, run, ["x"])
+        later = [asyncio.ensure_future(b.submit("g", 1, [f"t{i}"], "s", 4)) for i in range(5)]
         await asyncio.sleep(0.05)
         run.release.set()
         await first
@@ -122,39 +166,82 @@ def test_batch_budget_splits_merged_calls():
     finally:
         b.close()
     # 4 tokens each: at most two fit the budget of 10
-    assert [items for _, items in run.calls] == [["x"], ["t0", "t1"], ["t2", "t3"], ["t4"]]
-    assert later == [[("A", f"t{i}")] for i in range(5)]
+    assert [items for _, _, items in run.calls] == [["x"], ["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert later == [[("s", f"t{i}")] for i in range(5)]
 
 
-def test_model_error_reaches_every_request_of_its_batch_and_the_worker_goes_on():
+def test_a_failing_request_fails_alone_and_the_worker_goes_on():
     run = Recorder(fail_on="BOOM")
-    b = Batcher(run)
+    b = Batcher(run, cpu())
 
     async def scenario():
-        first = await busy_with(b, run, "A", ["ok"])
-        bad = [asyncio.ensure_future(b.submit("A", items, 1)) for items in (["fine"], ["BOOM"])]
+        first = await busy_with(b, run, ["ok"])
+        shared = [asyncio.ensure_future(b.submit("g", 1, items, "s", 1)) for items in (["fine"], ["BOOM"])]
         await asyncio.sleep(0.05)
         run.release.set()
         await first
-        outcomes = await asyncio.gather(*bad, return_exceptions=True)
-        return outcomes, await b.submit("A", ["after"], 1)
+        outcomes = await asyncio.gather(*shared, return_exceptions=True)
+        return outcomes, await b.submit("g", 1, ["after"], "s", 1)
 
     try:
-        outcomes, after = asyncio.run(scenario())
+        (fine, boom), after = asyncio.run(scenario())
     finally:
         b.close()
-    assert all(isinstance(o, RuntimeError) and "BOOM" in str(o) for o in outcomes), outcomes
-    assert after == [("A", "after")]
+    assert fine == [("s", "fine")]  # its shared call failed; it was retried on its own
+    assert isinstance(boom, RuntimeError) and "BOOM" in str(boom), boom
+    assert after == [("s", "after")]
+
+
+def test_a_short_request_takes_turns_with_a_long_call():
+    run = Recorder(per_step=1, step_seconds=0.05)  # the long call: 60 steps of 50 ms
+    b = Batcher(run, cpu(), quantum=0.1)
+
+    async def scenario():
+        long = asyncio.ensure_future(b.submit("g", 6, [f"long{i}" for i in range(60)], "L", 60))
+        while not run.started.is_set():
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.3)
+        t0 = time.perf_counter()
+        short = await b.submit("g", 6, ["short"], "S", 1)
+        waited = time.perf_counter() - t0
+        return short, waited, long.done(), await long
+
+    try:
+        short, waited, long_done, long = asyncio.run(scenario())
+    finally:
+        b.close()
+    assert short == [("S", "short")] and not long_done
+    assert waited < 0.5, waited  # about one step of the long call (the whole of it takes 3 s)
+    assert long == [("L", f"long{i}") for i in range(60)]
+
+
+def test_a_call_nobody_awaits_stops_between_its_steps():
+    run = Recorder(per_step=1, step_seconds=0.02)
+    b = Batcher(run, cpu())
+
+    async def scenario():
+        task = asyncio.ensure_future(b.submit("g", 1, [f"t{i}" for i in range(200)], "s", 200))
+        while run.steps_run < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()  # the client went away during its call
+        await asyncio.sleep(0.2)
+        return await b.submit("g", 1, ["next"], "s", 1)
+
+    try:
+        assert asyncio.run(scenario()) == [("s", "next")]
+    finally:
+        b.close()
+    assert run.steps_run < 30, run.steps_run  # 200 steps were planned
 
 
 def test_a_caller_that_went_away_does_not_stop_the_others():
     run = Recorder()
-    b = Batcher(run)
+    b = Batcher(run, cpu())
 
     async def scenario():
-        first = await busy_with(b, run, "A", ["first"])
-        gone = asyncio.ensure_future(b.submit("A", ["gone"], 1))
-        stays = asyncio.ensure_future(b.submit("A", ["stays"], 1))
+        first = await busy_with(b, run, ["first"])
+        gone = asyncio.ensure_future(b.submit("g", 1, ["gone"], "s", 1))
+        stays = asyncio.ensure_future(b.submit("g", 1, ["stays"], "s", 1))
         await asyncio.sleep(0.02)
         gone.cancel()  # the client disconnected while its request was queued
         run.release.set()
@@ -162,9 +249,10 @@ def test_a_caller_that_went_away_does_not_stop_the_others():
         return await stays
 
     try:
-        assert asyncio.run(scenario()) == [("A", "stays")]
+        assert asyncio.run(scenario()) == [("s", "stays")]
     finally:
         b.close()
+    assert all("gone" not in items for _, _, items in run.calls)
 
 
 def _workers() -> int:
@@ -173,7 +261,7 @@ def _workers() -> int:
 
 def test_close_stops_the_worker():
     before = _workers()
-    b = Batcher(Recorder())
+    b = Batcher(Recorder(), cpu())
     assert _workers() == before + 1
     b.close()
     assert _workers() == before
@@ -182,12 +270,12 @@ def test_close_stops_the_worker():
 def test_requests_from_several_event_loops_are_answered_on_their_own_loop():
     loops = 3
     run = Recorder()
-    b = Batcher(run)
+    b = Batcher(run, cpu())
     results: list = [None] * loops
 
     def client(i: int) -> None:
         async def go():
-            return await b.submit("A", [f"loop{i}"], 1)
+            return await b.submit("g", 1, [f"loop{i}"], "s", 1)
 
         results[i] = asyncio.run(go())
 
@@ -199,4 +287,12 @@ def test_requests_from_several_event_loops_are_answered_on_their_own_loop():
             t.join(30)
     finally:
         b.close()
-    assert results == [[("A", f"loop{i}")] for i in range(loops)]
+    assert results == [[("s", f"loop{i}")] for i in range(loops)]
+
+
+def test_the_cost_model_learns_the_prices_of_the_machine():
+    model = cpu()
+    for tokens, depth in [(100, 1), (3000, 6), (900, 3), (5000, 2), (200, 6), (2500, 4)] * 5:
+        batches = model.batches(tokens)
+        model.observe(batches, tokens, depth, 0.010 * batches + 5e-6 * tokens * depth)
+    assert abs(model.overhead - 0.010) < 0.002 and abs(model.unit - 5e-6) < 1e-6, (model.overhead, model.unit)

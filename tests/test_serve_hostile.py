@@ -96,26 +96,28 @@ def test_a_full_queue_is_429_with_retry_after_and_a_gone_clients_work_is_never_c
     import threading
 
     from layerwise.serve.batcher import Batcher, QueueFull
+    from layerwise.serve.cost import CostModel
 
     release = threading.Event()
     seen: list[list] = []
 
-    def run(key, items):
-        seen.append(list(items))
+    def run(jobs):
+        items = [item for job in jobs for item in job.items]
+        seen.append(items)
         release.wait(10)
-        return items
+        yield [(j, i, item) for j, job in enumerate(jobs) for i, item in enumerate(job.items)]
 
-    batcher = Batcher(run, max_queue_tokens=100)
+    batcher = Batcher(run, CostModel.for_device("cpu", 1024), max_queue_tokens=100)
 
     async def scenario():
-        first = asyncio.ensure_future(batcher.submit("k", ["running"], 10))
+        first = asyncio.ensure_future(batcher.submit("g", 1, ["running"], "s", 10))
         while not seen:  # the worker has taken the first job and blocks in run
             await asyncio.sleep(0.01)
-        gone = asyncio.ensure_future(batcher.submit("k", ["abandoned"], 60))
-        waiting = asyncio.ensure_future(batcher.submit("k", ["waits"], 30))
+        gone = asyncio.ensure_future(batcher.submit("g", 1, ["abandoned"], "s", 60))
+        waiting = asyncio.ensure_future(batcher.submit("g", 1, ["waits"], "s", 30))
         await asyncio.sleep(0.05)
         with pytest.raises(QueueFull) as full:  # 90 queued + 20 > 100
-            await batcher.submit("k", ["refused"], 20)
+            await batcher.submit("g", 1, ["refused"], "s", 20)
         assert full.value.retry_after >= 1
         gone.cancel()  # the client went away while it waited
         await asyncio.sleep(0.05)

@@ -31,10 +31,9 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 import torch
 from torch import nn
 
-from .encoding.combine import combine as combine_layers
 from .encoding.layers import LayerSpec
-from .encoding.precision import Ranges, finisher
-from .encoding.reduce import Encoded, make_reducer
+from .encoding.precision import Ranges
+from .encoding.reduce import Encoded, make_rows
 from .encoding.spec import EncodeSpec
 from .encoding.stack import LayerStack
 from .encoding.tokenize import TextTokenizer, Tokenized, check_texts, special_template
@@ -311,8 +310,10 @@ class Extractor:
         :class:`~layerwise.encoding.tokenize.TextTokenizer`)."""
         return self.text_tokenizer()(items, words=words, truncate=truncate, prompt=prompt, add_eos=add_eos)
 
-    def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int) -> Iterator[Group]:
-        """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`)."""
+    def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int,
+                 idle: bool = False) -> Iterator[Group]:
+        """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`; ``idle``: an
+        empty group after a batch that finished none)."""
         def run(ids: torch.Tensor, mask: torch.Tensor) -> Callable[[], torch.Tensor]:
             return self.backend.start(ids, mask, layers, site)
 
@@ -325,7 +326,7 @@ class Extractor:
             batch_tokens = cap
         yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
                                    pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length, empty=empty,
-                                   ahead=self.backend.ahead(layers, site))
+                                   ahead=self.backend.ahead(layers, site), idle=idle)
 
     def stream(
         self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None
@@ -386,26 +387,71 @@ class Extractor:
         """The model's half of :meth:`stream`: encode texts tokenised by :meth:`tokenize` (or by
         :meth:`text_tokenizer` in another process) and yield one ``Encoded(start + i, features [*D] | [n, *D],
         toks[i])`` per text, in order."""
-        spec = spec.resolve(self)
-        budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        reduce = make_reducer(spec, self.backend.pooler() if spec.pool == "pooler" else None)
-        finish = finisher(spec, self.site_width(spec.site))
-        done: dict[int, torch.Tensor] = {}
+        done: dict[int, Encoded] = {}
         following = 0
-        for group in self._forward(toks, spec.layer_indices, spec.site, budget):
-            mask, special = group.masks(toks)
-            rows = [toks[i] for i in group.texts]
-            with torch.inference_mode():
-                x = combine_layers(group.states, spec.combine, weights=spec.weights, mask=mask)
-                vecs = reduce(x, mask, special, rows)
-                # dimensions, normalize and output_dtype: one call per batch of sentences ([b, *D]), one per row
-                # otherwise
-                rows_out = finish(vecs) if isinstance(vecs, torch.Tensor) else [finish(v) for v in vecs]
-            for r, i in enumerate(group.texts):
-                done[i] = rows_out[r].to("cpu")
+        for step in self.encode_shared([(toks, spec)], batch_tokens=batch_tokens):
+            for _, result in step:
+                done[result.index] = result
             while following in done:
-                yield Encoded(start + following, done.pop(following), toks[following])
+                result = done.pop(following)
+                result.index += start
+                yield result
                 following += 1
+
+    def encode_shared(
+        self, parts: Sequence[tuple[list[Tokenized], EncodeSpec]], *, batch_tokens: int | None = None
+    ) -> Iterator[list[tuple[int, Encoded]]]:
+        """Encode several requests' tokenised texts, each with its own spec, in one forward pass: it runs to the
+        deepest layer any of them needs, and each part's layers are then combined, pooled and finished as its own
+        spec says (the results equal each part's own :meth:`encode_tokenized`).
+
+        Args:
+            parts: ``[(toks, spec)]``; the specs may differ in layers, combine, pool, level, precision, dimensions,
+                normalisation, but not in site (one forward pass records one site).
+            batch_tokens: token budget per forward batch (default: the Extractor's).
+
+        Yields:
+            One step per forward batch: ``[(part, Encoded(i, features, toks_part[i]))]`` for the texts that batch
+            finished (``i`` counts within the part; a step may be empty while a long text's windows run). Between
+            steps nothing runs, so a caller may interleave other work or stop early.
+
+        Raises:
+            SpecError: a spec invalid for this model, or parts at different sites.
+        """
+        specs = [spec.resolve(self) for _, spec in parts]
+        sites = sorted({spec.site for spec in specs})
+        if len(sites) > 1:
+            raise SpecError(f"parts encoded together share one site; got {', '.join(sites)}: encode them separately")
+        if not specs:
+            return
+        site = sites[0]
+        budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
+        union = tuple(sorted({i for spec in specs for i in spec.layer_indices}))
+        width = self.site_width(site)
+        makers = [make_rows(spec, width, self.backend.pooler() if spec.pool == "pooler" else None) for spec in specs]
+        picks = [torch.tensor([union.index(i) for i in spec.layer_indices]) for spec in specs]
+        toks = [t for part, _ in parts for t in part]
+        owner = [(p, i) for p, (part, _) in enumerate(parts) for i in range(len(part))]
+        for group in self._forward(toks, union, site, budget, idle=True):
+            step: list[tuple[int, Encoded]] = []
+            if group.texts:
+                mask, special = group.masks(toks)
+                by_part: dict[int, list[int]] = {}
+                for r, text in enumerate(group.texts):
+                    by_part.setdefault(owner[text][0], []).append(r)
+                for p, rs in by_part.items():
+                    states = group.states
+                    if picks[p].numel() != len(union) or not torch.equal(picks[p], torch.arange(len(union))):
+                        states = states.index_select(0, picks[p].to(states.device))
+                    if len(rs) != len(group.texts):
+                        at = torch.tensor(rs, device=states.device)
+                        states, m, s = states.index_select(1, at), mask.index_select(0, at), special.index_select(0, at)
+                    else:
+                        m, s = mask, special
+                    texts = [group.texts[r] for r in rs]
+                    out = makers[p](states, m, s, [toks[t] for t in texts])
+                    step.extend((p, Encoded(owner[t][1], v, toks[t])) for t, v in zip(texts, out))
+            yield step
 
     # ---- public API -------------------------------------------------------------------------------------
     def hidden_states(

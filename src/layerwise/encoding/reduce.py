@@ -14,8 +14,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from .combine import combine as combine_layers
 from .pooling import pool as pool_tokens
 from .pooling import pool_words
+from .precision import finisher
 from .spec import EncodeSpec
 from .tokenize import Tokenized
 
@@ -71,3 +73,30 @@ def make_reducer(spec: EncodeSpec, pooler: Callable[[torch.Tensor], torch.Tensor
         return out  # [b, *D]: one row per record, kept batched for the finishing step
 
     return sentences
+
+
+# (states [K, b, T, W] of the spec's layers in spec order, mask [b, T], special [b, T], rows) -> one result per row
+RowMaker = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Sequence[Tokenized]], list[torch.Tensor]]
+
+
+def make_rows(spec: EncodeSpec, width: int, pooler: Callable[[torch.Tensor], torch.Tensor] | None = None) -> RowMaker:
+    """Everything a resolved ``spec`` does after the forward pass, for layers of ``width`` features: combine the
+    layers, reduce (pool, token vectors or word vectors), finish (dimensions, normalisation, ``output_dtype``), and
+    move each row's result to the CPU.
+
+    ``rows(states [K, b, T, W], mask [b, T], special [b, T], tokenised rows) -> [result_r]`` with ``result_r``
+    shaped ``[*D]``, ``[n_tokens, *D]`` or ``[n_words, *D]``; ``states`` holds the spec's layers in spec order.
+    """
+    reduce = make_reducer(spec, pooler)
+    finish = finisher(spec, width)
+
+    def rows(states: torch.Tensor, mask: torch.Tensor, special: torch.Tensor,
+             toks: Sequence[Tokenized]) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            x = combine_layers(states, spec.combine, weights=spec.weights, mask=mask)
+            vecs = reduce(x, mask, special, toks)
+            # dimensions, normalize and output_dtype: one call per batch of sentences ([b, *D]), one per row otherwise
+            out = finish(vecs) if isinstance(vecs, torch.Tensor) else [finish(v) for v in vecs]
+        return [out[r].to("cpu") for r in range(len(toks))]
+
+    return rows

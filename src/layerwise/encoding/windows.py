@@ -163,6 +163,7 @@ def forward_windows(
     sort: bool = True,
     empty: Callable[[int], torch.Tensor] | None = None,
     ahead: int = 1,
+    idle: bool = False,
 ) -> Iterator[Group]:
     """Run every window of ``toks``; yield groups of finished texts (stitched when windowed).
 
@@ -171,6 +172,9 @@ def forward_windows(
     ``ahead`` batches are started before the oldest is waited for, so the runtime computes the next batches while the
     caller reduces this one's groups. A text with no token at all (an empty string for a tokenizer that adds no
     special tokens, e.g. GPT-2) is not run: ``empty(n)`` gives its states ``[K, n, 0, W]`` (it pools to zeros).
+    With ``idle=True`` a batch that finishes no text (windows of a long text whose others are still to run) yields
+    an empty group (``texts == []``), so a caller that shares the model between requests gets control back after
+    every batch.
     """
     windows: list[Window] = []
     per_text: list[list[int]] = []
@@ -205,6 +209,15 @@ def forward_windows(
                 full = stitch(toks[text], [windows[k] for k in order], [got[k] for k in order])
                 yield Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
 
+    def finished(done: list[int], result: torch.Tensor | Callable[[], torch.Tensor]) -> Iterator[Group]:
+        states = result if isinstance(result, torch.Tensor) else result()
+        groups = 0
+        for group in finish(done, states):
+            groups += 1
+            yield group
+        if idle and not groups:
+            yield Group(texts=[], states=states[:, :0], lengths=[])
+
     inflight: deque[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor]]] = deque()
     runnable = [j for j, w in enumerate(windows) if w.ids]
     for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
@@ -212,8 +225,6 @@ def forward_windows(
         ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
         inflight.append((batch, run_batch(ids, mask)))
         while len(inflight) >= max(1, ahead):
-            done, result = inflight.popleft()
-            yield from finish(done, result if isinstance(result, torch.Tensor) else result())
+            yield from finished(*inflight.popleft())
     while inflight:
-        done, result = inflight.popleft()
-        yield from finish(done, result if isinstance(result, torch.Tensor) else result())
+        yield from finished(*inflight.popleft())

@@ -1,14 +1,21 @@
-"""Dynamic batching: concurrent requests with compatible options are merged into one model call.
+"""Dynamic batching by depth, with fair turns: concurrent requests share forward passes, and none can stall the others.
 
-Requests wait in a queue; one worker thread owns the model. It takes the oldest request, adds every waiting
-request with the same options key (layers, site, combine, pool, level, ...) while the merged batch stays within
-``max_batch_tokens`` (estimated from characters) and ``max_batch_texts``, runs one ``Extractor`` call and hands
-each request its slice of the result. The event loop only awaits futures, so it never blocks on the model.
+Requests wait in a queue; one worker thread owns the model. Requests of the same group (one model and site) share a
+forward pass whatever else they ask (layers, combine, pool, level, precision, encoding): the pass runs to the deepest
+layer its members need, and each request's layers are then combined, pooled and finished on their own
+(:meth:`Extractor.encode_shared <layerwise.Extractor.encode_shared>`). Which queued requests join the oldest one is
+planned by the measured cost model of :mod:`layerwise.serve.cost` (a shallow request joins a deeper pass when its
+extra layers cost less than a batch of its own), within ``max_batch_tokens`` and ``max_batch_texts``.
+
+A merged call runs one forward batch per step, and the worker takes turns: a call that has run for ``quantum``
+seconds lets the requests queued meanwhile start a call of their own, and the running calls then alternate step by
+step. So a short request waits about one forward batch behind a large one, not the large one's whole run. A request
+whose caller has gone (its future cancelled) leaves the queue at once; a call none of whose requests is still
+awaited stops between its batches.
 
 There is no batching window: a lone request starts as soon as the worker is free (it sleeps on a condition, never
-on a timer), and requests that arrive while the model runs are merged into the next call. A bounded wait for
-requests still being read or answered by the event loop was tried and measured (8 and 64 closed-loop clients,
-MiniLM on 2 cores): no throughput gain, so there is none. Results go back with one event-loop wake-up per batch.
+on a timer), and requests that arrive while the model runs are planned into the next call. Results go back with one
+event-loop wake-up per step.
 """
 
 from __future__ import annotations
@@ -18,21 +25,70 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Hashable, TypeVar
+from typing import Any, Callable, Hashable, Iterator
 
-K = TypeVar("K", bound=Hashable)  # the options key: requests with equal keys may share a model call
+from .cost import CostModel, plan
+
+# one step of a merged call: (job index in the call, item index in the job, result)
+Step = list[tuple[int, int, Any]]
 
 
-@dataclass
-class Job(Generic[K]):
-    """One request: its options key, its items (texts or word lists) and the future its caller awaits."""
+@dataclass(eq=False)
+class Job:
+    """One request: its group (requests of one group may share a forward pass), depth, items, what the runner needs
+    to encode them (``payload``, hashable: equal payloads are one spec in the metrics), its estimated tokens and the
+    future its caller awaits."""
 
-    key: K
+    group: Hashable
+    depth: int
     items: list
-    cost: int  # estimated tokens
+    payload: Any
+    cost: int  # estimated tokens (windows included)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+    results: list = field(default_factory=list)
+    left: int = 0
+
+    def gone(self) -> bool:
+        """Whether nobody awaits this job any more (answered, failed or its caller cancelled)."""
+        return self.future.done()
+
+
+@dataclass(eq=False)
+class Call:
+    """A merged call in progress: its jobs, its steps (started on the first turn), its model time so far."""
+
+    jobs: list[Job]
+    depth: int
+    steps: Iterator[Step] | None = None
+    seconds: float = 0.0
+    batches: int = 0
+    alone: bool = False  # a job retried on its own after its merged call failed
+
+    @property
+    def tokens(self) -> int:
+        return sum(j.cost for j in self.jobs)
+
+    def abandoned(self) -> bool:
+        """Whether every job still to be encoded has lost its caller."""
+        waiting = [j for j in self.jobs if j.left > 0]
+        return bool(waiting) and all(j.gone() for j in waiting)
+
+
+@dataclass
+class BatchStats:
+    """What one finished call did, for the metrics: requests, texts, distinct payloads (specs), estimated tokens,
+    forward batches, the depth run, the layers the requests needed (tokens x depth summed per request), seconds."""
+
+    requests: int
+    texts: int
+    specs: int
+    tokens: int
+    batches: int
+    depth: int
+    needed: int
+    seconds: float
 
 
 class QueueFull(Exception):
@@ -43,39 +99,47 @@ class QueueFull(Exception):
         self.queued, self.limit, self.retry_after = queued, limit, retry_after
 
 
-class Batcher(Generic[K]):
-    """Queue + worker thread. ``run(key, items) -> list`` is the blocking model call for one merged batch.
+class Batcher:
+    """Queue + worker thread. ``run(jobs) -> steps`` encodes a merged call one forward batch per step.
 
-    The queue is bounded: a request that would take the queued work past ``max_queue_tokens`` (estimated tokens)
-    raises :class:`QueueFull` at once instead of waiting. A request whose caller has gone (its future cancelled) is
-    dropped before it reaches the model.
+    Args:
+        run: ``run(jobs) -> Iterator[[(job index, item index, result)]]`` (the model's side).
+        cost: the cost model (refit on every finished call).
+        max_batch_tokens, max_batch_texts: the most estimated tokens and texts one call merges (a larger request
+            runs alone, in steps like any other).
+        max_queue_tokens: a request that would take the queued work past it raises :class:`QueueFull` (a request
+            alone in the queue always gets in).
+        quantum: seconds a call runs before the requests queued meanwhile get turns beside it.
+        on_batch: called with :class:`BatchStats` after every finished call.
     """
 
-    def __init__(self, run: Callable[[K, list], list], *, max_batch_tokens: int = 16384, max_batch_texts: int = 512,
-                 on_batch: Callable[[int, int, int, float], None] | None = None,
-                 max_queue_tokens: int | None = None):
-        self._run = run
+    def __init__(self, run: Callable[[list[Job]], Iterator[Step]], cost: CostModel, *, max_batch_tokens: int = 16384,
+                 max_batch_texts: int = 512, max_queue_tokens: int | None = None, quantum: float = 0.25,
+                 on_batch: Callable[[BatchStats], None] | None = None):
+        self._run, self.cost = run, cost
         self.max_tokens, self.max_texts = max_batch_tokens, max_batch_texts
-        self.max_queue_tokens = max_queue_tokens
+        self.max_queue_tokens, self.quantum = max_queue_tokens, quantum
         self.queued_tokens = 0  # estimated tokens waiting (not yet taken by the worker)
         self.tokens_per_second = 0.0  # the worker's recent rate, for Retry-After
         self._on_batch = on_batch
-        self._queue: deque[Job[K]] = deque()
+        self._queue: deque[Job] = deque()
+        self._calls: deque[Call] = deque()
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="layerwise-batcher", daemon=True)
         self._thread.start()
 
-    async def submit(self, key: K, items: list, cost: int) -> Any:
-        """Queue ``items`` and wait for their results.
+    async def submit(self, group: Hashable, depth: int, items: list, payload: Any, cost: int) -> list:
+        """Queue ``items`` and wait for their results (in order).
 
         Raises:
-            QueueFull: the queued work would pass ``max_queue_tokens`` (a lone request always gets in).
+            QueueFull: the queued work would pass ``max_queue_tokens``.
         """
         loop = asyncio.get_running_loop()
-        job = Job(key, items, cost, loop.create_future(), loop)
+        job = Job(group, depth, items, payload, cost, loop.create_future(), loop, left=len(items))
+        job.results = [None] * len(items)
         with self._cv:
-            self._drop_cancelled()
+            self._drop_gone()
             limit = self.max_queue_tokens
             if limit is not None and self._queue and self.queued_tokens + cost > limit:
                 rate = self.tokens_per_second or 1000.0
@@ -87,81 +151,144 @@ class Batcher(Generic[K]):
             return await job.future
         except asyncio.CancelledError:  # the caller went away: its tokens leave the queue now, not when it is reached
             with self._cv:
-                if job in self._queue:
-                    self._queue.remove(job)
-                    self.queued_tokens -= job.cost
+                self._drop_gone()
             raise
 
     def close(self) -> None:
+        """Stop the worker (the calls in progress are dropped)."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         self._thread.join(timeout=10)
 
-    def _drop_cancelled(self) -> None:
-        """Jobs whose caller has gone leave the queue (call with the lock held)."""
-        for job in [j for j in self._queue if j.future.cancelled()]:
+    # ---- planning (with the lock held) -------------------------------------------------------------------
+    def _drop_gone(self) -> None:
+        for job in [j for j in self._queue if j.gone()]:
             self._queue.remove(job)
             self.queued_tokens -= job.cost
 
-    def _take(self) -> list[Job[K]]:
-        """The oldest job and every queued job compatible with it that fits the batch budget (jobs whose caller
-        has gone are dropped here, before any compute)."""
-        self._drop_cancelled()
+    def _take(self) -> Call | None:
+        """The oldest job and the queued jobs of its group that the cost model puts in its call, oldest first,
+        within the batch budget."""
+        self._drop_gone()
         if not self._queue:
-            return []
-        first = self._queue.popleft()
-        batch, tokens, texts = [first], first.cost, len(first.items)
-        rest: deque[Job[K]] = deque()
-        while self._queue:
-            job = self._queue.popleft()
-            if (job.key == first.key and tokens + job.cost <= self.max_tokens
-                    and texts + len(job.items) <= self.max_texts):
-                batch.append(job)
-                tokens += job.cost
-                texts += len(job.items)
-            else:
-                rest.append(job)
-        self._queue.extendleft(reversed(rest))
-        self.queued_tokens -= sum(j.cost for j in batch)
-        return batch
+            return None
+        first = self._queue[0]
+        mates = [j for j in self._queue if j.group == first.group]
+        by_depth: dict[int, int] = {}
+        for job in mates:
+            by_depth[job.depth] = by_depth.get(job.depth, 0) + job.cost
+        depths = set(plan(by_depth, first.depth, self.cost))
+        chosen, tokens, texts = [], 0, 0
+        for job in mates:
+            if job.depth not in depths:
+                continue
+            if chosen and (tokens + job.cost > self.max_tokens or texts + len(job.items) > self.max_texts):
+                continue
+            chosen.append(job)
+            tokens, texts = tokens + job.cost, texts + len(job.items)
+        for job in chosen:
+            self._queue.remove(job)
+        self.queued_tokens -= tokens
+        return Call(chosen, max(j.depth for j in chosen))
 
+    def _next_call(self) -> Call | None:
+        """The call to advance by one step: a new one from the queue when nothing runs or every running call has had
+        its quantum, else the running calls in turn."""
+        for call in [c for c in self._calls if c.abandoned()]:
+            self._calls.remove(call)  # nobody waits for it: stop between batches
+            _close(call)
+        if self._queue and all(c.seconds >= self.quantum for c in self._calls):
+            call = self._take()
+            if call is not None:
+                self._calls.appendleft(call)
+        if not self._calls:
+            return None
+        call = self._calls.popleft()
+        self._calls.append(call)  # round robin
+        return call
+
+    # ---- the worker ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._stop:
+                while not self._queue and not self._calls and not self._stop:
                     self._cv.wait()
                 if self._stop:
+                    for call in self._calls:
+                        _close(call)
                     return
-                batch = self._take()
-            if not batch:
-                continue
-            items = [item for job in batch for item in job.items]
-            t0 = time.perf_counter()
-            results: list = []
-            error: Exception | None = None
-            try:
-                results = self._run(batch[0].key, items)
-            except Exception as exc:  # handed to every request of the batch; the worker keeps serving
-                error = exc
-            seconds = time.perf_counter() - t0
-            cost = sum(j.cost for j in batch)
-            self.tokens_per_second = cost / seconds if seconds > 0 else self.tokens_per_second
-            if self._on_batch is not None:
-                self._on_batch(len(batch), len(items), sum(j.cost for j in batch), seconds)
-            # one wake-up of each event loop per batch (not one per request): it resolves all of that loop's futures
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, Exception | None]]] = {}
-            start = 0
-            for job in batch:
-                n = len(job.items)
-                outcome = (None, error) if error is not None else (results[start : start + n], None)
-                by_loop.setdefault(job.loop, []).append((job.future, *outcome))
-                start += n
-            for loop, outcomes in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(_resolve, outcomes)
-                except RuntimeError:  # that loop is closed: nobody is waiting any more
-                    pass
+                call = self._next_call()
+            if call is not None:
+                self._step(call)
+
+    def _step(self, call: Call) -> None:
+        t0 = time.perf_counter()
+        error: Exception | None = None
+        step: Step | None = None
+        try:
+            if call.steps is None:
+                call.steps = self._run(call.jobs)
+            step = next(call.steps, None)
+        except Exception as exc:  # handed to the call's requests; the worker keeps serving
+            error = exc
+        seconds = time.perf_counter() - t0
+        call.seconds += seconds
+        if step is not None:
+            call.batches += 1
+        outcomes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, Exception | None]]] = {}
+        for j, i, value in step or ():
+            job = call.jobs[j]
+            job.results[i] = value
+            job.left -= 1
+            if job.left == 0:
+                outcomes.setdefault(job.loop, []).append((job.future, job.results, None))
+        if step is not None and error is None:
+            _wake(outcomes)
+            return
+        with self._cv:
+            if call in self._calls:
+                self._calls.remove(call)
+            unfinished = [j for j in call.jobs if j.left > 0 and not j.gone()]
+            if error is not None and len(call.jobs) > 1 and not call.alone:
+                # one request's failure must not fail the others it shared a call with: each retries on its own
+                for job in unfinished:
+                    job.results, job.left = [None] * len(job.items), len(job.items)
+                    self._calls.append(Call([job], job.depth, alone=True))
+                unfinished = []
+        for job in unfinished:
+            outcomes.setdefault(job.loop, []).append(
+                (job.future, None, error or RuntimeError("the encoder ended before every item was encoded")))
+        _wake(outcomes)
+        if error is None:
+            self._finished(call)
+
+    def _finished(self, call: Call) -> None:
+        tokens = call.tokens
+        self.cost.observe(max(call.batches, 1), tokens, call.depth, call.seconds)
+        if call.seconds > 0:
+            self.tokens_per_second = tokens / call.seconds
+        if self._on_batch is not None:
+            self._on_batch(BatchStats(
+                requests=len(call.jobs), texts=sum(len(j.items) for j in call.jobs),
+                specs=len({j.payload for j in call.jobs}),
+                tokens=tokens, batches=call.batches, depth=call.depth,
+                needed=sum(j.cost * j.depth for j in call.jobs), seconds=call.seconds))
+
+
+def _close(call: Call) -> None:
+    close = getattr(call.steps, "close", None)
+    if close is not None:
+        close()
+
+
+def _wake(outcomes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, Exception | None]]]) -> None:
+    """One wake-up of each event loop (not one per request): it resolves all of that loop's futures."""
+    for loop, items in outcomes.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, items)
+        except RuntimeError:  # that loop is closed: nobody is waiting any more
+            pass
 
 
 def _resolve(outcomes: list[tuple[asyncio.Future, Any, Exception | None]]) -> None:
@@ -172,3 +299,6 @@ def _resolve(outcomes: list[tuple[asyncio.Future, Any, Exception | None]]) -> No
             future.set_exception(error)
         else:
             future.set_result(value)
+
+
+__all__ = ["BatchStats", "Batcher", "Call", "Job", "QueueFull", "Step"]

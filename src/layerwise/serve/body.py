@@ -8,6 +8,10 @@ body costs less than the thread hop, so it is parsed in place; :func:`off_loop_i
 input checks). The errors are the same (a :class:`~fastapi.exceptions.RequestValidationError`, which the protocol
 error shapes of :mod:`layerwise.serve.errors` render). ``openapi_extra=request_body(Model)`` keeps the route's
 OpenAPI document exact, and :func:`add_body_schemas` puts the models into its components.
+
+Only a body sent as ``application/json`` is read (else 415, before the body is parsed): the other types (text/plain,
+form, multipart) are those a web page's ``fetch`` or form may send to any server without asking it first (no CORS
+preflight), so a page in the user's browser could otherwise make a key-less server on their loopback compute.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -23,6 +27,18 @@ from starlette.concurrency import run_in_threadpool
 T = TypeVar("T")
 BODY_MODELS: dict[str, type[BaseModel]] = {}  # every model a route parses with json_body, by schema name
 INLINE_BYTES = 64 << 10  # bodies up to this size are parsed on the loop: a thread hop costs more than they do
+JSON_TYPE = "application/json"
+
+
+def check_json_type(request: Request) -> None:
+    """Refuse a body not sent as ``application/json`` (parameters such as ``charset=utf-8`` allowed).
+
+    Raises:
+        HTTPException: 415 naming the type sent and the one to send.
+    """
+    given = request.headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() != JSON_TYPE:
+        raise HTTPException(415, f"the body must be sent as Content-Type: {JSON_TYPE}, got {given or 'none'!r}")
 
 
 def _validate(model: type[BaseModel], raw: bytes) -> BaseModel:
@@ -47,6 +63,7 @@ def json_body(model: type[BaseModel]) -> Any:
     BODY_MODELS[model.__name__] = model
 
     async def parse(request: Request) -> BaseModel:
+        check_json_type(request)
         raw = await request.body()
         if len(raw) <= INLINE_BYTES:
             return _validate(model, raw)
@@ -82,4 +99,5 @@ def add_body_schemas(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-__all__ = ["BODY_MODELS", "INLINE_BYTES", "add_body_schemas", "json_body", "off_loop_if_large", "request_body"]
+__all__ = ["BODY_MODELS", "INLINE_BYTES", "JSON_TYPE", "add_body_schemas", "check_json_type", "json_body",
+           "off_loop_if_large", "request_body"]

@@ -1,37 +1,69 @@
-"""Prometheus metrics of the service (``GET /metrics``), in a registry of the app's own (no global state)."""
+"""Prometheus metrics of the service (``GET /metrics``), in a registry of the app's own (no global state).
+
+Every answer is counted by route and status, refusals included (a missing key, a wrong ``Host:``, a body over the
+limit or of the wrong type, a body that does not fit the schema): :class:`CountAnswers` wraps the whole app. The
+batcher's calls say how full they were and what they computed against what their requests needed.
+"""
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .errors import route_of
+
+if TYPE_CHECKING:
+    from .batcher import BatchStats
+
+UNMATCHED = "unmatched"  # the route label of a path no route answers (not the path itself: unbounded labels)
 
 
 class Metrics:
-    """Requests by status, latency, batches and how many requests each merged, tokens and tokens/s."""
+    """Answers by route and status, latency by route, merged calls (requests, texts, specs, occupancy), tokens,
+    tokens/s, and the layers computed against the layers requested."""
 
     def __init__(self):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("layerwise_requests", "Encode requests by HTTP status", ["status"], registry=r)
-        self.latency = Histogram("layerwise_request_latency_seconds", "Encode request latency", registry=r,
+        self.requests = Counter("layerwise_requests", "Answers by route and HTTP status, refusals included",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("layerwise_request_latency_seconds", "Answer latency by route", ["route"], registry=r,
                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.batches = Counter("layerwise_batches", "Model calls (merged batches)", registry=r)
         self.batch_requests = Histogram("layerwise_batch_requests", "Requests merged into one model call", registry=r,
                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self.batch_specs = Histogram("layerwise_batch_specs", "Distinct specs (layers, pool, combine, precision, "
+                                     "...) sharing one model call", registry=r, buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32))
         self.batch_texts = Histogram("layerwise_batch_texts", "Texts in one model call", registry=r,
                                      buckets=(1, 4, 16, 64, 256, 1024))
+        self.batch_occupancy = Histogram("layerwise_batch_occupancy", "Estimated tokens of a model call over "
+                                         "max_batch_tokens", registry=r,
+                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 8.0))
         self.batch_seconds = Histogram("layerwise_batch_seconds", "Model time per merged batch", registry=r)
+        self.layers_computed = Counter("layerwise_layer_tokens_computed", "Estimated tokens x layers run (a call "
+                                       "runs every token to its deepest request's layer)", registry=r)
+        self.layers_requested = Counter("layerwise_layer_tokens_requested", "Estimated tokens x layers the requests "
+                                        "needed (each to its own deepest layer)", registry=r)
         self.tokens_total = Counter("layerwise_tokens", "Tokens encoded (special tokens included)", registry=r)
-        self.tokens_per_second = Gauge("layerwise_tokens_per_second", "Tokens/s of the last model call", registry=r)
+        self.tokens_per_second = Gauge("layerwise_tokens_per_second", "Tokens/s of the last model step", registry=r)
 
-    def request(self, status: str, seconds: float) -> None:
-        self.requests.labels(status=status).inc()
-        self.latency.observe(seconds)
+    def request(self, route: str, status: int, seconds: float) -> None:
+        """Count one answer."""
+        self.requests.labels(route=route, status=str(status)).inc()
+        self.latency.labels(route=route).observe(seconds)
 
-    def batch(self, requests: int, texts: int, cost: int, seconds: float) -> None:
+    def batch(self, stats: "BatchStats", max_batch_tokens: int) -> None:
+        """Record one finished model call."""
         self.batches.inc()
-        self.batch_requests.observe(requests)
-        self.batch_texts.observe(texts)
-        self.batch_seconds.observe(seconds)
+        self.batch_requests.observe(stats.requests)
+        self.batch_specs.observe(stats.specs)
+        self.batch_texts.observe(stats.texts)
+        self.batch_occupancy.observe(stats.tokens / max_batch_tokens)
+        self.batch_seconds.observe(stats.seconds)
+        self.layers_computed.inc(stats.tokens * stats.depth)
+        self.layers_requested.inc(stats.needed)
 
     def tokens(self, n: int, seconds: float) -> None:
         self.tokens_total.inc(n)
@@ -40,3 +72,38 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class CountAnswers:
+    """ASGI middleware (outermost): every HTTP answer counted in :class:`Metrics` with its route (the path template
+    of the route that answered, or the route its path matches for a refusal before routing; ``unmatched`` for none)
+    and its status."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        status = 500  # an answer that never started (the app raised) is counted as the 500 the server sends
+
+        async def sending(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.request(route_label(scope), status, time.perf_counter() - t0)
+
+
+def route_label(scope: dict) -> str:
+    """The route label of ``scope`` (see :class:`CountAnswers`)."""
+    route = scope.get("route") or route_of(scope)
+    return getattr(route, "path", None) or UNMATCHED
+
+
+__all__ = ["CountAnswers", "Metrics", "UNMATCHED", "route_label"]

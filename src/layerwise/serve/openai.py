@@ -29,15 +29,17 @@ import time
 from typing import Literal, Optional, Union
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import OutputDtype
 from ..errors import ServiceError
-from .body import json_body, off_loop_if_large, request_body
-from .service import OPENAI_DEFAULTS, Kind, Service, finite, render
+from .body import json_body, request_body
+from .errors import OPENAI, protocol_router
+from .respond import finite, respond, service_of
+from .service import OPENAI_DEFAULTS, Kind
 
 LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
 
@@ -140,58 +142,50 @@ ERRORS: dict[int | str, dict] = {code: {"model": OpenAIErrorBody, "description":
     (401, "Missing or wrong API key (--api-key)."),
     (404, "The model name is neither the served model nor an alias."),
     (429, "The queue is full (max_queue_tokens); retry after Retry-After seconds."),
-    (413, "The body is over max_body_bytes."),
+    (413, "The body is over max_body_bytes, or the request over max_request_tokens or max_response_bytes."),
+    (415, "A body that is not application/json."),
     (500, "An internal error (the server log has the details)."))}
 
 
-def openai_router(service: Service) -> APIRouter:
-    """The OpenAI routes over ``service`` (see the module docstring)."""
-    router = APIRouter(tags=["OpenAI-compatible"])
-    path = "/v1/embeddings"
-
-    @router.get("/v1/models", response_model=ModelList, responses=ERRORS)
-    def models() -> ModelList:
-        """The served model and its aliases, as OpenAI lists models."""
-        created = int(time.time())
-        return ModelList(data=[ModelCard(id=name, created=created, owned_by="layerwise")
-                               for name in service.model_names()])
-
-    @router.post(path, response_model=EmbeddingsResponse, responses=ERRORS,
-                 openapi_extra=request_body(EmbeddingsRequest))
-    async def embeddings(request: Request, req: EmbeddingsRequest = json_body(EmbeddingsRequest)) -> Response:
-        """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
-
-        def check() -> tuple[EncodeSpec, list, Kind]:
-            spec = service.spec(OPENAI_DEFAULTS, service.alias_fields(req.model), req.spec_fields(),
-                                {"normalize": req.normalize, "truncate": req.truncate, "dimensions": req.dimensions})
-            if spec.level != "sentence":
-                raise ServiceError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
-                                        f"is served by /v1/encode (and token vectors by /embed_all)", "level")
-            items, kind = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64",
-                                          itemsize=4)
-            return spec, items, kind
-
-        async def work() -> tuple[bytes, EncodeSpec]:
-            spec, items, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
-            rows = await service.encode(spec, items, kind, request)
-            vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
-            tokens = sum(len(t.ids) for _, t in rows)
-
-            def build() -> dict:
-                if req.encoding_format == "base64":  # OpenAI's base64 is float32 (integer precisions: their values)
-                    data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
-                            for i, v in enumerate(vectors.reshape(len(vectors), -1).astype("<f4"))]
-                else:
-                    data = [{"object": "embedding", "index": i, "embedding": v.tolist()}
-                            for i, v in enumerate(vectors)]
-                return {"object": "list", "data": data, "model": req.model,
-                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-            return await render(build), spec
-
-        return await service.answer(path, work)
-
-    return router
+router = protocol_router(OPENAI, tags=["OpenAI-compatible"])
 
 
-__all__ = ["Calibration", "EmbeddingsRequest", "EmbeddingsResponse", "SpecExtension", "openai_router"]
+@router.api_route("/v1/models", methods=["GET", "HEAD"], response_model=ModelList, responses=ERRORS)
+def models(request: Request) -> ModelList:
+    """The served model and its aliases, as OpenAI lists models."""
+    created = int(time.time())
+    return ModelList(data=[ModelCard(id=name, created=created, owned_by="layerwise")
+                           for name in service_of(request).model_names()])
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS,
+             openapi_extra=request_body(EmbeddingsRequest))
+async def embeddings(request: Request, req: EmbeddingsRequest = json_body(EmbeddingsRequest)) -> Response:
+    """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
+    service = service_of(request)
+
+    def check() -> tuple[EncodeSpec, list, Kind]:
+        spec = service.spec(OPENAI_DEFAULTS, service.alias_fields(req.model), req.spec_fields(),
+                            {"normalize": req.normalize, "truncate": req.truncate, "dimensions": req.dimensions})
+        if spec.level != "sentence":
+            raise ServiceError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
+                                    f"is served by /v1/encode (and token vectors by /embed_all)", "level")
+        items, kind = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64",
+                                      itemsize=4)
+        return spec, items, kind
+
+    def build(spec: EncodeSpec, items: list, rows: list) -> dict:
+        vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
+        tokens = sum(len(t.ids) for _, t in rows)
+        if req.encoding_format == "base64":  # OpenAI's base64 is float32 (integer precisions: their values)
+            data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
+                    for i, v in enumerate(vectors.reshape(len(vectors), -1).astype("<f4"))]
+        else:
+            data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": req.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    return await respond(request, check, build)
+
+
+__all__ = ["Calibration", "EmbeddingsRequest", "EmbeddingsResponse", "SpecExtension", "router"]

@@ -58,7 +58,7 @@ class ApiKey:
             return await self.app(scope, receive, send)
         message = ("missing or wrong API key: send the header 'Authorization: Bearer <key>' (the openai client: "
                    "api_key=<key>; huggingface_hub: token=<key>)")
-        response = error_response(scope.get("path", ""), 401, message, headers={"WWW-Authenticate": "Bearer"})
+        response = error_response(scope, 401, message, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
 

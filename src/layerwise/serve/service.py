@@ -1,9 +1,10 @@
 """What every protocol of the service shares: the limits, the batcher over one model, the spec of a request (its
 model name or alias, its fields), the input checks, and the encoding of a request's items.
 
-layerwise's own ``/v1/encode`` (:mod:`layerwise.serve.app`), the OpenAI routes (:mod:`layerwise.serve.openai`) and
-the TEI routes (:mod:`layerwise.serve.tei`) differ only in their bodies and error shapes: each turns a
-:class:`~layerwise.ServiceError` into its own shape, so one check says the same thing in every protocol.
+layerwise's own ``/v1/encode`` (:mod:`layerwise.serve.routes`), the OpenAI routes (:mod:`layerwise.serve.openai`)
+and the TEI routes (:mod:`layerwise.serve.tei`) differ only in their bodies and error shapes: each answers through
+:func:`layerwise.serve.respond.respond`, which turns a :class:`~layerwise.ServiceError` into its route's shape, so
+one check says the same thing in every protocol.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Iterator, Literal
 
 import numpy as np
-from fastapi.responses import Response
 
 from ..encoding.precision import NUMPY_DTYPES, read_calibration
 from ..encoding.spec import EncodeSpec
@@ -26,13 +26,11 @@ from ..encoding.tokenize import check_texts
 from ..encoding.vocab import FLOAT_DTYPES
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
-from .batcher import Batcher, QueueFull
-from .errors import error_response
+from .batcher import Batcher, BatchStats, Job, QueueFull, Step
+from .cost import CostModel
 from .metrics import Metrics
 
 Kind = Literal["text", "words", "ids"]
-log = logging.getLogger("layerwise.serve")
-SPEC_HEADER = "X-Layerwise-Spec"  # every encoding response says which resolved spec it used (JSON)
 
 
 @dataclass
@@ -45,10 +43,11 @@ class Limits:
     max_batch_tokens: int = 16384
     max_response_bytes: int = 64 << 20
     max_queue_tokens: int = 262144
+    max_request_tokens: int = 131072
 
     def __post_init__(self) -> None:
         for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens", "max_response_bytes",
-                     "max_queue_tokens"):
+                     "max_queue_tokens", "max_request_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
@@ -106,8 +105,9 @@ class Service:
                  aliases: dict[str, dict[str, Any]] | None = None):
         self.ex, self.limits, self.lock = ex, limits, lock
         self.metrics = Metrics()
-        self.batcher: Batcher = Batcher(self._run, max_batch_tokens=limits.max_batch_tokens,
-                                        on_batch=self.metrics.batch, max_queue_tokens=limits.max_queue_tokens)
+        self.cost = CostModel.for_device(ex.backend.device.type, ex.batch_tokens)
+        self.batcher = Batcher(self._run, self.cost, max_batch_tokens=limits.max_batch_tokens,
+                               max_queue_tokens=limits.max_queue_tokens, on_batch=self._batch_done)
         self.specs = SpecCache()
         self.model_id = ex.loaded.name
         self._ranges: dict[tuple[EncodeSpec, str], EncodeSpec] = {}
@@ -237,7 +237,8 @@ class Service:
 
     def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False,
                        itemsize: int | None = None) -> None:
-        """Refuse, before any compute, a request whose answer would pass ``max_response_bytes``: the size is
+        """Refuse, before any compute, a request whose answer would pass ``max_response_bytes`` or whose tokens would
+        pass ``max_request_tokens`` (:meth:`check_tokens`). The answer's size is
         estimated from the rows it asks for (texts: about 1 token per 3 characters plus the special tokens; word
         lists: their words; token ids: their count) times ``D``, at the bytes of one value in base64 (OpenAI's
         base64 is float32: ``itemsize=4``) or about 12 a float and 4 an integer in JSON.
@@ -263,6 +264,25 @@ class Service:
                                     f"numbers), over the limit of {self.limits.max_response_bytes / 1e6:,.0f} MB "
                                     f"(max_response_bytes): ask for fewer inputs or layers, a pooled level, or "
                                     f"base64 encoding")
+        self.check_tokens(spec, items, kind)
+
+    def request_tokens(self, spec: EncodeSpec, items: list, kind: Kind) -> int:
+        """The tokens ``items`` will run through the model, estimated before tokenising (:func:`estimate_tokens`,
+        the prompt included), windows and their overlap included."""
+        return estimate_tokens(items, kind, extra=len(spec.prompt) // 3,
+                               window=None if spec.truncate else (self.ex.max_length, self.ex.stride))
+
+    def check_tokens(self, spec: EncodeSpec, items: list, kind: Kind) -> None:
+        """Refuse, before any compute, a request over ``max_request_tokens`` estimated tokens.
+
+        Raises:
+            ServiceError: 413 with the estimate, the limit and what to do.
+        """
+        tokens = self.request_tokens(spec, items, kind)
+        if tokens > self.limits.max_request_tokens:
+            raise ServiceError(413, f"the request would run about {tokens:,} tokens through the model (windows "
+                                    f"included), over the limit of {self.limits.max_request_tokens:,} "
+                                    f"(max_request_tokens): split it into smaller requests, or pass truncate")
 
     def prepare(self, spec: EncodeSpec, value: Any, field: str, binary: bool = False,
                 itemsize: int | None = None) -> tuple[list, Kind]:
@@ -273,38 +293,21 @@ class Service:
         self.check_response(spec, items, kind, binary, itemsize)
         return items, kind
 
-    async def answer(self, path: str, work: Callable[[], Awaitable[tuple[bytes, EncodeSpec]]],
-                     internal: int = 500) -> Response:
-        """Run one encoding request's ``work`` (returning its rendered JSON and resolved spec) and answer it: the
-        ``X-Layerwise-Spec`` header on success, a :class:`~layerwise.ServiceError` in the route's protocol shape,
-        anything else as ``internal`` (500; TEI says 424) with the traceback in the server log; the request is
-        counted in the metrics with its status."""
-        t0 = time.perf_counter()
-        response: Response
-        try:
-            content, spec = await work()
-        except ServiceError as exc:
-            response = error_response(path, exc.status, exc.detail, exc.param, exc.code, exc.headers)
-        except Exception:
-            log.exception("%s failed", path)
-            response = error_response(path, internal, "internal error while encoding; see the server log")
-        else:
-            response = Response(content, media_type="application/json", headers={SPEC_HEADER: self.specs(spec)[2]})
-        self.metrics.request(str(response.status_code), time.perf_counter() - t0)
-        return response
-
     # ---- encoding -----------------------------------------------------------------------------------------
     async def encode(self, spec: EncodeSpec, items: list, kind: Kind, request: Any = None) -> list:
-        """``[(vector ndarray [*D] or [n, *D], Tokenized)]`` for ``items``, merged with other requests of the same
-        spec and kind by the batcher. With the Starlette ``request``, a client that goes away while it waits is
-        noticed the moment its disconnect arrives (even one that arrived while its body was checked) and its work
-        leaves the queue before it reaches the model.
+        """``[(vector ndarray [*D] or [n, *D], Tokenized)]`` for ``items``, sharing forward passes with other
+        requests at the same site (whatever their layers, pooling or precision) as the batcher plans. With the
+        Starlette ``request``, a client that goes away while it waits is noticed the moment its disconnect arrives
+        (even one that arrived while its body was checked): its work leaves the queue before it reaches the model,
+        or its call stops between forward batches.
 
         Raises:
             ServiceError: 429 with ``Retry-After`` when the queue is full (``max_queue_tokens``); 499 when the
                 client went away.
         """
-        task = asyncio.ensure_future(self.batcher.submit((spec, kind), items, estimate_tokens(items, kind)))
+        depth = max(spec.layer_indices) if spec.layer_indices else 0
+        task = asyncio.ensure_future(self.batcher.submit(spec.site, depth, items, (spec, kind),
+                                                         self.request_tokens(spec, items, kind)))
         # the body has been read, so the next ASGI message is the client's disconnect: waiting for it notices a
         # client that goes away at once (a poll would leave its job time to reach the model first)
         gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
@@ -326,18 +329,33 @@ class Service:
             if gone is not None:
                 gone.cancel()
 
-    def _run(self, key: tuple[EncodeSpec, Kind], items: list) -> list:
-        """The worker's model call for one merged batch."""
-        spec, kind = key
-        t0 = time.perf_counter()
+    def _run(self, jobs: list[Job]) -> Iterator[Step]:
+        """The worker's side of one merged call: each job's items tokenised as its spec says, then one forward
+        pass to the deepest layer the jobs need, a step per forward batch (the model lock held per step only, so
+        the explorer's view can run between them)."""
         with self.lock:
-            if kind == "ids":
-                toks = self.ex.text_tokenizer().from_ids(items, truncate=spec.truncate, add_eos=spec.add_eos)
-                out = [(res.features.numpy(), res.tokens) for res in self.ex.encode_tokenized(toks, spec)]
-            else:
-                out = [(res.features.numpy(), res.tokens) for res in self.ex.stream(items, spec)]
-        self.metrics.tokens(sum(len(t.ids) for _, t in out), time.perf_counter() - t0)
-        return out
+            tokenizer = self.ex.text_tokenizer()
+            parts = []
+            for job in jobs:
+                spec, kind = job.payload
+                if kind == "ids":
+                    toks = tokenizer.from_ids(job.items, truncate=spec.truncate, add_eos=spec.add_eos)
+                else:
+                    toks = tokenizer(job.items, words=kind == "words", truncate=spec.truncate, prompt=spec.prompt,
+                                     add_eos=spec.add_eos)
+                parts.append((toks, spec))
+            steps = self.ex.encode_shared(parts)
+        while True:
+            t0 = time.perf_counter()
+            with self.lock:
+                step = next(steps, None)
+            if step is None:
+                return
+            self.metrics.tokens(sum(len(e.tokens.ids) for _, e in step), time.perf_counter() - t0)
+            yield [(p, e.index, (e.features.numpy(), e.tokens)) for p, e in step]
+
+    def _batch_done(self, stats: BatchStats) -> None:
+        self.metrics.batch(stats, self.limits.max_batch_tokens)
 
 
 async def _disconnected(request: Any) -> None:
@@ -346,12 +364,24 @@ async def _disconnected(request: Any) -> None:
         pass
 
 
-def estimate_tokens(items: list, kind: Kind) -> int:
+def estimate_tokens(items: list, kind: Kind, extra: int = 0, window: tuple[int, int] | None = None) -> int:
     """Tokens ``items`` will take, before tokenising: token ids and the special tokens, else about one token per 3
-    characters (a word list: its words and their separators) and the special tokens."""
-    if kind == "ids":
-        return sum(len(ids) + 2 for ids in items)
-    return sum((len(t) if isinstance(t, str) else sum(len(w) + 1 for w in t)) // 3 + 2 for t in items)
+    characters (a word list: its words and their separators) and the special tokens, plus ``extra`` per item (a
+    prompt's). With ``window=(max_length, stride)``, an item longer than ``max_length`` counts every window it is cut
+    into (each ``max_length`` tokens, overlapping by ``stride``)."""
+    total = 0
+    for item in items:
+        if kind == "ids":
+            n = len(item) + 2
+        else:
+            n = (len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item)) // 3 + 2 + extra
+        if window is not None and n > window[0]:
+            length, stride = window
+            capacity = max(length - 2, 1)
+            step = max(capacity - stride, 1)
+            n = (math.ceil(max(n - 2 - capacity, 0) / step) + 1) * length
+        total += n
+    return total
 
 
 def split_inputs(value: Any, prompt: str = "") -> tuple[list, Kind]:
@@ -374,33 +404,5 @@ def split_inputs(value: Any, prompt: str = "") -> tuple[list, Kind]:
     return items, kind
 
 
-async def render(build: Callable[[], Any]) -> bytes:
-    """``build()`` rendered as JSON bytes (as Starlette's ``JSONResponse`` renders), in a worker thread: turning
-    thousands of vectors into text takes long enough that the event loop must not do it (``/health`` and every
-    other request would wait)."""
-    from starlette.concurrency import run_in_threadpool
-
-    def run() -> bytes:
-        return json.dumps(build(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-
-    return await run_in_threadpool(run)
-
-
-def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
-    """``arr`` as a contiguous ``dtype`` array after checking it holds no inf or NaN (integer precisions, which
-    cannot hold them, come back as they are).
-
-    Raises:
-        ServiceError: 422 saying where inf/NaN come from.
-    """
-    if arr.dtype.kind in "iu":
-        return np.ascontiguousarray(arr)
-    with np.errstate(over="ignore"):
-        out = np.ascontiguousarray(arr, dtype=np.float16 if dtype == "float16" else np.float32)
-    if not np.isfinite(out).all():
-        raise ServiceError(422, f"the result holds inf or NaN values (huge or NaN weights, or {dtype} overflow); use "
-                                f"smaller weights or dtype float32")
-    return out
-
-__all__ = ["CalibrationTexts", "Limits", "OPENAI_DEFAULTS", "SPEC_HEADER", "Service", "SpecCache", "estimate_tokens",
-           "finite", "render", "split_inputs"]
+__all__ = ["CalibrationTexts", "Kind", "Limits", "OPENAI_DEFAULTS", "Service", "SpecCache", "estimate_tokens",
+           "split_inputs"]

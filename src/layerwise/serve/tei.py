@@ -19,22 +19,24 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Literal, Optional, Union
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ..encoding.spec import EncodeSpec
 from ..errors import ServiceError
 from ..version import __version__
-from .body import json_body, off_loop_if_large, request_body
-from .errors import error_response
+from .body import json_body, request_body
+from .errors import TEI, protocol_router
 from .openai import SpecExtension
-from .service import Kind, Service, finite, render
+from .respond import finite, respond, service_of
+from .service import Kind, Service
 
 Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
@@ -47,7 +49,8 @@ class TEIErrorBody(BaseModel):
 ERRORS: dict[int | str, dict] = {code: {"model": TEIErrorBody, "description": what} for code, what in (
     (400, "A body that is not JSON."),
     (401, "Missing or wrong API key (--api-key)."),
-    (413, "The body, or the answer it asks for, is over the limit."),
+    (413, "The body, the tokens it would run or the answer it asks for is over the limit."),
+    (415, "A body that is not application/json."),
     (429, "The queue is full (max_queue_tokens); retry after Retry-After seconds."),
     (422, "Invalid request: a body that does not fit the schema, an invalid option, an empty input, an unknown "
           "prompt name, a token id outside the vocabulary."),
@@ -111,6 +114,7 @@ class Info(BaseModel):
     layerwise: dict
 
 
+@functools.lru_cache(maxsize=16)
 def prompts(model_dir: str) -> dict[str, str]:
     """The named prompts of a sentence-transformers model directory (``config_sentence_transformers.json``)."""
     path = Path(model_dir) / "config_sentence_transformers.json"
@@ -142,98 +146,103 @@ def check_direction(value: str) -> None:
                                 "use Right", "truncation_direction")
 
 
-def tei_router(service: Service) -> APIRouter:
-    """The TEI routes over ``service`` (see the module docstring)."""
-    router = APIRouter(tags=["TEI-compatible"])
+router = protocol_router(TEI, tags=["TEI-compatible"])
+
+
+async def _embed(request: Request, req: EmbedRequest) -> Response:
+    service = service_of(request)
+
+    def check() -> tuple[EncodeSpec, list, Kind]:
+        check_direction(req.truncation_direction)
+        spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
+                                                "prompt": prompt_of(_named(service), req.prompt_name, req.prompt),
+                                                "dimensions": req.dimensions})
+        if spec.level != "sentence":
+            raise ServiceError(422, "/embed gives one vector per input; token vectors: /embed_all")
+        items, kind = service.prepare(spec, req.inputs, "inputs")
+        return spec, items, kind
+
+    def build(spec: EncodeSpec, items: list, rows: list) -> list:
+        vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
+        return vectors.reshape(len(vectors), -1).tolist()
+
+    return await respond(request, check, build)
+
+
+@router.post("/embed", response_model=list[list[float]], responses=ERRORS, openapi_extra=request_body(EmbedRequest))
+async def embed(request: Request, req: EmbedRequest = json_body(EmbedRequest)) -> Response:
+    """Sentence vectors, one per input (TEI's ``/embed``)."""
+    return await _embed(request, req)
+
+
+@router.post("/", response_model=list[list[float]], responses=ERRORS, openapi_extra=request_body(EmbedRequest))
+async def predict(request: Request, req: EmbedRequest = json_body(EmbedRequest)) -> Response:
+    """TEI's predict route: the same as ``/embed`` (``huggingface_hub`` posts here)."""
+    return await _embed(request, req)
+
+
+@router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS,
+             openapi_extra=request_body(EmbedAllRequest))
+async def embed_all(request: Request, req: EmbedAllRequest = json_body(EmbedAllRequest)) -> Response:
+    """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
+    service = service_of(request)
+
+    def check() -> tuple[EncodeSpec, list, Kind]:
+        check_direction(req.truncation_direction)
+        spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate,
+                                                "prompt": prompt_of(_named(service), req.prompt_name, req.prompt)})
+        items, kind = service.prepare(spec, req.inputs, "inputs")
+        return spec, items, kind
+
+    def build(spec: EncodeSpec, items: list, rows: list) -> list:
+        return [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
+
+    return await respond(request, check, build)
+
+
+@router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS,
+             openapi_extra=request_body(TokenizeRequest))
+def tokenize(request: Request, req: TokenizeRequest = json_body(TokenizeRequest)) -> JSONResponse:
+    """Each input's tokens: ``id``, ``text``, ``special``, character ``start``/``stop`` (TEI's ``/tokenize``)."""
+    service = service_of(request)
+    try:
+        prompt = prompt_of(_named(service), req.prompt_name, None) or ""
+        texts = [req.inputs] if isinstance(req.inputs, str) else list(req.inputs)
+        texts = service.check_items(texts, "text", prompt, "inputs")
+    except ServiceError as exc:
+        return TEI.response(exc.status, exc.detail, exc.param)
+    tok = service.ex.tokenizer
+    out = []
+    for text in texts:
+        enc = tok(prompt + text, add_special_tokens=req.add_special_tokens, return_offsets_mapping=True,
+                  return_special_tokens_mask=True, verbose=False)
+        pieces = tok.convert_ids_to_tokens(enc["input_ids"])
+        out.append([{"id": int(i), "text": piece, "special": bool(sp),
+                     "start": None if sp else int(a), "stop": None if sp else int(b)}
+                    for i, piece, sp, (a, b) in zip(enc["input_ids"], pieces, enc["special_tokens_mask"],
+                                                      enc["offset_mapping"])])
+    return JSONResponse(out)
+
+
+@router.api_route("/info", methods=["GET", "HEAD"], response_model=Info, responses=ERRORS)
+def info(request: Request) -> dict:
+    """What TEI's ``/info`` says, plus the layerwise facts (layers, sites, aliases)."""
+    service = service_of(request)
     ex = service.ex
-    named = prompts(str(ex.loaded.name))
+    d = ex.describe()
+    return {"model_id": service.model_id, "model_sha": None, "model_dtype": d["compute_dtype"],
+            "model_type": {"embedding": {"pooling": "mean"}}, "max_concurrent_requests": 512,
+            "max_input_length": ex.max_length, "max_batch_tokens": service.limits.max_batch_tokens,
+            "max_batch_requests": None, "max_client_batch_size": service.limits.max_texts,
+            "tokenization_workers": 1, "version": __version__,
+            "layerwise": {"layers": d["layers"], "sites": list(d["sites"]), "aliases": service.described_aliases(),
+                          "names": service.model_names()}}
 
-    async def embed(path: str, req: EmbedRequest, request: Request) -> Response:
-        def check() -> tuple[EncodeSpec, list, Kind]:
-            check_direction(req.truncation_direction)
-            spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
-                                                    "prompt": prompt_of(named, req.prompt_name, req.prompt),
-                                                    "dimensions": req.dimensions})
-            if spec.level != "sentence":
-                raise ServiceError(422, "/embed gives one vector per input; token vectors: /embed_all")
-            items, kind = service.prepare(spec, req.inputs, "inputs")
-            return spec, items, kind
 
-        async def work() -> tuple[bytes, EncodeSpec]:
-            spec, items, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
-            rows = await service.encode(spec, items, kind, request)
-            vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
-            return await render(vectors.reshape(len(vectors), -1).tolist), spec
-
-        return await service.answer(path, work, internal=424)
-
-    @router.post("/embed", response_model=list[list[float]], responses=ERRORS,
-                 openapi_extra=request_body(EmbedRequest))
-    async def embed_route(request: Request, req: EmbedRequest = json_body(EmbedRequest)) -> Response:
-        """Sentence vectors, one per input (TEI's ``/embed``)."""
-        return await embed("/embed", req, request)
-
-    @router.post("/", response_model=list[list[float]], responses=ERRORS,
-                 openapi_extra=request_body(EmbedRequest))
-    async def predict_route(request: Request, req: EmbedRequest = json_body(EmbedRequest)) -> Response:
-        """TEI's predict route: the same as ``/embed`` (``huggingface_hub`` posts here)."""
-        return await embed("/", req, request)
-
-    @router.post("/embed_all", response_model=list[list[list[float]]], responses=ERRORS,
-                 openapi_extra=request_body(EmbedAllRequest))
-    async def embed_all(request: Request, req: EmbedAllRequest = json_body(EmbedAllRequest)) -> Response:
-        """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
-
-        def check() -> tuple[EncodeSpec, list, Kind]:
-            check_direction(req.truncation_direction)
-            spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate,
-                                                    "prompt": prompt_of(named, req.prompt_name, req.prompt)})
-            items, kind = service.prepare(spec, req.inputs, "inputs")
-            return spec, items, kind
-
-        async def work() -> tuple[bytes, EncodeSpec]:
-            spec, items, kind = await off_loop_if_large(request, check)  # a large body: off the event loop
-            rows = await service.encode(spec, items, kind, request)
-            return await render(lambda: [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]), spec
-
-        return await service.answer("/embed_all", work, internal=424)
-
-    @router.post("/tokenize", response_model=list[list[SimpleToken]], responses=ERRORS,
-                 openapi_extra=request_body(TokenizeRequest))
-    def tokenize(req: TokenizeRequest = json_body(TokenizeRequest)) -> JSONResponse:
-        """Each input's tokens: ``id``, ``text``, ``special``, character ``start``/``stop`` (TEI's ``/tokenize``)."""
-        try:
-            prompt = prompt_of(named, req.prompt_name, None) or ""
-            texts = [req.inputs] if isinstance(req.inputs, str) else list(req.inputs)
-            texts = service.check_items(texts, "text", prompt, "inputs")
-        except ServiceError as exc:
-            return error_response("/tokenize", exc.status, exc.detail, exc.param)
-        tok = ex.tokenizer
-        out = []
-        for text in texts:
-            enc = tok(prompt + text, add_special_tokens=req.add_special_tokens, return_offsets_mapping=True,
-                      return_special_tokens_mask=True, verbose=False)
-            pieces = tok.convert_ids_to_tokens(enc["input_ids"])
-            out.append([{"id": int(i), "text": piece, "special": bool(sp),
-                         "start": None if sp else int(a), "stop": None if sp else int(b)}
-                        for i, piece, sp, (a, b) in zip(enc["input_ids"], pieces, enc["special_tokens_mask"],
-                                                          enc["offset_mapping"])])
-        return JSONResponse(out)
-
-    @router.get("/info", response_model=Info, responses=ERRORS)
-    def info() -> dict:
-        """What TEI's ``/info`` says, plus the layerwise facts (layers, sites, aliases)."""
-        d = ex.describe()
-        return {"model_id": service.model_id, "model_sha": None, "model_dtype": d["compute_dtype"],
-                "model_type": {"embedding": {"pooling": "mean"}}, "max_concurrent_requests": 512,
-                "max_input_length": ex.max_length, "max_batch_tokens": service.limits.max_batch_tokens,
-                "max_batch_requests": None, "max_client_batch_size": service.limits.max_texts,
-                "tokenization_workers": 1, "version": __version__,
-                "layerwise": {"layers": d["layers"], "sites": list(d["sites"]), "aliases": service.described_aliases(),
-                              "names": service.model_names()}}
-
-    return router
+def _named(service: Service) -> dict[str, str]:
+    """The served model's named prompts (read once per model directory)."""
+    return prompts(str(service.ex.loaded.name))
 
 
 __all__ = ["EmbedAllRequest", "EmbedRequest", "TokenizeRequest", "check_direction", "prompt_of", "prompts",
-           "tei_router"]
+           "router"]
