@@ -21,10 +21,12 @@ import pytest
 import uvicorn
 
 import layerwise as lw
-from conftest import SENTENCES
+from conftest import SENTENCES as ALL_SENTENCES
 from layerwise.serve import ServiceError, create_app
 
 LIMITS = {"max_texts": 8, "max_text_chars": 400, "max_body_bytes": 4000}
+
+SENTENCES = [t for t in ALL_SENTENCES if t.strip()]  # a blank text is refused (422): see test_blank_inputs
 
 
 def _free_port() -> int:
@@ -457,3 +459,16 @@ def test_ready_says_when_the_warmed_depths_are_prepared(tiny_dirs, ex, tmp_path,
     done = subprocess.run([sys.executable, "-m", "layerwise.cli.main", *args[:-1], "7"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "layer 7" in done.stderr and "0..2" in done.stderr, done.stderr[-800:]
+
+
+@pytest.mark.parametrize("route,body,where", [
+    ("/v1/encode", {"texts": ["fine", " \t"]}, "text 1 is empty"),
+    ("/v1/encode", {"texts": [""]}, "text 0 is empty"),
+    ("/v1/encode", {"words": [["a"], []], "level": "word"}, "word list 1 is empty"),
+    ("/v1/embeddings", {"model": "bert", "input": ["ok", ""]}, "text 1 is empty"),
+    ("/v1/embeddings", {"model": "bert", "input": [[]]}, "input 0 is an empty list of token ids"),
+    ("/embed", {"inputs": "\u3000"}, "text 0 is empty"),
+])
+def test_blank_inputs_are_refused_naming_the_index_as_extract_does(server, route, body, where):
+    status, answer = _request(server, "POST", route, body)
+    assert status in (400, 422) and where in json.dumps(answer), answer

@@ -23,6 +23,23 @@ def serve(
         64 << 20, "--max-response-bytes", help="Largest answer, estimated before any compute (larger: 413)."),
     max_queue_tokens: int = typer.Option(
         262144, "--max-queue-tokens", help="Most estimated tokens waiting; more: 429 with Retry-After."),
+    max_request_tokens: int = typer.Option(
+        131072, "--max-request-tokens", help="Most estimated tokens one request may run through the model (windows "
+        "of long texts included); more: 413. A large request runs in turns with the others, a batch at a time."),
+    cors_origin: Optional[List[str]] = typer.Option(
+        None, "--cors-origin", help="A web origin (https://app.example, or '*') whose pages may call the service "
+        "from a browser (CORS; repeatable). None by default: browsers keep other sites' pages out."),
+    header_timeout: float = typer.Option(
+        10.0, "--header-timeout", help="Seconds a client has to send a request's line and headers, from the "
+        "connection's opening (or a later request's first byte); then 408 and close (an idle one: just close)."),
+    body_timeout: float = typer.Option(
+        30.0, "--body-timeout", help="Seconds a client has to send a request's whole body once its headers are in "
+        "(a deadline, not an idle time); then 408 and close."),
+    keep_alive_timeout: float = typer.Option(
+        5.0, "--keep-alive-timeout", help="Seconds an idle connection is kept open after an answer."),
+    max_connections: int = typer.Option(
+        1024, "--max-connections", help="Most open connections; one more is answered 503 (Retry-After: 1) and "
+        "closed before its request is read."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     alias: Optional[List[str]] = typer.Option(
         None, "--alias", help="NAME='layers=3;pool=mean': a model name that picks a spec (OpenAI clients set "
@@ -46,7 +63,7 @@ def serve(
 ) -> None:
     """Serve layerwise's API (POST /v1/encode), OpenAI's (POST /v1/embeddings, GET /v1/models) and TEI's (POST
     /embed, /, /embed_all, /tokenize, GET /info), /health, /ready, /metrics and OpenAPI docs at /docs."""
-    from ..serve import Limits
+    from ..serve import ConnectionLimits, Limits
     from ..serve import serve as run
     from ..serve.aliases import load_aliases, parse_alias
     from ..serve.security import api_key_from, default_allowed_hosts, is_loopback
@@ -56,7 +73,9 @@ def serve(
             raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
                         max_batch_tokens=max_batch_tokens, max_response_bytes=max_response_bytes,
-                        max_queue_tokens=max_queue_tokens)
+                        max_queue_tokens=max_queue_tokens, max_request_tokens=max_request_tokens)
+        connections = ConnectionLimits(header_timeout=header_timeout, body_timeout=body_timeout,
+                                       keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
         named = load_aliases(aliases_file) if aliases_file else {}
         for text in alias or []:
             name, fields = parse_alias(text)
@@ -73,7 +92,8 @@ def serve(
             read_probe_dir(folder)  # a wrong directory is said now, not in the browser
         explorer = Explorer(extractor=ex, probe_dirs=list(probe or []))
         app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts,
-                         warm=[parse_layers(w) for w in warm or []])  # a bad alias or --warm: said now
+                         warm=[parse_layers(w) for w in warm or []],  # a bad alias or --warm: said now
+                         cors_origins=check_origins(cors_origin or []))
     if not is_loopback(host) and not key:
         err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
                           f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "
@@ -88,4 +108,17 @@ def serve(
                           f"by block, reading each block from the checkpoint per request batch. This is a throughput "
                           f"mode: expect seconds per request; raise --max-memory or bound --max-layer for latency",
                           highlight=False, soft_wrap=True)
-    run(app, host=host, port=port, log_level=log_level)
+    run(app, host=host, port=port, log_level=log_level, connections=connections)
+
+
+def check_origins(origins: list[str]) -> list[str]:
+    """``--cors-origin`` values: ``*`` or ``scheme://host[:port]`` (no path), else a :class:`LayerwiseError`."""
+    from urllib.parse import urlsplit
+
+    for origin in origins:
+        parts = urlsplit(origin)
+        if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path
+                              or parts.query or parts.fragment):
+            raise LayerwiseError(f"--cors-origin {origin!r} is not a web origin; give scheme://host[:port] with no "
+                                 f"path (e.g. --cors-origin https://app.example), or '*' for any")
+    return origins

@@ -45,7 +45,7 @@ from typing import IO, Any, Iterator, Sequence
 
 from ..errors import InputError
 from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, read_conll2003, read_conllu, with_document_context
-from .records import BadRecord, Item, RangeStream, Record, iter_lines
+from .records import EMPTY_TEXT, BadRecord, Item, RangeStream, Record, is_blank, iter_lines
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet", "conll", "conllu")
 _SUFFIXES = {
@@ -150,8 +150,8 @@ def _check_text(value: object, name: str, line: int) -> BadRecord | str:
         return BadRecord(line, f"missing value for text field {name!r}")
     if not isinstance(value, str):
         return BadRecord(line, f"text field {name!r} is not a string ({type(value).__name__}: {value!r:.40})")
-    if not value.strip():
-        return BadRecord(line, "empty text (nothing left after stripping whitespace)")
+    if is_blank(value):
+        return BadRecord(line, EMPTY_TEXT)
     if any("\udc80" <= ch <= "\udcff" for ch in value):
         return BadRecord(line, "invalid UTF-8")
     return value
@@ -179,8 +179,8 @@ def _read_txt(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     for n, line in iter_lines(fh):
         if line is None:
             yield BadRecord(n, "invalid UTF-8")
-        elif not line.strip():
-            yield BadRecord(n, "empty text (nothing left after stripping whitespace)")
+        elif is_blank(line):
+            yield BadRecord(n, EMPTY_TEXT)
         else:
             yield Record(n, line)
 

@@ -7,6 +7,17 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import IO, Iterator, Union
 
+EMPTY_TEXT = "empty text (nothing left after stripping whitespace)"
+# a character that str.strip() keeps (an ECMA/Python regex class): a text holding one is not blank; JSON schemas say
+# the rule with it (tests/test_encode_shared.py checks it against str.isspace over every code point)
+NON_BLANK = "[^\\t\\n\\x0b\\x0c\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` is empty once whitespace is stripped: a bad record for ``layerwise extract``, a refused input
+    for the service."""
+    return not text.strip()
+
 
 @dataclass
 class Record:

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from ..corpus.records import EMPTY_TEXT, NON_BLANK, is_blank
 from ..errors import LayerwiseError
 from .corpus import Corpus
 from .probe_dir import read_probe_dir
@@ -116,6 +117,8 @@ class Explorer:
         """The sentence view of ``text`` at ``site`` (see :func:`~layerwise.explore.sentence.sentence_view`)."""
         if self.extractor is None:
             raise LookupError("no model is loaded for the sentence view")
+        if is_blank(text):
+            raise ValueError(f"the text is {EMPTY_TEXT}; type a sentence")
         with self.model_lock:
             return sentence_view(self.extractor, text, site)
 
@@ -138,7 +141,7 @@ class SentenceRequest(BaseModel):
     """``POST /explorer/api/sentence``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
-    text: str
+    text: str = Field(..., json_schema_extra={"pattern": NON_BLANK}, description="A text (not blank).")
     site: str = "block"
 
 
@@ -174,7 +177,8 @@ def explorer_router(explorer: Explorer) -> APIRouter:
     def scores() -> dict:
         return _answer(explorer.scores)
 
-    @router.post("/explorer/api/sentence", responses=ERRORS)
+    @router.post("/explorer/api/sentence", dependencies=[Depends(_json_only)], responses={
+        **ERRORS, 415: {"model": ErrorBody, "description": "A body that is not application/json."}})
     def sentence(req: SentenceRequest) -> dict:
         return _answer(lambda: explorer.sentence(req.text, req.site))
 
@@ -183,6 +187,14 @@ def explorer_router(explorer: Explorer) -> APIRouter:
         return _answer(lambda: explorer.probe(index))
 
     return router
+
+
+def _json_only(request: Request) -> None:
+    """415 for a body not sent as ``application/json`` (a web page may send the others to any server unasked; see
+    :mod:`layerwise.serve.body`)."""
+    from ..serve.body import check_json_type  # here, not at the top: layerwise.serve imports this module
+
+    check_json_type(request)
 
 
 def _answer(fn) -> dict:

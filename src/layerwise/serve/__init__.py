@@ -5,13 +5,16 @@ Its Python client, :class:`layerwise.Client`, lives in :mod:`layerwise.client` (
 """
 
 import ctypes
+import logging
 import platform
 import sys
 from typing import Any
 
 from ..client import Client
 from ..errors import ServiceError
-from .app import EncodeRequest, create_app
+from .app import create_app
+from .connections import ConnectionLimits, fit_open_files
+from .routes import EncodeRequest
 from .service import Limits
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
@@ -39,19 +42,31 @@ def keep_freed_memory() -> bool:
 
 
 def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
-          aliases: dict[str, dict[str, Any]] | None = None, log_level: str = "info") -> None:
+          aliases: dict[str, dict[str, Any]] | None = None, log_level: str = "info",
+          connections: ConnectionLimits | None = None) -> None:
     """Run the service for ``model`` (a :class:`~layerwise.ModelOptions`, a directory / hub id, a loaded
     :class:`~layerwise.Extractor`, or an app made by :func:`create_app`) with uvicorn until interrupted (binds
-    127.0.0.1 unless told otherwise). ``aliases``: see :mod:`layerwise.serve.aliases`.
+    127.0.0.1 unless told otherwise). ``aliases``: see :mod:`layerwise.serve.aliases`. ``connections``: header,
+    body and keep-alive timeouts and a cap on open connections (:class:`ConnectionLimits`; its defaults when
+    ``None``), enforced by uvicorn's h11 protocol subclassed (:mod:`layerwise.serve.connections`).
 
-    The process is the server's: glibc is told to keep freed memory (:func:`keep_freed_memory`).
+    The process is the server's: glibc is told to keep freed memory (:func:`keep_freed_memory`), and the soft
+    limit of open files is raised to hold the connection cap (:func:`~layerwise.serve.connections.fit_open_files`).
     """
     import uvicorn
     from fastapi import FastAPI
 
     keep_freed_memory()
+    connections = connections or ConnectionLimits()
+    if not fit_open_files(connections.max_connections):
+        logging.getLogger("layerwise.serve").warning(
+            "the open-file limit (ulimit -n) is below --max-connections %d plus 256: connections past it fail at "
+            "accept instead of being answered 503; raise ulimit -n or lower --max-connections",
+            connections.max_connections)
     app = model if isinstance(model, FastAPI) else create_app(model, limits, aliases=aliases)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http=connections.protocol())
 
 
-__all__ = ["Client", "EncodeRequest", "Limits", "ServiceError", "create_app", "keep_freed_memory", "serve"]
+__all__ = [
+    "Client", "ConnectionLimits", "EncodeRequest", "Limits", "ServiceError", "create_app", "keep_freed_memory", "serve",
+]

@@ -179,7 +179,8 @@ class Batcher:
         for job in mates:
             by_depth[job.depth] = by_depth.get(job.depth, 0) + job.cost
         depths = set(plan(by_depth, first.depth, self.cost))
-        chosen, tokens, texts = [], 0, 0
+        chosen: list[Job] = []
+        tokens = texts = 0
         for job in mates:
             if job.depth not in depths:
                 continue
@@ -199,14 +200,14 @@ class Batcher:
             self._calls.remove(call)  # nobody waits for it: stop between batches
             _close(call)
         if self._queue and all(c.seconds >= self.quantum for c in self._calls):
-            call = self._take()
-            if call is not None:
-                self._calls.appendleft(call)
+            new = self._take()
+            if new is not None:
+                self._calls.appendleft(new)
         if not self._calls:
             return None
-        call = self._calls.popleft()
-        self._calls.append(call)  # round robin
-        return call
+        turn = self._calls.popleft()
+        self._calls.append(turn)  # round robin
+        return turn
 
     # ---- the worker ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -215,12 +216,12 @@ class Batcher:
                 while not self._queue and not self._calls and not self._stop:
                     self._cv.wait()
                 if self._stop:
-                    for call in self._calls:
-                        _close(call)
+                    for running in self._calls:
+                        _close(running)
                     return
-                call = self._next_call()
-            if call is not None:
-                self._step(call)
+                turn = self._next_call()
+            if turn is not None:
+                self._step(turn)
 
     def _step(self, call: Call) -> None:
         t0 = time.perf_counter()

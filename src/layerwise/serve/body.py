@@ -23,6 +23,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 T = TypeVar("T")
 BODY_MODELS: dict[str, type[BaseModel]] = {}  # every model a route parses with json_body, by schema name
@@ -64,7 +65,10 @@ def json_body(model: type[BaseModel]) -> Any:
 
     async def parse(request: Request) -> BaseModel:
         check_json_type(request)
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # gone mid-body (or closed by --body-timeout): nothing to answer, nothing to log
+            raise HTTPException(400, "the client went away while sending the body") from None
         if len(raw) <= INLINE_BYTES:
             return _validate(model, raw)
         return await run_in_threadpool(_validate, model, raw)

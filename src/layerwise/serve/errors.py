@@ -19,7 +19,7 @@ follow the table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, MutableMapping, Union
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -75,7 +75,7 @@ def protocol_router(protocol: Protocol, **kwargs: Any) -> APIRouter:
     return APIRouter(route_class=route_class, **kwargs)
 
 
-def protocol_of(scope: dict) -> Protocol:
+def protocol_of(scope: MutableMapping[str, Any]) -> Protocol:
     """The protocol of the route answering ``scope`` (an ASGI HTTP scope of the app): the route it reached, else the
     route its path and method match, else the route its path matches, else :data:`LAYERWISE`."""
     route = scope.get("route")
@@ -84,7 +84,7 @@ def protocol_of(scope: dict) -> Protocol:
     return getattr(route, "protocol", LAYERWISE)
 
 
-def route_of(scope: dict) -> Any:
+def route_of(scope: MutableMapping[str, Any]) -> Any:
     """The route of the app (``scope["app"]``) that ``scope`` matches: fully (path and method), else by path only
     (the route a 405 is about), else ``None``."""
     partial = None
@@ -108,8 +108,8 @@ def _routes(router: Any) -> Any:
             yield route
 
 
-def error_response(scope: dict, status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(scope: MutableMapping[str, Any], status: int, message: str, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     """The error answer to ``scope`` in its route's protocol shape (see :func:`protocol_of`)."""
     return protocol_of(scope).response(status, message, param, code, headers)
 
@@ -168,9 +168,13 @@ def install_error_shapes(app: FastAPI) -> None:
 
 
 def allowed_methods(app: FastAPI, request: Request) -> list[str] | None:
-    """The methods the app's OpenAPI document gives the request's path (``None`` for a path it does not list)."""
+    """The methods the app's OpenAPI document gives the request's path, and HEAD where GET is (``None`` for a path it
+    does not list)."""
     item = app.openapi().get("paths", {}).get(request.url.path)
-    return sorted(m.upper() for m in item) if item else None
+    if not item:
+        return None
+    methods = {m.upper() for m in item}
+    return sorted(methods | ({"HEAD"} if "GET" in methods else set()))  # every GET route answers HEAD too
 
 
 def jsonable(value: Any) -> Any:

@@ -8,7 +8,7 @@ batcher's calls say how full they were and what they computed against what their
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, MutableMapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -100,7 +100,7 @@ class CountAnswers:
             self.metrics.request(route_label(scope), status, time.perf_counter() - t0)
 
 
-def route_label(scope: dict) -> str:
+def route_label(scope: MutableMapping[str, Any]) -> str:
     """The route label of ``scope`` (see :class:`CountAnswers`)."""
     route = scope.get("route") or route_of(scope)
     return getattr(route, "path", None) or UNMATCHED

@@ -38,6 +38,7 @@ from ..encoding.vocab import OutputDtype
 from ..errors import ServiceError
 from .body import json_body, request_body
 from .errors import OPENAI, protocol_router
+from .inputs import Inputs
 from .respond import finite, respond, service_of
 from .service import OPENAI_DEFAULTS, Kind
 
@@ -84,8 +85,8 @@ class EmbeddingsRequest(SpecExtension):
 
     model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
-    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]] = Field(
-        ..., description="A text, a list of texts, a list of token ids, or a list of lists of token ids.")
+    input: Inputs = Field(..., description="A text, a list of texts, a list of token ids, or a list of lists of token "
+                                           "ids (texts not blank, lists not empty, ids in the model's vocabulary).")
     model: str = Field(..., description="The served model's name or an alias (GET /v1/models lists them).")
     encoding_format: Literal["float", "base64"] = Field("float", description="float, or base64 (float32 LE).")
     dimensions: Optional[int] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
@@ -150,7 +151,8 @@ ERRORS: dict[int | str, dict] = {code: {"model": OpenAIErrorBody, "description":
 router = protocol_router(OPENAI, tags=["OpenAI-compatible"])
 
 
-@router.api_route("/v1/models", methods=["GET", "HEAD"], response_model=ModelList, responses=ERRORS)
+@router.head("/v1/models", include_in_schema=False)
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS)
 def models(request: Request) -> ModelList:
     """The served model and its aliases, as OpenAI lists models."""
     created = int(time.time())

@@ -28,6 +28,7 @@ from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
 from .body import json_body, request_body
 from .errors import LAYERWISE, detail_responses, protocol_router
+from .inputs import Texts, Words
 from .openai import Calibration
 from .respond import finite, respond, service_of
 from .service import Kind, Service
@@ -41,10 +42,11 @@ class EncodeRequest(BaseModel):
     Give ``texts`` (any level) or ``words`` (pre-tokenised; level ``word``). Unknown fields are refused (422).
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
+    model_config = ConfigDict(extra="forbid", strict=True,  # 1 is not true, "3" is not 3
+                              json_schema_extra=lambda schema: _exactly_one(schema, "texts", "words"))
 
-    texts: Optional[list[str]] = Field(None, description="Texts to encode.")
-    words: Optional[list[list[str]]] = Field(None, description="Pre-tokenised words (level 'word').")
+    texts: Optional[Texts] = Field(None, description="Texts to encode (each not blank).")
+    words: Optional[Words] = Field(None, description="Pre-tokenised words (level 'word'; each list not empty).")
     layers: Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]] = Field(
         -1, description="Layer spec: -1, '-4:', [0, 6], 'all'.")
     site: str = "block"
@@ -75,6 +77,17 @@ class EncodeRequest(BaseModel):
         return EncodeSpec.from_dict(self.spec_fields())
 
 
+def _exactly_one(schema: dict[str, Any], *names: str) -> None:
+    """The JSON schema of a body that takes exactly one of the fields ``names`` (each a value, never null)."""
+    for name in names:
+        prop = schema["properties"][name]
+        given = [v for v in prop.pop("anyOf", []) if v.get("type") != "null"]
+        prop.pop("default", None)
+        if given:
+            prop.update(given[0])
+    schema["oneOf"] = [{"required": [name]} for name in names]
+
+
 def _pack(arr: np.ndarray, dtype: str, encoding: str):
     """One array as JSON numbers, or ``{"base64", "dtype", "shape"}`` (little-endian values of ``arr``'s dtype:
     ``dtype`` names the precision; ``binary`` is int8, ``ubinary`` uint8)."""
@@ -85,13 +98,15 @@ def _pack(arr: np.ndarray, dtype: str, encoding: str):
     return arr.tolist() if arr.dtype.kind in "iu" else arr.astype(np.float32).tolist()
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@router.head("/health", include_in_schema=False)
+@router.get("/health")
 async def health() -> dict:
     """Answered on the event loop itself: no worker thread (they may all be busy parsing or rendering)."""
     return {"status": "ok"}
 
 
-@router.api_route("/ready", methods=["GET", "HEAD"],
+@router.head("/ready", include_in_schema=False)
+@router.get("/ready",
                   responses={503: {"description": "Still preparing: the depths pending, or the error"}})
 async def ready(request: Request) -> JSONResponse:
     """200 once the default request's depth and every ``--warm`` depth are prepared, else 503; both with
@@ -100,13 +115,15 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
 
-@router.api_route("/v1/model", methods=["GET", "HEAD"], responses=detail_responses(401))
+@router.head("/v1/model", include_in_schema=False)
+@router.get("/v1/model", responses=detail_responses(401))
 def model_info(request: Request) -> dict:
     """The model, the modes and levels it takes, the names and aliases it answers to, and the limits."""
     return describe_service(service_of(request))
 
 
-@router.api_route("/metrics", methods=["GET", "HEAD"], response_class=PlainTextResponse,
+@router.head("/metrics", include_in_schema=False)
+@router.get("/metrics", response_class=PlainTextResponse,
                   responses=detail_responses(401))
 def prometheus(request: Request) -> PlainTextResponse:
     """Prometheus metrics (see :mod:`layerwise.serve.metrics`)."""
@@ -170,8 +187,11 @@ def _response(ex: Extractor, spec: EncodeSpec, encoding: str, items: list, rows:
 def _validate(service: Service, req: EncodeRequest) -> tuple[list, EncodeSpec, Kind]:
     """Items, the resolved spec (the batching key) and their kind; :class:`~layerwise.ServiceError` (422) for
     anything invalid."""
-    if (req.texts is None) == (req.words is None):
+    given = [name for name in ("texts", "words") if name in req.model_fields_set]
+    if len(given) != 1:
         raise ServiceError(422, "give exactly one of 'texts' (strings) or 'words' (lists of word strings)")
+    if getattr(req, given[0]) is None:
+        raise ServiceError(422, f"'{given[0]}' is null; give a list", given[0])
     if req.words is not None and req.level != "word":
         raise ServiceError(422, f"'words' (pre-tokenised input) needs level 'word', got level {req.level!r}")
     field = "texts" if req.texts is not None else "words"

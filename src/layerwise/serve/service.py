@@ -28,6 +28,7 @@ from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
 from .batcher import Batcher, BatchStats, Job, QueueFull, Step
 from .cost import CostModel
+from .inputs import blank_message, is_blank
 from .metrics import Metrics
 
 Kind = Literal["text", "words", "ids"]
@@ -221,6 +222,9 @@ class Service:
                 raise ServiceError(422, f"text {i} has {n} {what}; the limit is {cap} (max_text_chars)", field)
         if kind == "ids":
             vocab = len(self.ex.tokenizer)
+            empty = next((i for i, ids in enumerate(items) if not ids), None)
+            if empty is not None:
+                raise ServiceError(422, f"input {empty} is an empty list of token ids; give at least one id", field)
             for i, ids in enumerate(items):
                 bad = next((x for x in ids if not 0 <= x < vocab), None)
                 if bad is not None:
@@ -233,6 +237,12 @@ class Service:
             check_texts(items, words=kind == "words")  # wrong types, lone surrogates: naming the index
         except (ValueError, TypeError) as exc:
             raise ServiceError(422, str(exc), field) from None
+        for i, item in enumerate(items):  # the rule of `layerwise extract`: a blank text is a bad record
+            if kind == "words" and not item:
+                raise ServiceError(422, f"word list {i} is empty; give at least one word", field)
+            blank = [w for w in ([item] if kind == "text" else item) if is_blank(w)]
+            if blank:
+                raise ServiceError(422, blank_message(i, "text" if kind == "text" else "a word of word list"), field)
         return list(items)
 
     def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False,

@@ -27,18 +27,17 @@ from typing import Literal, Optional, Union
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..encoding.spec import EncodeSpec
 from ..errors import ServiceError
 from ..version import __version__
 from .body import json_body, request_body
 from .errors import TEI, protocol_router
+from .inputs import PROMPT_NAME, Inputs, Text, Texts
 from .openai import SpecExtension
 from .respond import finite, respond, service_of
 from .service import Kind, Service
-
-Inputs = Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
 
 
 class TEIErrorBody(BaseModel):
@@ -66,7 +65,7 @@ class EmbedRequest(SpecExtension):
     normalize: bool = Field(True, description="L2-normalise the vectors (TEI's default: true).")
     truncate: Optional[bool] = Field(False, description="Cut inputs at the model's length.")
     truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
-    prompt_name: Optional[str] = Field(None, description="A prompt of the model's sentence-transformers config.")
+    prompt_name: Optional[str] = Field(None, json_schema_extra={PROMPT_NAME: True})
     dimensions: Optional[int] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
 
 
@@ -78,7 +77,7 @@ class EmbedAllRequest(SpecExtension):
     inputs: Inputs
     truncate: Optional[bool] = False
     truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
-    prompt_name: Optional[str] = None
+    prompt_name: Optional[str] = Field(None, json_schema_extra={PROMPT_NAME: True})
 
 
 class TokenizeRequest(BaseModel):
@@ -86,9 +85,9 @@ class TokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)  # 1 is not true, "3" is not 3
 
-    inputs: Union[StrictStr, list[StrictStr]]
+    inputs: Union[Text, Texts]
     add_special_tokens: bool = True
-    prompt_name: Optional[str] = None
+    prompt_name: Optional[str] = Field(None, json_schema_extra={PROMPT_NAME: True})
 
 
 class SimpleToken(BaseModel):
@@ -224,7 +223,8 @@ def tokenize(request: Request, req: TokenizeRequest = json_body(TokenizeRequest)
     return JSONResponse(out)
 
 
-@router.api_route("/info", methods=["GET", "HEAD"], response_model=Info, responses=ERRORS)
+@router.head("/info", include_in_schema=False)
+@router.get("/info", response_model=Info, responses=ERRORS)
 def info(request: Request) -> dict:
     """What TEI's ``/info`` says, plus the layerwise facts (layers, sites, aliases)."""
     service = service_of(request)

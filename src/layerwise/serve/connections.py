@@ -1,0 +1,179 @@
+"""Connection limits of ``layerwise serve``: how long a client may take to send a request, how long an idle
+connection is kept, and how many connections are open at once.
+
+============================  =======  ========================================================================
+limit (CLI flag)              default  what happens when it is reached
+============================  =======  ========================================================================
+``header_timeout``            10 s     the request line and headers are not complete this long after the
+(``--header-timeout``)                 connection opened (a fresh connection, idle or not) or after the first byte
+                                       of a later request on a kept-alive connection: the connection is closed (a
+                                       408 first if some of the request had arrived)
+``body_timeout``              30 s     the whole body has not arrived this long after its headers: a deadline for
+(``--body-timeout``)                   the body, not a per-chunk idle time, so trickling bytes does not extend it;
+                                       408 and close (only close if the answer has started)
+``keep_alive_timeout``        5 s      no next request begins this long after an answer: closed (uvicorn's own
+(``--keep-alive-timeout``)             keep-alive timer, ``timeout_keep_alive``)
+``max_connections``           1024     a connection beyond this many open ones is answered 503 at once, before
+(``--max-connections``)                its request is read (``Retry-After: 1``, ``Connection: close``), and
+                                       closed; the open ones are untouched
+============================  =======  ========================================================================
+
+How. uvicorn 0.54 (h11 or httptools) has no header or body read timeout: a connection that sends nothing, or a
+header or body a byte every few seconds, stays open for good (measured in issue 39: all still open after 60 s). Its
+``limit_concurrency=N`` is no connection cap either: it is checked when a complete request head arrives, and
+answers that request 503 if ``N`` connections are open (the asking one included) or ``N`` requests are running;
+connections themselves are accepted and kept without bound, idle or half-sent ones included. So :class:`LimitedH11`
+subclasses uvicorn's h11 protocol: one ``loop.call_later`` timer per connection, armed when a request head or body
+is awaited and cancelled when it is complete, and the cap is checked as each connection is made. The h11
+protocol is used whether or not httptools is installed (layerwise does not depend on it), so the limits behave the
+same everywhere; the parse cost is small beside a forward pass. h11 also bounds a request head to 16 KiB (400 past
+it). A body whose reading uvicorn pauses because the app has not consumed 64 KiB of it yet still counts against
+``body_timeout``; layerwise's routes read bodies at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from ..errors import LayerwiseError
+
+log = logging.getLogger("layerwise.serve")
+
+MAX_SECONDS = 3600.0  # the largest timeout accepted: an hour
+MAX_CONNECTIONS = 1_000_000
+
+
+def plain_response(status: str, text: str, *headers: str) -> bytes:
+    """The bytes of a whole ``Connection: close`` HTTP/1.1 answer with a plain-text body, written past h11."""
+    body = text.encode()
+    head = [f"HTTP/1.1 {status}", "content-type: text/plain; charset=utf-8", f"content-length: {len(body)}",
+            *headers, "connection: close"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+TIMEOUT_408 = plain_response("408 Request Timeout", "Request Timeout")
+BUSY_503 = plain_response("503 Service Unavailable", "Too many open connections; retry in a moment", "retry-after: 1")
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Connection limits of the service (seconds, and a count of open connections); see the module's table."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
+    max_connections: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+                raise LayerwiseError(f"--{name.replace('_', '-')} (ConnectionLimits.{name}) must be seconds in "
+                                     f"(0, {MAX_SECONDS:g}], got {value!r} (default {DEFAULTS[name]:g})")
+        n = self.max_connections
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONNECTIONS:
+            raise LayerwiseError(f"--max-connections (ConnectionLimits.max_connections) must be an int in "
+                                 f"1..{MAX_CONNECTIONS}, got {n!r} (default {DEFAULTS['max_connections']})")
+
+    def protocol(self) -> type[LimitedH11]:
+        """The uvicorn HTTP protocol class that enforces these limits: pass it as ``uvicorn.run(app, http=...)``."""
+        return type("LimitedH11", (LimitedH11,), {"limits": self})
+
+
+DEFAULTS = {f.name: f.default for f in fields(ConnectionLimits)}  # for the error messages
+
+
+class LimitedH11(H11Protocol):
+    """uvicorn's h11 protocol with :class:`ConnectionLimits` (bound by :meth:`ConnectionLimits.protocol`).
+
+    One deadline timer per connection, ``phase`` saying what it waits for: ``"head"`` (armed when the connection
+    opens, or at the first byte after a kept-alive answer), ``"body"`` (armed when the head is complete), or
+    ``None`` (the request has been read: the app's time is not the client's; or uvicorn's keep-alive timer runs).
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # call_later takes float
+        self.deadline: asyncio.TimerHandle | None = None
+        self.phase: str | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            log.warning("refused a connection: %d open (--max-connections %d)", len(self.connections) - 1,
+                        self.limits.max_connections)
+            transport.write(BUSY_503)
+            transport.close()
+            return
+        self.arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm()
+        super().connection_lost(exc)
+
+    def arm(self) -> None:
+        """Set the deadline for what the connection now waits for (called after every state change)."""
+        state = self.conn.their_state
+        waiting = state is h11.SEND_BODY or (state is h11.IDLE and self.timeout_keep_alive_task is None)
+        if not waiting or self.transport.is_closing() or self.transport.get_protocol() is not self:
+            self.disarm()  # request read, idle under keep-alive (uvicorn's timer), closing, or a WebSocket now
+            return
+        phase = "head" if state is h11.IDLE else "body"
+        if phase != self.phase:
+            self.disarm()
+            seconds = self.limits.header_timeout if phase == "head" else self.limits.body_timeout
+            self.deadline, self.phase = self.loop.call_later(seconds, self.expire), phase
+
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline, self.phase = None, None
+
+    def expire(self) -> None:
+        """The deadline passed: 408 if part of a request came and no answer has begun, then close."""
+        phase = self.phase
+        self.deadline, self.phase = None, None
+        if self.transport.is_closing():
+            return
+        begun = phase == "body" or bool(self.conn.trailing_data[0])
+        if begun and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no answer begun
+            self.transport.write(TIMEOUT_408)
+        log.debug("closed a connection: request %s not received within %g s", phase,
+                  self.limits.header_timeout if phase == "head" else self.limits.body_timeout)
+        self.transport.close()
+
+
+def fit_open_files(max_connections: int, spare: int = 256) -> bool:
+    """Raise this process's soft limit of open files (``RLIMIT_NOFILE``) to hold ``max_connections`` sockets plus
+    ``spare`` other files (model files, the listening socket), as far as the hard limit allows. Returns whether
+    the limit now holds them (``True`` where it cannot be read, as on Windows). A process-wide setting:
+    :func:`layerwise.serve.serve` calls it, and warns when it returns ``False``: past the limit, uvicorn's accept
+    fails (EMFILE) before the cap answers 503."""
+    try:
+        import resource  # Unix only
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = max_connections + spare
+        if soft == resource.RLIM_INFINITY or soft >= want:
+            return True
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        return new >= want
+    except (ImportError, OSError, ValueError):
+        return True
