@@ -24,8 +24,26 @@ def test_schemathesis_finds_nothing(tiny_dirs, tmp_path):
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")
     assert st, "the schemathesis command (st) is not installed"
     with serving(tiny_dirs["bert"], tmp_path / "server.log") as url:
+        _wait_ready(url)  # /ready answers 503 while auto prepares a depth (by design, tested in test_serve.py)
         run = subprocess.run([st, "--config-file", str(CONFIG), "run", f"{url}/openapi.json", "--checks", "all",
                               "--max-examples", "25", "--seed", "1", "--no-color"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "passed" in run.stdout
+
+
+def _wait_ready(url: str, timeout: float = 300) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=10) as answer:
+                if answer.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503, exc
+        assert time.monotonic() < deadline, "the server was not ready in time"
+        time.sleep(0.5)
