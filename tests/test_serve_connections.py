@@ -10,6 +10,7 @@ timeout plus :data:`SLACK` seconds.
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import time
@@ -187,3 +188,34 @@ def test_serve_hands_uvicorn_the_limited_protocol(monkeypatch):
     assert issubclass(seen["http"], LimitedH11) and seen["http"].limits == limits
     serve(FastAPI())
     assert seen["http"].limits == ConnectionLimits()  # the defaults
+
+
+def test_refusals_on_the_connection_are_counted(server):
+    """503 past the cap, 408 on a deadline and h11's 400 are answered below the app: the metrics count them too."""
+
+    def counted(status: int) -> float:
+        with connect(server) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            text = until_closed(sock)[0].decode()
+        pattern = rf'^layerwise_requests_total{{route="connection",status="{status}"}} (\S+)$'
+        return sum(float(v) for v in re.findall(pattern, text, flags=re.MULTILINE))
+
+    before = {status: counted(status) for status in (400, 408, 503)}
+    with connect(server) as sock:  # a request line that does not parse
+        sock.sendall(b"GARBAGE\r\n\r\n")
+        assert until_closed(sock)[0].startswith(b"HTTP/1.1 400")
+    with connect(server) as sock:  # a head that never ends
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        assert until_closed(sock)[0].startswith(b"HTTP/1.1 408")
+    held = [connect(server) for _ in range(CAP)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.2)
+        with connect(server) as extra:
+            assert until_closed(extra)[0].startswith(b"HTTP/1.1 503")
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)
+    assert {status: counted(status) - before[status] for status in before} == {400: 1, 408: 1, 503: 1}

@@ -76,6 +76,7 @@ def serve(
                         max_queue_tokens=max_queue_tokens, max_request_tokens=max_request_tokens)
         connections = ConnectionLimits(header_timeout=header_timeout, body_timeout=body_timeout,
                                        keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
+        origins = check_origins(cors_origin or [])  # said before the model loads
         named = load_aliases(aliases_file) if aliases_file else {}
         for text in alias or []:
             name, fields = parse_alias(text)
@@ -93,7 +94,7 @@ def serve(
         explorer = Explorer(extractor=ex, probe_dirs=list(probe or []))
         app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts,
                          warm=[parse_layers(w) for w in warm or []],  # a bad alias or --warm: said now
-                         cors_origins=check_origins(cors_origin or []))
+                         cors_origins=origins)
     if not is_loopback(host) and not key:
         err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
                           f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "

@@ -64,7 +64,9 @@ def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
             "accept instead of being answered 503; raise ulimit -n or lower --max-connections",
             connections.max_connections)
     app = model if isinstance(model, FastAPI) else create_app(model, limits, aliases=aliases)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, http=connections.protocol())
+    metrics = getattr(app.state, "metrics", None)  # an app of create_app's: refusals below it are counted too
+    refused = metrics.refused if metrics is not None else None
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http=connections.protocol(refused))
 
 
 __all__ = [

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -81,9 +81,12 @@ class ConnectionLimits:
             raise LayerwiseError(f"--max-connections (ConnectionLimits.max_connections) must be an int in "
                                  f"1..{MAX_CONNECTIONS}, got {n!r} (default {DEFAULTS['max_connections']})")
 
-    def protocol(self) -> type[LimitedH11]:
-        """The uvicorn HTTP protocol class that enforces these limits: pass it as ``uvicorn.run(app, http=...)``."""
-        return type("LimitedH11", (LimitedH11,), {"limits": self})
+    def protocol(self, refused: Callable[[int], None] | None = None) -> type[LimitedH11]:
+        """The uvicorn HTTP protocol class that enforces these limits: pass it as ``uvicorn.run(app, http=...)``.
+        ``refused(status)`` is called for every answer given below the app (503 past the cap, 408 on a deadline,
+        400 for a request h11 cannot parse), so the metrics count them."""
+        return type("LimitedH11", (LimitedH11,), {"limits": self, "counters": (refused,) if refused else ()})
+
 
 
 DEFAULTS = {f.name: f.default for f in fields(ConnectionLimits)}  # for the error messages
@@ -98,6 +101,7 @@ class LimitedH11(H11Protocol):
     """
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    counters: ClassVar[tuple[Callable[[int], None], ...]] = ()  # told the status of every refusal below the app
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -112,6 +116,7 @@ class LimitedH11(H11Protocol):
                         self.limits.max_connections)
             transport.write(BUSY_503)
             transport.close()
+            self.count(503)
             return
         self.arm()
 
@@ -122,6 +127,16 @@ class LimitedH11(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self.arm()
+
+    def count(self, status: int) -> None:
+        """Tell the counters of a refusal answered here."""
+        for counter in self.counters:
+            counter(status)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (or a head over 16 KiB): uvicorn's 400, counted."""
+        super().send_400_response(msg)
+        self.count(400)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
@@ -154,6 +169,7 @@ class LimitedH11(H11Protocol):
         begun = phase == "body" or bool(self.conn.trailing_data[0])
         if begun and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no answer begun
             self.transport.write(TIMEOUT_408)
+            self.count(408)
         log.debug("closed a connection: request %s not received within %g s", phase,
                   self.limits.header_timeout if phase == "head" else self.limits.body_timeout)
         self.transport.close()

@@ -1,7 +1,9 @@
 """Prometheus metrics of the service (``GET /metrics``), in a registry of the app's own (no global state).
 
 Every answer is counted by route and status, refusals included (a missing key, a wrong ``Host:``, a body over the
-limit or of the wrong type, a body that does not fit the schema): :class:`CountAnswers` wraps the whole app. The
+limit or of the wrong type, a body that does not fit the schema): :class:`CountAnswers` wraps the whole app, and the
+connection limits (:mod:`layerwise.serve.connections`) count what they answer below it (route ``connection``: 503
+past the cap, 408 on a deadline, 400 for a request that does not parse). The
 batcher's calls say how full they were and what they computed against what their requests needed.
 """
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from .batcher import BatchStats
 
 UNMATCHED = "unmatched"  # the route label of a path no route answers (not the path itself: unbounded labels)
+CONNECTION = "connection"  # the route label of an answer given on the connection, before any request reached the app
 
 
 class Metrics:
@@ -46,6 +49,10 @@ class Metrics:
                                        "runs every token to its deepest request's layer)", registry=r)
         self.layers_requested = Counter("layerwise_layer_tokens_requested", "Estimated tokens x layers the requests "
                                         "needed (each to its own deepest layer)", registry=r)
+        self.cost_batch = Gauge("layerwise_cost_batch_seconds", "The cost model's price of one forward batch "
+                                "(refit on every model call)", registry=r)
+        self.cost_token_layer = Gauge("layerwise_cost_token_layer_seconds", "The cost model's price of one token "
+                                      "through one layer (refit on every model call)", registry=r)
         self.tokens_total = Counter("layerwise_tokens", "Tokens encoded (special tokens included)", registry=r)
         self.tokens_per_second = Gauge("layerwise_tokens_per_second", "Tokens/s of the last model step", registry=r)
 
@@ -54,8 +61,16 @@ class Metrics:
         self.requests.labels(route=route, status=str(status)).inc()
         self.latency.labels(route=route).observe(seconds)
 
-    def batch(self, stats: "BatchStats", max_batch_tokens: int) -> None:
-        """Record one finished model call."""
+    def refused(self, status: int) -> None:
+        """Count an answer given below the app, on the connection (503 past the cap, 408, h11's 400): route
+        ``connection``."""
+        self.requests.labels(route=CONNECTION, status=str(status)).inc()
+
+    def batch(self, stats: "BatchStats", max_batch_tokens: int, prices: tuple[float, float]) -> None:
+        """Record one finished model call, and the cost model's ``prices`` (per batch, per token and layer) after
+        it."""
+        self.cost_batch.set(prices[0])
+        self.cost_token_layer.set(prices[1])
         self.batches.inc()
         self.batch_requests.observe(stats.requests)
         self.batch_specs.observe(stats.specs)
@@ -106,4 +121,4 @@ def route_label(scope: MutableMapping[str, Any]) -> str:
     return getattr(route, "path", None) or UNMATCHED
 
 
-__all__ = ["CountAnswers", "Metrics", "UNMATCHED", "route_label"]
+__all__ = ["CONNECTION", "CountAnswers", "Metrics", "UNMATCHED", "route_label"]

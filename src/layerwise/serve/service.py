@@ -378,7 +378,7 @@ class Service:
         return out
 
     def _batch_done(self, stats: BatchStats) -> None:
-        self.metrics.batch(stats, self.limits.max_batch_tokens)
+        self.metrics.batch(stats, self.limits.max_batch_tokens, (self.cost.overhead, self.cost.unit))
 
 
 async def _disconnected(request: Any) -> None:
