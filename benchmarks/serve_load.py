@@ -1,7 +1,7 @@
 """Load test of ``layerwise serve``: the service's throughput at 1, 8 and 64 concurrent clients over a direct encode.
 
 Run: ``./dev bench serve_load [--model default] [--backend B] [--requests 512] [--texts-per-request 4]
-[--clients 1,8,64] [--repeat 3]``.
+[--clients 1,8,64] [--repeat 3] [--device cpu|cuda] [--mixed]``.
 
 Starts the server as a subprocess (``python -m layerwise.cli.main serve``, the same model, device and backend as the
 in-process :class:`~layerwise.Extractor`) on a free loopback port. Each request is ``--texts-per-request`` short
@@ -25,6 +25,21 @@ Each round runs: per request, the server at each client count, one call; ``--rep
 The table shows each mode's best round and two ratios (texts/s of the server over texts/s of its baseline): of the
 best rounds, and the median over rounds of the ratio within a round (the machine may be shared: compare ratios,
 never absolute times). The acceptance of issue #16 is >= 0.85x at 1 client and >= 0.9x at 64 clients.
+
+**Mixed specs** (``--mixed``, e.g. ``./dev bench serve_load --mixed --clients 32,64 --requests 512 --repeat 5``):
+the server against itself, no direct baseline. At each client count, two loads over the same requests (the same
+texts, ``encoding: base64``): **all-last**, every request ``layers=--layers`` (default -1) ``pool=--pool``, and
+**mixed**, each request one layer of 1..L (L: the model's layer count, from ``GET /v1/model``) and one pool of
+``--mix-pools`` (default mean, cls); the (layer, pool) pairs are spread evenly over the requests and shuffled with
+``--seed``, so the layers needed (the mean requested depth over L) are as close to (L + 1) / 2L as the request count
+allows (58% for 6 layers). Before timing, every depth 1..L is compiled: the server starts with ``--warm 1 ... --warm
+L`` (where ``layerwise serve`` has the option; ``--warm all`` would warm the deepest only), ``GET /ready`` is polled
+until it answers 200 with nothing pending, one request per (depth, pool) is sent, and ``/ready`` is polled again
+until no depth is pending (the ``auto`` backend's background preparation). Each round runs both loads at each client
+count back to back, the order alternating from one round to the next; the table shows the best round of each load,
+the ratio of their texts/s, the median over rounds of the ratio within a round, and p50/p99 latencies over every
+round's requests. Issue: mixed >= 1.3x all-last at 32 and 64 clients. ``--device cuda`` runs it on a GPU (the
+server's device).
 """
 
 from __future__ import annotations
@@ -36,12 +51,14 @@ import csv
 import http.client
 import json
 import os
+import platform
 import random
 import re
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,13 +106,17 @@ def get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def start_server(args, port: int) -> subprocess.Popen:
+def start_server(args, port: int, warm: Sequence[str] = ()) -> subprocess.Popen:
+    """``layerwise serve`` on ``port`` (``args``: model, device, backend), each of ``warm`` as a ``--warm`` option;
+    returned once ``/health`` answers 200."""
     cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--device", args.device, "--port", str(port),
            "--log-level", "warning"]
     if args.model != "default":
         cmd += ["--model", args.model]
     if args.backend:
         cmd += ["--backend", args.backend]
+    for spec in warm:
+        cmd += ["--warm", spec]
     proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
     deadline = time.monotonic() + 300
     while True:
@@ -126,13 +147,24 @@ def decode(data: bytes) -> np.ndarray:
     return np.frombuffer(base64.b64decode(packed["base64"]), dtype=dt).reshape(packed["shape"])
 
 
-def run_load(port: int, requests: list[list[str]], clients: int, options: dict) -> tuple[float, list[float]]:
+def request_options(options: dict | list[dict], n: int) -> list[dict]:
+    """The options of each of ``n`` requests: one dict for all, or a list with one per request."""
+    if isinstance(options, dict):
+        return [options] * n
+    if len(options) != n:
+        raise ValueError(f"{len(options)} request options for {n} requests")
+    return options
+
+
+def run_load(port: int, requests: list[list[str]], clients: int,
+             options: dict | list[dict]) -> tuple[float, list[float]]:
     """Send every request from ``clients`` concurrent keep-alive connections (asyncio, one thread, so the load
-    generator takes as little of the shared CPU as it can); returns (wall seconds, per-request latencies)."""
+    generator takes as little of the shared CPU as it can); returns (wall seconds, per-request latencies).
+    ``options``: the request fields besides ``texts``, for all requests or one dict per request."""
     head = f"POST /v1/encode HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
     wires = []
-    for texts in requests:
-        body = json.dumps({"texts": texts, **options}).encode()
+    for texts, opts in zip(requests, request_options(options, len(requests))):
+        body = json.dumps({"texts": texts, **opts}).encode()
         wires.append(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
     todo = iter(range(len(wires)))
     latencies: list[float] = []
@@ -165,14 +197,16 @@ def run_load(port: int, requests: list[list[str]], clients: int, options: dict) 
     return wall, latencies
 
 
-def run_openai(port: int, requests: list[list[str]], clients: int, options: dict) -> tuple[float, list[float]]:
+def run_openai(port: int, requests: list[list[str]], clients: int,
+               options: dict | list[dict]) -> tuple[float, list[float]]:
     """The same load through the official ``openai`` client (``AsyncOpenAI.embeddings.create`` on
     ``/v1/embeddings``, base64 as the client asks by default, layers in ``extra_body``): what a user of the OpenAI
     protocol sees, client overhead included. Returns (wall seconds, per-request latencies)."""
     import httpx
     from openai import AsyncOpenAI
 
-    extra = {"layers": options["layers"], "pool": options["pool"], "normalize": False}
+    extras = [{"layers": o["layers"], "pool": o["pool"], "normalize": False}
+              for o in request_options(options, len(requests))]
     todo = iter(range(len(requests)))
     latencies: list[float] = []
 
@@ -183,7 +217,7 @@ def run_openai(port: int, requests: list[list[str]], clients: int, options: dict
             async def worker() -> None:
                 for i in todo:
                     t0 = time.perf_counter()
-                    got = await client.embeddings.create(model=MODEL_NAME[0], input=requests[i], extra_body=extra)
+                    got = await client.embeddings.create(model=MODEL_NAME[0], input=requests[i], extra_body=extras[i])
                     np.asarray([d.embedding for d in got.data], dtype=np.float32)
                     latencies.append(time.perf_counter() - t0)
 
@@ -222,6 +256,194 @@ class Mode:
             self.latencies, self.merged = latencies, merged
         self.walls.append(wall)
 
+def serve_has_warm() -> bool:
+    """Whether this ``layerwise serve`` takes ``--warm`` (its ``--help`` names it)."""
+    out = subprocess.run([sys.executable, "-m", "layerwise.cli.main", "serve", "--help"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+    return "--warm" in out.stdout
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def wait_ready(port: int, timeout: float) -> tuple[dict | None, float]:
+    """Poll ``GET /ready`` (once a second: the ``auto`` backend prepares in the caller's quiet moments) until it
+    answers 200 with no depth pending; returns (its last state, seconds waited). The state is None where the server
+    has no ``/ready``; a state that is not ready (an error, or ``timeout`` passed) is said on stderr."""
+    t0 = time.monotonic()
+    said = t0
+    while True:
+        status, body = get(port, "/ready")
+        if status == 404:
+            return None, time.monotonic() - t0
+        try:
+            state = json.loads(body)
+        except ValueError:
+            state = {"raw": body[:200].decode(errors="replace")}
+        waited = time.monotonic() - t0
+        if status == 200 and not state.get("pending"):
+            return state, waited
+        if state.get("error") or waited > timeout:
+            why = f"error {state['error']}" if state.get("error") else f"not ready after {timeout:.0f} s"
+            print(f"WARNING: /ready {status} ({why}): {state}; measuring anyway", file=sys.stderr)
+            return state, waited
+        if time.monotonic() - said > 15:
+            print(f"  ... waiting for /ready ({waited:.0f} s): pending {state.get('pending')}", file=sys.stderr)
+            said = time.monotonic()
+        time.sleep(1.0)
+
+
+def mixed_options(n: int, num_layers: int, pools: list[str], seed: int, base: dict) -> list[dict]:
+    """One option dict per request: ``base`` with a layer of 1..num_layers and a pool of ``pools``. The pairs are
+    dealt evenly (every pair once per ``num_layers * len(pools)`` requests, each deal shuffled) and the whole list
+    shuffled, with ``seed``: the mean depth is as close to (num_layers + 1) / 2 as ``n`` allows."""
+    rng = random.Random(seed)
+    pairs = [(d, p) for d in range(1, num_layers + 1) for p in pools]
+    drawn: list[tuple[int, str]] = []
+    while len(drawn) < n:
+        deal = pairs[:]
+        rng.shuffle(deal)
+        drawn += deal
+    drawn = drawn[:n]
+    rng.shuffle(drawn)
+    return [{**base, "layers": d, "pool": p} for d, p in drawn]
+
+
+def machine(device: str) -> str:
+    """The CPU (and GPU where ``device`` is one), e.g. ``AMD EPYC, 2 cores``."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    out = f"{cpu or platform.machine()}, {os.cpu_count()} cores"
+    if device.startswith("cuda") and torch.cuda.is_available():
+        out += f", {torch.cuda.get_device_name(torch.device(device))}"
+    return out
+
+
+def commit() -> str:
+    """The checkout's commit, ``+ uncommitted changes`` when its tree differs."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
+                               timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + (" + uncommitted changes" if dirty else "")
+
+
+def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]], texts: list[str],
+               source: str) -> None:
+    """``--mixed``: all-last against mixed specs at each client count, alternating within each round (see the module
+    docstring)."""
+    k = args.texts_per_request
+    pools = [p.strip() for p in args.mix_pools.split(",") if p.strip()]
+    # the model's layer count, from a first start of the server (the --warm options below need it)
+    port = free_port()
+    proc = start_server(args, port)
+    try:
+        info = json.loads(get(port, "/v1/model")[1])
+    finally:
+        stop_server(proc)
+    num_layers = int(info["num_layers"])
+    mixed = mixed_options(len(requests), num_layers, pools, args.seed,
+                          {key: v for key, v in options.items() if key not in ("layers", "pool")})
+    depths = [o["layers"] for o in mixed]
+    needed = float(np.mean(depths)) / num_layers
+
+    has_warm = serve_has_warm()
+    port = free_port()
+    t_start = time.monotonic()
+    proc = start_server(args, port, [str(d) for d in range(1, num_layers + 1)] if has_warm else [])
+    load = run_load
+    if args.protocol == "openai":
+        MODEL_NAME[0] = json.loads(get(port, "/v1/models")[1])["data"][0]["id"]
+        load = run_openai
+    loads = {"last": options, "mixed": mixed}
+    modes: dict[tuple[str, int], Mode] = {(kind, c): Mode() for kind in loads for c in clients}
+    all_lat: dict[tuple[str, int], list[float]] = {key: [] for key in modes}
+    rounds: list[tuple[str, ...]] = []
+    try:
+        state, _ = wait_ready(port, args.ready_timeout)
+        # one request per (depth, pool), then until no depth is pending: every depth compiled before any timing
+        load(port, [requests[0]] * (num_layers * len(pools)), 1,
+             [{**options, "layers": d, "pool": p} for d in range(1, num_layers + 1) for p in pools])
+        state, _ = wait_ready(port, args.ready_timeout)
+        for opts in loads.values():  # warm-up of both loads
+            n = min(64, len(requests))
+            load(port, requests[:n], 4, opts if isinstance(opts, dict) else opts[:n])
+        state, _ = wait_ready(port, args.ready_timeout)
+        t_ready = time.monotonic() - t_start
+        for r in range(args.repeat):
+            for ci, c in enumerate(clients):  # both loads back to back, the order alternating
+                order = ("last", "mixed") if (r + ci) % 2 == 0 else ("mixed", "last")
+                rounds.append(order)
+                for kind in order:
+                    b0, r0 = metric(port, "layerwise_batches_total"), metric(port, "layerwise_batch_requests_sum")
+                    cpu0 = time.process_time()
+                    wall, lat = load(port, requests, c, loads[kind])
+                    modes[kind, c].client_cpu.append((time.process_time() - cpu0) / len(requests))
+                    merged = (metric(port, "layerwise_batch_requests_sum") - r0) / max(
+                        metric(port, "layerwise_batches_total") - b0, 1)
+                    modes[kind, c].add(wall, lat, f"{merged:.1f}")
+                    all_lat[kind, c] += lat
+        info = json.loads(get(port, "/v1/model")[1])
+    finally:
+        stop_server(proc)
+
+    runtimes = state.get("depths") if state else None
+    if isinstance(runtimes, dict):
+        runtimes = ", ".join(f"{d}: {runtimes[d]}" for d in sorted(runtimes, key=lambda d: int(d)))
+    print(f"\nlayerwise serve load, mixed specs ({args.protocol} protocol): {info.get('name')} ({num_layers} layers), "
+          f"device {args.device}, backend {args.backend or 'default'}; {len(requests)} requests x {k} texts "
+          f"({source}), {len(texts)} texts a load, best of {args.repeat} rounds (both loads at each client count "
+          f"back to back, order alternating)")
+    print(f"all-last: layers={options['layers']!r}, pool={options['pool']}; mixed: layers 1..{num_layers} x pools "
+          f"{', '.join(pools)} (seed {args.seed}): mean depth {np.mean(depths):.2f} of {num_layers}, "
+          f"layers needed {needed:.1%}")
+    print(f"warm: {'--warm ' + ' --warm '.join(str(d) for d in range(1, num_layers + 1)) if has_warm else 'no --warm'}"
+          f"; /ready {'absent' if state is None else ('200' if state.get('ready') else 'NOT ready')}, runtime per "
+          f"depth {{{runtimes}}}; {t_ready:.0f} s from start to the first timed load")
+    print(f"machine: {machine(args.device)}; {time.strftime('%Y-%m-%d')}; commit {commit()}; "
+          f"model backend {info.get('backend')}\n")
+
+    def ms(lat: list[float], q: float) -> str:
+        return f"{np.percentile(lat, q) * 1000:,.1f}" if lat else "-"
+
+    def ratios(c: int) -> tuple[float, float]:
+        """(best all-last / best mixed, median over rounds of the same round's): the mixed texts/s over all-last's."""
+        last, mix = modes["last", c], modes["mixed", c]
+        return last.best / mix.best, float(np.median([a / b for a, b in zip(last.walls, mix.walls)]))
+
+    print("| clients | all-last texts/s | mixed texts/s | ratio (best rounds) | median within-round ratio "
+          "| p50 all-last / mixed ms | p99 all-last ms | p99 mixed ms | layers needed "
+          "| requests / model call (all-last / mixed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in clients:
+        last, mix = modes["last", c], modes["mixed", c]
+        best, median = ratios(c)
+        print(f"| {c} | {len(texts) / last.best:,.0f} | {len(texts) / mix.best:,.0f} | {best:.2f}x | {median:.2f}x "
+              f"| {ms(all_lat['last', c], 50)} / {ms(all_lat['mixed', c], 50)} | {ms(all_lat['last', c], 99)} "
+              f"| {ms(all_lat['mixed', c], 99)} | {needed:.0%} | {last.merged} / {mix.merged} |")
+    print("\nratio: mixed texts/s over all-last texts/s (best rounds; and the median over rounds of the ratio within a "
+          "round). Latencies over every round's requests; requests / model call: the best round's. Issue: mixed >= "
+          "1.3x all-last at 32 and 64 clients, every depth compiled.")
+    for c in clients:
+        best, median = ratios(c)
+        verdict = " (target >= 1.3x)" if c in (32, 64) else ""
+        print(f"  {c:>3} client{'s' if c > 1 else ' '}: {best:.2f}x{verdict}, median of rounds {median:.2f}x; "
+              f"load generator {1000 * float(np.median(modes['last', c].client_cpu)):.2f} / "
+              f"{1000 * float(np.median(modes['mixed', c].client_cpu)):.2f} ms CPU / request (all-last / mixed)")
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,6 +460,13 @@ def main(argv=None) -> None:
                          "client on POST /v1/embeddings")
     ap.add_argument("--backend", default=None,
                     help="the Extractor's backend, for the server and the direct calls alike (default: its default)")
+    ap.add_argument("--mixed", action="store_true",
+                    help="all-last (--layers, --pool) against mixed specs (each request a layer of 1..L and a pool of "
+                         "--mix-pools) on the server, no direct baseline; every depth compiled before timing")
+    ap.add_argument("--mix-pools", default="mean,cls", help="--mixed: the pools the mixed requests draw from")
+    ap.add_argument("--seed", type=int, default=0, help="--mixed: the seed of the mixed requests' layers and pools")
+    ap.add_argument("--ready-timeout", type=float, default=900,
+                    help="--mixed: seconds to wait for GET /ready (every depth prepared) before measuring anyway")
     args = ap.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     layers = int(args.layers) if re.fullmatch(r"-?\d+", args.layers) else args.layers
@@ -246,6 +475,9 @@ def main(argv=None) -> None:
     k = args.texts_per_request
     texts, source = load_sentences(args.requests * k)
     requests = [texts[i * k : (i + 1) * k] for i in range(args.requests)]
+    if args.mixed:
+        main_mixed(args, clients, options, requests, texts, source)
+        return
     ex = lw.Extractor(None if args.model == "default" else args.model, device=args.device,
                       **({"backend": args.backend} if args.backend else {}))
     n_tokens = sum(len(ids) for ids in ex.tokenizer(texts)["input_ids"])

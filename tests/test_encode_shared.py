@@ -23,8 +23,9 @@ SPECS = [
 TEXTS = ["EU rejects German call", "a much longer text about the layers of a model " * 12, "x"]
 
 
+@pytest.mark.parametrize("segments", [None, [[0, 3], [1, 2, 4]], [[0], [1], [2], [3], [4]]])
 @pytest.mark.parametrize("family", ["bert", "roberta", "deberta-v2"])
-def test_each_part_equals_its_own_encoding(tiny_extractors, family):
+def test_each_part_equals_its_own_encoding(tiny_extractors, family, segments):
     ex = tiny_extractors[family]
     ex = lw.Extractor(ex.backend, max_length=32)  # the long text is cut into windows
     parts = []
@@ -33,7 +34,7 @@ def test_each_part_equals_its_own_encoding(tiny_extractors, family):
         parts.append((ex.tokenize(items, words=spec.level == "word"), spec))
     got: dict[tuple[int, int], torch.Tensor] = {}
     steps = 0
-    for step in ex.encode_shared(parts, batch_tokens=64):
+    for step in ex.encode_shared(parts, batch_tokens=64, segments=segments):
         steps += 1
         for p, result in step:
             assert (p, result.index) not in got
@@ -48,11 +49,13 @@ def test_each_part_equals_its_own_encoding(tiny_extractors, family):
             assert torch.allclose(shared.float(), lone.features.float(), atol=tol), (p, lone.index)
 
 
-def test_parts_at_different_sites_are_refused(tiny_extractors):
+def test_parts_at_different_sites_or_segments_that_miss_a_part_are_refused(tiny_extractors):
     ex = tiny_extractors["bert"]
     toks = ex.tokenize(["hi"], words=False)
     with pytest.raises(lw.SpecError, match="share one site"):
         list(ex.encode_shared([(toks, lw.EncodeSpec(layers=1)), (toks, lw.EncodeSpec(layers=1, site="attention"))]))
+    with pytest.raises(lw.SpecError, match="exactly once"):
+        list(ex.encode_shared([(toks, lw.EncodeSpec(layers=1)), (toks, lw.EncodeSpec(layers=2))], segments=[[0]]))
 
 
 def test_the_schema_pattern_is_the_blank_rule_over_every_code_point():

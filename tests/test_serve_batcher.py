@@ -23,15 +23,17 @@ class Recorder:
 
     def __init__(self, fail_on: str | None = None, per_step: int = 10**6, step_seconds: float = 0.0):
         self.calls: list[tuple[list, int, list]] = []
+        self.segments: list[list[list]] = []  # per call: the first item of each job, by depth segment
         self.steps_run = 0
         self.started = threading.Event()
         self.release = threading.Event()
         self.release.set()
         self.fail_on, self.per_step, self.step_seconds = fail_on, per_step, step_seconds
 
-    def __call__(self, jobs):
+    def __call__(self, jobs, segments):
         items = [(j, i, job.payload, item) for j, job in enumerate(jobs) for i, item in enumerate(job.items)]
         self.calls.append(([job.payload for job in jobs], max(job.depth for job in jobs), [it[3] for it in items]))
+        self.segments.append([[jobs[j].items[0] for j in seg] for seg in segments])
         self.started.set()
         self.release.wait(30)
         if self.fail_on is not None and any(self.fail_on == it[3] for it in items):
@@ -112,18 +114,19 @@ def test_requests_of_one_depth_share_a_call_whatever_their_spec_and_get_their_ow
     assert later == [[("A", "A0-0"), ("A", "A0-1")], [("B", "B1-0")], [("C", "C2-0")],
                      [("A", "A3-0"), ("A", "A3-1"), ("A", "A3-2")]]
     merged = stats[1]
-    assert (merged.requests, merged.specs, merged.texts, merged.depth) == (3, 2, 6, 3)
+    assert (merged.requests, merged.specs, merged.texts, merged.segments) == (3, 2, 6, 1)
+    assert merged.computed == merged.needed == 6 * 3
 
 
 class Fixed(CostModel):
     """Prices that do not learn (the held first call of a test is no measure of anything)."""
 
-    def observe(self, batches, tokens, depth, seconds):
+    def observe(self, batches, work, seconds):
         pass
 
 
-def test_the_cost_model_decides_which_depths_share_a_pass():
-    def calls_for(cost: CostModel) -> list[tuple[int, list]]:
+def test_the_cost_model_cuts_a_call_by_depth():
+    def segments_for(cost: CostModel) -> list[list[str]]:
         run = Recorder()
         b = Batcher(run, cost, max_batch_tokens=100_000)
 
@@ -140,13 +143,14 @@ def test_the_cost_model_decides_which_depths_share_a_pass():
             asyncio.run(scenario())
         finally:
             b.close()
-        return [(depth, items) for _, depth, items in run.calls[1:]]
+        assert [items for _, _, items in run.calls[1:]] == [["d1", "d6", "d5"]]  # one call, one pipeline
+        return run.segments[1]
 
     # a CPU pays per layer: 40 tokens through 5 layers they do not need cost more than a batch of their own; one
     # more layer for 40 tokens costs less than a batch
-    assert calls_for(Fixed(1024, 0.002, 2e-5)) == [(1, ["d1"]), (6, ["d6", "d5"])]
-    # a GPU pays per batch: everything shares one pass to the deepest layer
-    assert calls_for(Fixed(16384, 0.004, 2e-7)) == [(6, ["d1", "d6", "d5"])]
+    assert segments_for(Fixed(1024, 0.002, 2e-5)) == [["d1"], ["d6", "d5"]]
+    # a GPU pays per batch: everything runs to the deepest layer in one segment
+    assert segments_for(Fixed(16384, 0.004, 2e-7)) == [["d1", "d6", "d5"]]
 
 
 def test_batch_budget_splits_merged_calls():
@@ -193,8 +197,8 @@ def test_a_failing_request_fails_alone_and_the_worker_goes_on():
 
 
 def test_a_short_request_takes_turns_with_a_long_call():
-    run = Recorder(per_step=1, step_seconds=0.05)  # the long call: 60 steps of 50 ms
-    b = Batcher(run, cpu(), quantum=0.1)
+    run = Recorder(per_step=1, step_seconds=0.05)  # the long call: 60 steps of 50 ms, over the batch budget
+    b = Batcher(run, cpu(), quantum=0.1, max_batch_tokens=50)
 
     async def scenario():
         long = asyncio.ensure_future(b.submit("g", 6, [f"long{i}" for i in range(60)], "L", 60))
@@ -294,5 +298,5 @@ def test_the_cost_model_learns_the_prices_of_the_machine():
     model = cpu()
     for tokens, depth in [(100, 1), (3000, 6), (900, 3), (5000, 2), (200, 6), (2500, 4)] * 5:
         batches = model.batches(tokens)
-        model.observe(batches, tokens, depth, 0.010 * batches + 5e-6 * tokens * depth)
+        model.observe(batches, tokens * depth, 0.010 * batches + 5e-6 * tokens * depth)
     assert abs(model.overhead - 0.010) < 0.002 and abs(model.unit - 5e-6) < 1e-6, (model.overhead, model.unit)

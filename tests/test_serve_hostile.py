@@ -28,7 +28,7 @@ def test_a_20kb_layer_spec_is_answered_at_once(client):
 
 
 @pytest.mark.parametrize("route,body", [
-    ("/v1/encode", {"words": [["a"] * 19999], "level": "word", "layers": "all", "combine": "concat"}),
+    ("/v1/encode", {"words": [["a"] * 9999], "level": "word", "layers": "all", "combine": "concat"}),
     ("/v1/encode", {"texts": ["word " * 3900] * 200, "level": "token", "layers": "all", "combine": "concat"}),
     ("/embed_all", {"inputs": ["word " * 3900] * 200, "layers": "all", "combine": "concat"}),
 ])
@@ -101,7 +101,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_gone_clients_work_is_never_c
     release = threading.Event()
     seen: list[list] = []
 
-    def run(jobs):
+    def run(jobs, segments):
         items = [item for job in jobs for item in job.items]
         seen.append(items)
         release.wait(10)

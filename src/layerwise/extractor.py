@@ -311,22 +311,28 @@ class Extractor:
         return self.text_tokenizer()(items, words=words, truncate=truncate, prompt=prompt, add_eos=add_eos)
 
     def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int,
-                 idle: bool = False) -> Iterator[Group]:
+                 idle: bool = False, segments: tuple[list[int], list[tuple[int, ...]]] | None = None,
+                 ) -> Iterator[Group]:
         """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`; ``idle``: an
-        empty group after a batch that finished none)."""
-        def run(ids: torch.Tensor, mask: torch.Tensor) -> Callable[[], torch.Tensor]:
-            return self.backend.start(ids, mask, layers, site)
+        empty group after a batch that finished none). ``segments``: ``(segment of each text, layers of each
+        segment)``, each segment run to its own depth in one pipeline (``layers`` is then their union)."""
+        of_text, layer_sets = segments if segments is not None else ([0] * len(toks), [layers])
+        width = self.site_width(site)
 
-        def empty(n: int) -> torch.Tensor:  # texts without any token: [K, n, 0, W]
-            return torch.zeros((len(layers), n, 0, self.site_width(site)), dtype=self.backend.dtype,
-                               device=self.backend.device)
+        def runner(lays: tuple[int, ...]) -> Callable[[torch.Tensor, torch.Tensor], Callable[[], torch.Tensor]]:
+            return lambda ids, mask: self.backend.start(ids, mask, lays, site)
+
+        def blank(lays: tuple[int, ...]) -> Callable[[int], torch.Tensor]:  # texts without any token: [K, n, 0, W]
+            return lambda n: torch.zeros((len(lays), n, 0, width), dtype=self.backend.dtype, device=self.backend.device)
 
         cap = self.backend.batch_tokens_cap(layers, site)  # a streamed model: one batch's states within max_memory
         if cap is not None and cap < batch_tokens:
             batch_tokens = cap
-        yield from forward_windows(toks, run, max_length=self.max_length, stride=self.stride, batch_tokens=batch_tokens,
-                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length, empty=empty,
-                                   ahead=self.backend.ahead(layers, site), idle=idle)
+        yield from forward_windows(toks, [runner(lays) for lays in layer_sets], max_length=self.max_length,
+                                   stride=self.stride, batch_tokens=batch_tokens,
+                                   pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length,
+                                   empty=[blank(lays) for lays in layer_sets], ahead=self.backend.ahead(layers, site),
+                                   idle=idle, segments=of_text)
 
     def stream(
         self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None
@@ -399,7 +405,8 @@ class Extractor:
                 following += 1
 
     def encode_shared(
-        self, parts: Sequence[tuple[list[Tokenized], EncodeSpec]], *, batch_tokens: int | None = None
+        self, parts: Sequence[tuple[list[Tokenized], EncodeSpec]], *, batch_tokens: int | None = None,
+        segments: Sequence[Sequence[int]] | None = None,
     ) -> Iterator[list[tuple[int, Encoded]]]:
         """Encode several requests' tokenised texts, each with its own spec, in one forward pass: it runs to the
         deepest layer any of them needs, and each part's layers are then combined, pooled and finished as its own
@@ -409,6 +416,9 @@ class Extractor:
             parts: ``[(toks, spec)]``; the specs may differ in layers, combine, pool, level, precision, dimensions,
                 normalisation, but not in site (one forward pass records one site).
             batch_tokens: token budget per forward batch (default: the Extractor's).
+            segments: the parts grouped by depth (``[[0, 2], [1]]``: each group a list of part indices, every part
+                in one group); each group runs only to its own deepest layer, and all groups' batches go through one
+                pipeline (the runtime never idles between them). Default: one group.
 
         Yields:
             One step per forward batch: ``[(part, Encoded(i, features, toks_part[i]))]`` for the texts that batch
@@ -426,16 +436,24 @@ class Extractor:
             return
         site = sites[0]
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        union = tuple(sorted({i for spec in specs for i in spec.layer_indices}))
+        groups = [list(g) for g in segments] if segments is not None else [list(range(len(parts)))]
+        if sorted(p for g in groups for p in g) != list(range(len(parts))):
+            raise SpecError(f"segments {groups} must hold every part index 0..{len(parts) - 1} exactly once")
+        segment_of = {p: k for k, g in enumerate(groups) for p in g}
+        unions = [tuple(sorted({i for p in g for i in specs[p].layer_indices})) for g in groups]
         width = self.site_width(site)
         makers = [make_rows(spec, width, self.backend.pooler() if spec.pool == "pooler" else None) for spec in specs]
-        picks = [torch.tensor([union.index(i) for i in spec.layer_indices]) for spec in specs]
+        picks = [torch.tensor([unions[segment_of[p]].index(i) for i in spec.layer_indices])
+                 for p, spec in enumerate(specs)]
         toks = [t for part, _ in parts for t in part]
         owner = [(p, i) for p, (part, _) in enumerate(parts) for i in range(len(part))]
-        for group in self._forward(toks, union, site, budget, idle=True):
+        everything = tuple(sorted({i for union in unions for i in union}))
+        of_text = [segment_of[p] for p, _ in owner]
+        for group in self._forward(toks, everything, site, budget, idle=True, segments=(of_text, unions)):
             step: list[tuple[int, Encoded]] = []
             if group.texts:
                 mask, special = group.masks(toks)
+                union = unions[group.segment]
                 by_part: dict[int, list[int]] = {}
                 for r, text in enumerate(group.texts):
                     by_part.setdefault(owner[text][0], []).append(r)

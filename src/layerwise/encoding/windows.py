@@ -136,11 +136,13 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, sort: bool = True) -
 
 @dataclass
 class Group:
-    """Finished texts of one step: ``states [K, g, T, W]`` padded, one row per text in ``texts``."""
+    """Finished texts of one step: ``states [K, g, T, W]`` padded, one row per text in ``texts``, all of one
+    ``segment`` (see :func:`forward_windows`)."""
 
     texts: list[int]
     states: torch.Tensor
     lengths: list[int]
+    segment: int = 0
 
     def masks(self, toks: Sequence[Tokenized]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(attention mask [g, T], special-token mask [g, T])`` on the states' device (0 on padding)."""
@@ -152,18 +154,22 @@ class Group:
         return mask.to(dev), special.to(dev)
 
 
+RunBatch = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | Callable[[], torch.Tensor]"]
+
+
 def forward_windows(
     toks: list[Tokenized],
-    run_batch: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | Callable[[], torch.Tensor]],
+    run_batch: RunBatch | Sequence[RunBatch],
     *,
     max_length: int,
     stride: int,
     batch_tokens: int,
     pad_id: int,
     sort: bool = True,
-    empty: Callable[[int], torch.Tensor] | None = None,
+    empty: Callable[[int], torch.Tensor] | Sequence[Callable[[int], torch.Tensor]] | None = None,
     ahead: int = 1,
     idle: bool = False,
+    segments: Sequence[int] | None = None,
 ) -> Iterator[Group]:
     """Run every window of ``toks``; yield groups of finished texts (stitched when windowed).
 
@@ -175,27 +181,38 @@ def forward_windows(
     With ``idle=True`` a batch that finishes no text (windows of a long text whose others are still to run) yields
     an empty group (``texts == []``), so a caller that shares the model between requests gets control back after
     every batch.
+
+    Segments: with ``segments`` (the segment of each text), ``run_batch`` and ``empty`` are sequences with one
+    function per segment (say, each to its own depth). A batch holds windows of one segment only, every segment's
+    batches go through the same pipeline of ``ahead`` batches (so the runtime never waits between segments), and each
+    group says its ``segment``.
     """
+    runs = list(run_batch) if isinstance(run_batch, Sequence) else [run_batch]
+    empties = list(empty) if isinstance(empty, Sequence) else [empty] * len(runs)
+    segment_of = list(segments) if segments is not None else [0] * len(toks)
     windows: list[Window] = []
     per_text: list[list[int]] = []
     for i, t in enumerate(toks):
         ws = make_windows(t, i, max_length, stride)
         per_text.append(list(range(len(windows), len(windows) + len(ws))))
         windows.extend(ws)
-    blank = [i for i, t in enumerate(toks) if not t.ids]
-    if blank:
-        if empty is None:
-            raise SpecError(f"text {blank[0]} has no token (the tokenizer adds no special tokens); give empty=")
-        yield Group(texts=blank, states=empty(len(blank)), lengths=[0] * len(blank))
+    for seg in range(len(runs)):
+        blank = [i for i, t in enumerate(toks) if not t.ids and segment_of[i] == seg]
+        if blank:
+            make_empty = empties[seg]
+            if make_empty is None:
+                raise SpecError(f"text {blank[0]} has no token (the tokenizer adds no special tokens); give empty=")
+            yield Group(texts=blank, states=make_empty(len(blank)), lengths=[0] * len(blank), segment=seg)
     pending: dict[int, dict[int, torch.Tensor]] = {}
 
-    def finish(batch: list[int], states: torch.Tensor) -> Iterator[Group]:  # states: [K, b, T, W]
+    def finish(batch: list[int], states: torch.Tensor, seg: int) -> Iterator[Group]:  # states: [K, b, T, W]
         single = [r for r, j in enumerate(batch) if len(per_text[windows[j].text]) == 1]
         if single:
             yield Group(
                 texts=[windows[batch[r]].text for r in single],
                 states=states[:, single],
                 lengths=[len(windows[batch[r]].ids) for r in single],
+                segment=seg,
             )
         for r, j in enumerate(batch):
             text = windows[j].text
@@ -207,24 +224,25 @@ def forward_windows(
                 del pending[text]
                 order = per_text[text]
                 full = stitch(toks[text], [windows[k] for k in order], [got[k] for k in order])
-                yield Group(texts=[text], states=full[:, None], lengths=[full.shape[1]])
+                yield Group(texts=[text], states=full[:, None], lengths=[full.shape[1]], segment=seg)
 
-    def finished(done: list[int], result: torch.Tensor | Callable[[], torch.Tensor]) -> Iterator[Group]:
+    def finished(done: list[int], result: torch.Tensor | Callable[[], torch.Tensor], seg: int) -> Iterator[Group]:
         states = result if isinstance(result, torch.Tensor) else result()
         groups = 0
-        for group in finish(done, states):
+        for group in finish(done, states, seg):
             groups += 1
             yield group
         if idle and not groups:
-            yield Group(texts=[], states=states[:, :0], lengths=[])
+            yield Group(texts=[], states=states[:, :0], lengths=[], segment=seg)
 
-    inflight: deque[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor]]] = deque()
-    runnable = [j for j, w in enumerate(windows) if w.ids]
-    for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
-        batch = [runnable[j] for j in planned]
-        ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
-        inflight.append((batch, run_batch(ids, mask)))
-        while len(inflight) >= max(1, ahead):
-            yield from finished(*inflight.popleft())
+    inflight: deque[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor], int]] = deque()
+    for seg, run in enumerate(runs):
+        runnable = [j for j, w in enumerate(windows) if w.ids and segment_of[w.text] == seg]
+        for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
+            batch = [runnable[j] for j in planned]
+            ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
+            inflight.append((batch, run(ids, mask), seg))
+            while len(inflight) >= max(1, ahead):
+                yield from finished(*inflight.popleft())
     while inflight:
         yield from finished(*inflight.popleft())

@@ -1,17 +1,20 @@
 """Dynamic batching by depth, with fair turns: concurrent requests share forward passes, and none can stall the others.
 
 Requests wait in a queue; one worker thread owns the model. Requests of the same group (one model and site) share a
-forward pass whatever else they ask (layers, combine, pool, level, precision, encoding): the pass runs to the deepest
-layer its members need, and each request's layers are then combined, pooled and finished on their own
-(:meth:`Extractor.encode_shared <layerwise.Extractor.encode_shared>`). Which queued requests join the oldest one is
-planned by the measured cost model of :mod:`layerwise.serve.cost` (a shallow request joins a deeper pass when its
-extra layers cost less than a batch of its own), within ``max_batch_tokens`` and ``max_batch_texts``.
+call whatever else they ask (layers, combine, pool, level, precision, encoding): the worker takes the oldest request
+and every queued request of its group within ``max_batch_tokens`` and ``max_batch_texts``, and the measured cost model
+of :mod:`layerwise.serve.cost` cuts them by depth into segments. Each segment runs only to its deepest member's layer,
+all segments' batches go through one pipeline (:meth:`Extractor.encode_shared
+<layerwise.Extractor.encode_shared>`), and each request's layers are then combined, pooled and finished on their own.
+A shallow request joins a deeper segment when its extra layers cost less than a part-filled batch of its own.
 
-A merged call runs one forward batch per step, and the worker takes turns: a call that has run for ``quantum``
-seconds lets the requests queued meanwhile start a call of their own, and the running calls then alternate step by
-step. So a short request waits about one forward batch behind a large one, not the large one's whole run. A request
-whose caller has gone (its future cancelled) leaves the queue at once; a call none of whose requests is still
-awaited stops between its batches.
+A call runs one forward batch per step. A call that is larger than one batch budget (a single request over
+``max_batch_tokens``) takes turns: once it has run for ``quantum`` seconds, the requests queued meanwhile start a call
+of their own, and the running calls then alternate step by step. So a short request waits about one forward batch
+behind a large request, not its whole run, while calls of merged ordinary requests run to their end (splitting them
+would only make the calls smaller, and a call of 35 short texts is half as fast per text as one of 140 on a 2-core
+CPU). A request whose caller has gone (its future cancelled) leaves the queue at once; a call none of whose requests
+is still awaited stops between its batches.
 
 There is no batching window: a lone request starts as soon as the worker is free (it sleeps on a condition, never
 on a timer), and requests that arrive while the model runs are planned into the next call. Results go back with one
@@ -60,7 +63,7 @@ class Call:
     """A merged call in progress: its jobs, its steps (started on the first turn), its model time so far."""
 
     jobs: list[Job]
-    depth: int
+    segments: list[list[int]]  # job indices by depth segment (each run to its deepest member)
     steps: Iterator[Step] | None = None
     seconds: float = 0.0
     batches: int = 0
@@ -70,6 +73,18 @@ class Call:
     def tokens(self) -> int:
         return sum(j.cost for j in self.jobs)
 
+    @property
+    def depth(self) -> int:
+        return max(j.depth for j in self.jobs)
+
+    def work(self) -> int:
+        """Estimated tokens x layers the call runs: each segment's tokens through its deepest member's layer."""
+        return sum(sum(self.jobs[j].cost for j in seg) * max(self.jobs[j].depth for j in seg) for seg in self.segments)
+
+    def long(self, max_tokens: int) -> bool:
+        """Whether the call is larger than one batch budget (it then takes turns with later requests)."""
+        return self.tokens > max_tokens
+
     def abandoned(self) -> bool:
         """Whether every job still to be encoded has lost its caller."""
         waiting = [j for j in self.jobs if j.left > 0]
@@ -78,15 +93,17 @@ class Call:
 
 @dataclass
 class BatchStats:
-    """What one finished call did, for the metrics: requests, texts, distinct payloads (specs), estimated tokens,
-    forward batches, the depth run, the layers the requests needed (tokens x depth summed per request), seconds."""
+    """What one finished call did, for the metrics: requests, texts, distinct payloads (specs), depth segments,
+    estimated tokens, forward batches, the tokens x layers run (each segment to its depth) and those the requests
+    needed (each to its own depth), seconds."""
 
     requests: int
     texts: int
     specs: int
+    segments: int
     tokens: int
     batches: int
-    depth: int
+    computed: int
     needed: int
     seconds: float
 
@@ -103,7 +120,8 @@ class Batcher:
     """Queue + worker thread. ``run(jobs) -> steps`` encodes a merged call one forward batch per step.
 
     Args:
-        run: ``run(jobs) -> Iterator[[(job index, item index, result)]]`` (the model's side).
+        run: ``run(jobs, segments) -> Iterator[[(job index, item index, result)]]`` (the model's side; ``segments``:
+            job indices by depth segment).
         cost: the cost model (refit on every finished call).
         max_batch_tokens, max_batch_texts: the most estimated tokens and texts one call merges (a larger request
             runs alone, in steps like any other).
@@ -113,7 +131,8 @@ class Batcher:
         on_batch: called with :class:`BatchStats` after every finished call.
     """
 
-    def __init__(self, run: Callable[[list[Job]], Iterator[Step]], cost: CostModel, *, max_batch_tokens: int = 16384,
+    def __init__(self, run: Callable[[list[Job], list[list[int]]], Iterator[Step]], cost: CostModel, *,
+                 max_batch_tokens: int = 16384,
                  max_batch_texts: int = 512, max_queue_tokens: int | None = None, quantum: float = 0.25,
                  on_batch: Callable[[BatchStats], None] | None = None):
         self._run, self.cost = run, cost
@@ -168,21 +187,16 @@ class Batcher:
             self.queued_tokens -= job.cost
 
     def _take(self) -> Call | None:
-        """The oldest job and the queued jobs of its group that the cost model puts in its call, oldest first,
-        within the batch budget."""
+        """The oldest job and the queued jobs of its group, oldest first, within the batch budget, cut by depth into
+        segments by the cost model."""
         self._drop_gone()
         if not self._queue:
             return None
         first = self._queue[0]
-        mates = [j for j in self._queue if j.group == first.group]
-        by_depth: dict[int, int] = {}
-        for job in mates:
-            by_depth[job.depth] = by_depth.get(job.depth, 0) + job.cost
-        depths = set(plan(by_depth, first.depth, self.cost))
         chosen: list[Job] = []
         tokens = texts = 0
-        for job in mates:
-            if job.depth not in depths:
+        for job in self._queue:
+            if job.group != first.group:
                 continue
             if chosen and (tokens + job.cost > self.max_tokens or texts + len(job.items) > self.max_texts):
                 continue
@@ -191,7 +205,14 @@ class Batcher:
         for job in chosen:
             self._queue.remove(job)
         self.queued_tokens -= tokens
-        return Call(chosen, max(j.depth for j in chosen))
+        by_depth: dict[int, int] = {}
+        for job in chosen:
+            by_depth[job.depth] = by_depth.get(job.depth, 0) + job.cost
+        segment_of = {d: k for k, seg in enumerate(plan(by_depth, self.cost)) for d in seg}
+        segments: list[list[int]] = [[] for _ in set(segment_of.values())]
+        for j, job in enumerate(chosen):
+            segments[segment_of[job.depth]].append(j)
+        return Call(chosen, segments)
 
     def _next_call(self) -> Call | None:
         """The call to advance by one step: a new one from the queue when nothing runs or every running call has had
@@ -199,7 +220,7 @@ class Batcher:
         for call in [c for c in self._calls if c.abandoned()]:
             self._calls.remove(call)  # nobody waits for it: stop between batches
             _close(call)
-        if self._queue and all(c.seconds >= self.quantum for c in self._calls):
+        if self._queue and all(c.long(self.max_tokens) and c.seconds >= self.quantum for c in self._calls):
             new = self._take()
             if new is not None:
                 self._calls.appendleft(new)
@@ -229,7 +250,7 @@ class Batcher:
         step: Step | None = None
         try:
             if call.steps is None:
-                call.steps = self._run(call.jobs)
+                call.steps = self._run(call.jobs, call.segments)
             step = next(call.steps, None)
         except Exception as exc:  # handed to the call's requests; the worker keeps serving
             error = exc
@@ -255,7 +276,7 @@ class Batcher:
                 # one request's failure must not fail the others it shared a call with: each retries on its own
                 for job in unfinished:
                     job.results, job.left = [None] * len(job.items), len(job.items)
-                    self._calls.append(Call([job], job.depth, alone=True))
+                    self._calls.append(Call([job], [[0]], alone=True))
                 unfinished = []
         for job in unfinished:
             outcomes.setdefault(job.loop, []).append(
@@ -266,15 +287,15 @@ class Batcher:
 
     def _finished(self, call: Call) -> None:
         tokens = call.tokens
-        self.cost.observe(max(call.batches, 1), tokens, call.depth, call.seconds)
+        self.cost.observe(max(call.batches, 1), call.work(), call.seconds)
         if call.seconds > 0:
             self.tokens_per_second = tokens / call.seconds
         if self._on_batch is not None:
             self._on_batch(BatchStats(
                 requests=len(call.jobs), texts=sum(len(j.items) for j in call.jobs),
-                specs=len({j.payload for j in call.jobs}),
-                tokens=tokens, batches=call.batches, depth=call.depth,
-                needed=sum(j.cost * j.depth for j in call.jobs), seconds=call.seconds))
+                specs=len({j.payload for j in call.jobs}), segments=len(call.segments), tokens=tokens,
+                batches=call.batches, computed=call.work(), needed=sum(j.cost * j.depth for j in call.jobs),
+                seconds=call.seconds))
 
 
 def _close(call: Call) -> None:

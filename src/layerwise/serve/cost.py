@@ -1,4 +1,4 @@
-"""What a model call costs, measured as the service runs, and which queued requests share the next forward pass.
+"""What a forward pass costs, measured as the service runs, and how the requests of one call are cut by depth.
 
 A forward pass over ``T`` tokens to depth ``D`` costs about ``overhead * batches + unit * T * D`` seconds, where
 ``batches`` is the number of forward batches it takes (``ceil(T / batch_tokens)``, at least one): a fixed price per
@@ -6,19 +6,20 @@ batch (launching kernels, padding, Python) and a price per token and layer. :cla
 for the device (a CPU pays little per batch and much per layer; a GPU the reverse) and refits both prices by least
 squares on every finished call, so it follows the model and machine actually serving.
 
-:func:`plan` uses it: requests of one group (model, site) ask for different depths. Running each depth on its own
-pays the per-batch price once per depth; merging a shallow request into a deeper batch pays its tokens through the
-layers it does not need. The queued depths, sorted, are cut into contiguous segments (each run at its deepest
-member) by dynamic programming over the segment costs, and the segment holding the oldest request runs now; the
-others wait for the next plan, with whatever arrives meanwhile.
+:func:`plan` uses it: the requests of one call ask for different depths. Running each depth on its own pays the
+per-batch price once more per depth (a part-filled batch); running a shallow request in a deeper segment pays its
+tokens through the layers it does not need. The depths, sorted, are cut into contiguous segments (each run to its
+deepest member) by dynamic programming over the segment costs. The segments of a call share one pipeline of forward
+batches (:meth:`Extractor.encode_shared <layerwise.Extractor.encode_shared>`), so a segment costs no more than its
+batches.
 
 Example::
 
     >>> model = CostModel(batch_tokens=1024, overhead=0.002, unit=2e-5)
-    >>> plan({1: 120, 6: 4000}, first=1, model=model)   # 120 tokens at depth 1, 4000 at depth 6
-    [1]
-    >>> plan({5: 50, 6: 800}, first=5, model=model)     # one layer more for 50 tokens is cheaper than a batch
-    [5, 6]
+    >>> plan({1: 120, 6: 4000}, model)     # 120 tokens at depth 1, 4000 at depth 6: five layers each are dearer
+    [[1], [6]]
+    >>> plan({5: 50, 6: 800}, model)       # one layer more for 50 tokens is cheaper than a batch of their own
+    [[5, 6]]
 """
 
 from __future__ import annotations
@@ -67,15 +68,15 @@ class CostModel:
         """The predicted seconds of one call of ``tokens`` to ``depth``."""
         return self.overhead * self.batches(tokens) + self.unit * tokens * max(depth, 1)
 
-    def observe(self, batches: int, tokens: int, depth: int, seconds: float) -> None:
-        """Refit the prices on one finished call: ``batches`` forward batches, ``tokens`` through ``depth`` layers,
-        ``seconds`` of model time."""
+    def observe(self, batches: int, work: int, seconds: float) -> None:
+        """Refit the prices on one finished call: ``batches`` forward batches, ``work`` tokens x layers run (each
+        segment's tokens times its depth, summed), ``seconds`` of model time."""
         if batches < 1 or seconds <= 0:
             return
         a0, u0 = self._prior
         # in units of the prior prices (x = overhead / a0, z = unit / u0), so that a ridge toward (1, 1) weighs both
         # alike: calls that are all alike (which cannot tell the prices apart) move them as little as they can
-        b, w, y = float(batches) * a0, float(tokens * max(depth, 1)) * u0, float(seconds)
+        b, w, y = float(batches) * a0, float(work) * u0, float(seconds)
         with self._lock:
             self._seen = [DECAY * a + v for a, v in zip(self._seen, (b * b, b * w, w * w, b * y, w * y))]
             bb, bw, ww, by, wy = self._seen
@@ -87,17 +88,15 @@ class CostModel:
                 self.overhead, self.unit = x * a0, z * u0
             self.calls += 1
 
-def plan(tokens_by_depth: dict[int, int], first: int, model: CostModel) -> list[int]:
-    """The depths to run together now: the cheapest cut of the queued depths into contiguous segments (each run to
-    its deepest member), and of it the segment holding ``first`` (the oldest request's depth).
+def plan(tokens_by_depth: dict[int, int], model: CostModel) -> list[list[int]]:
+    """The cheapest cut of the depths of one call into contiguous segments, each run to its deepest member.
 
     Args:
-        tokens_by_depth: queued tokens per depth (one group).
-        first: the depth of the oldest request (a key of ``tokens_by_depth``).
+        tokens_by_depth: tokens per depth.
         model: the prices.
 
     Returns:
-        The depths of that segment, ascending.
+        The segments, shallowest first, each its depths ascending.
     """
     depths = sorted(tokens_by_depth)
     n = len(depths)
@@ -110,13 +109,12 @@ def plan(tokens_by_depth: dict[int, int], first: int, model: CostModel) -> list[
             cost = best[i] + model.seconds(tokens, depths[j - 1])
             if cost < best[j]:
                 best[j], cut[j] = cost, i
+    segments = []
     j = n
     while j > 0:
-        i = cut[j]
-        if depths[i] <= first <= depths[j - 1]:
-            return depths[i:j]
-        j = i
-    return [first]
+        segments.append(depths[cut[j]:j])
+        j = cut[j]
+    return segments[::-1]
 
 
 __all__ = ["CostModel", "PRIORS", "plan"]

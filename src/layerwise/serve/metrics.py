@@ -39,14 +39,17 @@ class Metrics:
                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128))
         self.batch_specs = Histogram("layerwise_batch_specs", "Distinct specs (layers, pool, combine, precision, "
                                      "...) sharing one model call", registry=r, buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32))
+        self.batch_segments = Histogram("layerwise_batch_segments", "Depth segments of one model call (each run "
+                                        "to its own deepest layer, in one pipeline)", registry=r,
+                                        buckets=(1, 2, 3, 4, 6, 8, 16, 32))
         self.batch_texts = Histogram("layerwise_batch_texts", "Texts in one model call", registry=r,
                                      buckets=(1, 4, 16, 64, 256, 1024))
         self.batch_occupancy = Histogram("layerwise_batch_occupancy", "Estimated tokens of a model call over "
                                          "max_batch_tokens", registry=r,
                                          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 8.0))
         self.batch_seconds = Histogram("layerwise_batch_seconds", "Model time per merged batch", registry=r)
-        self.layers_computed = Counter("layerwise_layer_tokens_computed", "Estimated tokens x layers run (a call "
-                                       "runs every token to its deepest request's layer)", registry=r)
+        self.layers_computed = Counter("layerwise_layer_tokens_computed", "Estimated tokens x layers run (each "
+                                       "depth segment of a call to its deepest request's layer)", registry=r)
         self.layers_requested = Counter("layerwise_layer_tokens_requested", "Estimated tokens x layers the requests "
                                         "needed (each to its own deepest layer)", registry=r)
         self.cost_batch = Gauge("layerwise_cost_batch_seconds", "The cost model's price of one forward batch "
@@ -77,7 +80,8 @@ class Metrics:
         self.batch_texts.observe(stats.texts)
         self.batch_occupancy.observe(stats.tokens / max_batch_tokens)
         self.batch_seconds.observe(stats.seconds)
-        self.layers_computed.inc(stats.tokens * stats.depth)
+        self.batch_segments.observe(stats.segments)
+        self.layers_computed.inc(stats.computed)
         self.layers_requested.inc(stats.needed)
 
     def tokens(self, n: int, seconds: float) -> None:

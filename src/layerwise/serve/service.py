@@ -339,13 +339,13 @@ class Service:
             if gone is not None:
                 gone.cancel()
 
-    def _run(self, jobs: list[Job]) -> Iterator[Step]:
-        """The worker's side of one merged call: each job's items tokenised as its spec says, then one forward
-        pass to the deepest layer the jobs need, a step per forward batch (the model lock held per step only, so
-        the explorer's view can run between them)."""
+    def _run(self, jobs: list[Job], segments: list[list[int]]) -> Iterator[Step]:
+        """The worker's side of one merged call: each job's items tokenised as its spec says, then one pipeline of
+        forward batches, each depth segment of jobs to its own deepest layer, a step per forward batch (the model
+        lock held per step only, so the explorer's view can run between them)."""
         with self.lock:
             parts = [(toks, job.payload[0]) for job, toks in zip(jobs, self._tokenize(jobs))]
-            steps = self.ex.encode_shared(parts)
+            steps = self.ex.encode_shared(parts, segments=segments)
         while True:
             t0 = time.perf_counter()
             with self.lock:
