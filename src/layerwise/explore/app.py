@@ -32,7 +32,7 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..corpus.records import EMPTY_TEXT, NON_BLANK, is_blank
-from ..errors import LayerwiseError
+from ..errors import InputError, LayerwiseError
 from .corpus import Corpus
 from .probe_dir import read_probe_dir
 from .projection import available_methods, project
@@ -118,7 +118,7 @@ class Explorer:
         if self.extractor is None:
             raise LookupError("no model is loaded for the sentence view")
         if is_blank(text):
-            raise ValueError(f"the text is {EMPTY_TEXT}; type a sentence")
+            raise InputError(f"the text is {EMPTY_TEXT}; type a sentence")
         with self.model_lock:
             return sentence_view(self.extractor, text, site)
 
