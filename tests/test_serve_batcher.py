@@ -14,7 +14,7 @@ from layerwise.serve.cost import CostModel
 
 
 def cpu() -> CostModel:
-    return CostModel(batch_tokens=1024, overhead=0.002, unit=2e-5)
+    return CostModel(batch_tokens=1024, overhead=0.002, layer_overhead=0.0, unit=2e-5)
 
 
 class Recorder:
@@ -121,7 +121,7 @@ def test_requests_of_one_depth_share_a_call_whatever_their_spec_and_get_their_ow
 class Fixed(CostModel):
     """Prices that do not learn (the held first call of a test is no measure of anything)."""
 
-    def observe(self, batches, work, seconds):
+    def observe(self, segments, seconds):
         pass
 
 
@@ -148,9 +148,9 @@ def test_the_cost_model_cuts_a_call_by_depth():
 
     # a CPU pays per layer: 40 tokens through 5 layers they do not need cost more than a batch of their own; one
     # more layer for 40 tokens costs less than a batch
-    assert segments_for(Fixed(1024, 0.002, 2e-5)) == [["d1"], ["d6", "d5"]]
+    assert segments_for(Fixed(1024, 0.002, 0.0, 2e-5)) == [["d1"], ["d6", "d5"]]
     # a GPU pays per batch: everything runs to the deepest layer in one segment
-    assert segments_for(Fixed(16384, 0.004, 2e-7)) == [["d1", "d6", "d5"]]
+    assert segments_for(Fixed(16384, 0.004, 0.0005, 2e-7)) == [["d1", "d6", "d5"]]
 
 
 def test_batch_budget_splits_merged_calls():
@@ -295,8 +295,10 @@ def test_requests_from_several_event_loops_are_answered_on_their_own_loop():
 
 
 def test_the_cost_model_learns_the_prices_of_the_machine():
-    model = cpu()
-    for tokens, depth in [(100, 1), (3000, 6), (900, 3), (5000, 2), (200, 6), (2500, 4)] * 5:
-        batches = model.batches(tokens)
-        model.observe(batches, tokens * depth, 0.010 * batches + 5e-6 * tokens * depth)
-    assert abs(model.overhead - 0.010) < 0.002 and abs(model.unit - 5e-6) < 1e-6, (model.overhead, model.unit)
+    model = CostModel.for_device("cpu", 1024)
+    shapes = [[(100, 1)], [(3000, 6)], [(900, 3), (40, 1)], [(5000, 2)], [(200, 6), (300, 2), (50, 4)], [(2500, 4)]]
+    for segments in shapes * 8:
+        b, bd, td = model.features(segments)
+        model.observe(segments, 0.010 * b + 0.002 * bd + 5e-6 * td)
+    assert abs(model.overhead - 0.010) < 0.002 and abs(model.layer_overhead - 0.002) < 0.0005, model
+    assert abs(model.unit - 5e-6) < 1e-6, model

@@ -77,9 +77,13 @@ class Call:
     def depth(self) -> int:
         return max(j.depth for j in self.jobs)
 
+    def shape(self) -> list[tuple[int, int]]:
+        """``(estimated tokens, depth)`` of each segment (its deepest member's layer)."""
+        return [(sum(self.jobs[j].cost for j in seg), max(self.jobs[j].depth for j in seg)) for seg in self.segments]
+
     def work(self) -> int:
         """Estimated tokens x layers the call runs: each segment's tokens through its deepest member's layer."""
-        return sum(sum(self.jobs[j].cost for j in seg) * max(self.jobs[j].depth for j in seg) for seg in self.segments)
+        return sum(tokens * depth for tokens, depth in self.shape())
 
     def long(self, max_tokens: int) -> bool:
         """Whether the call is larger than one batch budget (it then takes turns with later requests)."""
@@ -287,7 +291,7 @@ class Batcher:
 
     def _finished(self, call: Call) -> None:
         tokens = call.tokens
-        self.cost.observe(max(call.batches, 1), call.work(), call.seconds)
+        self.cost.observe(call.shape(), call.seconds)
         if call.seconds > 0:
             self.tokens_per_second = tokens / call.seconds
         if self._on_batch is not None:

@@ -1,10 +1,11 @@
 """What a forward pass costs, measured as the service runs, and how the requests of one call are cut by depth.
 
-A forward pass over ``T`` tokens to depth ``D`` costs about ``overhead * batches + unit * T * D`` seconds, where
-``batches`` is the number of forward batches it takes (``ceil(T / batch_tokens)``, at least one): a fixed price per
-batch (launching kernels, padding, Python) and a price per token and layer. :class:`CostModel` starts from a prior
-for the device (a CPU pays little per batch and much per layer; a GPU the reverse) and refits both prices by least
-squares on every finished call, so it follows the model and machine actually serving.
+A forward pass over ``T`` tokens to depth ``D`` costs about ``batches * (overhead + layer_overhead * D) + unit * T *
+D`` seconds, where ``batches`` is the number of forward batches it takes (``ceil(T / batch_tokens)``, at least one): a
+fixed price per batch (padding, Python), a price per batch and layer (launching each layer's kernels: PyTorch on a CPU
+pays 5 ms for one text to layer 1 and 21 ms to layer 6), and a price per token and layer. :class:`CostModel` starts
+from a prior for the device (a CPU pays little per batch and much per layer; a GPU the reverse) and refits the three
+prices by least squares on every finished call, so it follows the model and machine actually serving.
 
 :func:`plan` uses it: the requests of one call ask for different depths. Running each depth on its own pays the
 per-batch price once more per depth (a part-filled batch); running a shallow request in a deeper segment pays its
@@ -15,7 +16,7 @@ batches.
 
 Example::
 
-    >>> model = CostModel(batch_tokens=1024, overhead=0.002, unit=2e-5)
+    >>> model = CostModel(batch_tokens=1024, overhead=0.002, layer_overhead=0.0, unit=2e-5)
     >>> plan({1: 120, 6: 4000}, model)     # 120 tokens at depth 1, 4000 at depth 6: five layers each are dearer
     [[1], [6]]
     >>> plan({5: 50, 6: 800}, model)       # one layer more for 50 tokens is cheaper than a batch of their own
@@ -28,65 +29,79 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-PRIORS = {"cpu": (0.002, 2e-5), "cuda": (0.004, 2e-7)}  # (seconds per batch, seconds per token-layer)
-PRIOR_WEIGHT = 2.0  # the prior counts as this many observed calls
+import numpy as np
+
+PRIORS = {"cpu": (0.002, 0.003, 2e-5), "cuda": (0.004, 0.0005, 2e-7)}  # per batch, per batch-layer, per token-layer
+PRIOR_WEIGHT = 2.0  # the prior weighs as this many calls of one batch that cost only their prior price
 DECAY = 0.98  # each new call weighs 1, earlier ones fade by this factor
+SCALES = (1e-3, 1e-4, 1e-6)  # the unit of a price whose prior is zero, for the fit
 
 
 @dataclass
 class CostModel:
-    """Seconds of one forward call: ``overhead * max(1, ceil(tokens / batch_tokens)) + unit * tokens * depth``.
+    """Seconds of one forward segment: ``batches * (overhead + layer_overhead * depth) + unit * tokens * depth``, with
+    ``batches = max(1, ceil(tokens / batch_tokens))``.
 
     Args:
         batch_tokens: the extractor's token budget per forward batch.
         overhead: the prior price of one batch, seconds.
+        layer_overhead: the prior price of one batch through one layer, seconds.
         unit: the prior price of one token through one layer, seconds.
     """
 
     batch_tokens: int
     overhead: float
+    layer_overhead: float
     unit: float
     calls: int = 0
-    _prior: tuple[float, float] = (0.0, 0.0)
-    _seen: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    _prior: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    _gram: np.ndarray = field(default_factory=lambda: np.zeros((3, 3)), repr=False)
+    _rhs: np.ndarray = field(default_factory=lambda: np.zeros(3), repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def for_device(cls, device: str, batch_tokens: int) -> "CostModel":
         """The prior of ``device`` (``"cpu"``, ``"cuda"``; others take the CPU's) for ``batch_tokens``."""
-        overhead, unit = PRIORS.get(device, PRIORS["cpu"])
-        return cls(batch_tokens, overhead, unit)
+        return cls(batch_tokens, *PRIORS.get(device, PRIORS["cpu"]))
 
     def __post_init__(self) -> None:
-        self._prior = (self.overhead, self.unit)
+        self._prior = (self.overhead, self.layer_overhead, self.unit)
 
     def batches(self, tokens: int) -> int:
         """Forward batches ``tokens`` take (at least one)."""
         return max(1, math.ceil(tokens / self.batch_tokens))
 
-    def seconds(self, tokens: int, depth: int) -> float:
-        """The predicted seconds of one call of ``tokens`` to ``depth``."""
-        return self.overhead * self.batches(tokens) + self.unit * tokens * max(depth, 1)
+    def features(self, segments: list[tuple[int, int]]) -> tuple[float, float, float]:
+        """``(batches, batches x depth, tokens x depth)`` summed over ``segments`` of ``(tokens, depth)``."""
+        b = sum(self.batches(t) for t, _ in segments)
+        bd = sum(self.batches(t) * max(d, 1) for t, d in segments)
+        td = sum(t * max(d, 1) for t, d in segments)
+        return float(b), float(bd), float(td)
 
-    def observe(self, batches: int, work: int, seconds: float) -> None:
-        """Refit the prices on one finished call: ``batches`` forward batches, ``work`` tokens x layers run (each
-        segment's tokens times its depth, summed), ``seconds`` of model time."""
-        if batches < 1 or seconds <= 0:
+    def seconds(self, tokens: int, depth: int) -> float:
+        """The predicted seconds of one segment of ``tokens`` to ``depth``."""
+        b, bd, td = self.features([(tokens, depth)])
+        return self.overhead * b + self.layer_overhead * bd + self.unit * td
+
+    def observe(self, segments: list[tuple[int, int]], seconds: float) -> None:
+        """Refit the prices on one finished call: its ``segments`` of ``(tokens, depth)`` took ``seconds``."""
+        if not segments or seconds <= 0:
             return
-        a0, u0 = self._prior
-        # in units of the prior prices (x = overhead / a0, z = unit / u0), so that a ridge toward (1, 1) weighs both
-        # alike: calls that are all alike (which cannot tell the prices apart) move them as little as they can
-        b, w, y = float(batches) * a0, float(work) * u0, float(seconds)
+        prior = np.array(self._prior)
+        # in units of the prior prices (a zero prior: of a small price of its kind), so that a ridge toward the prior
+        # weighs all three alike: calls that are all alike (which cannot tell the prices apart) move them as little
+        # as they can
+        scale = np.where(prior > 0, prior, SCALES)
+        x = np.array(self.features(segments)) * scale
         with self._lock:
-            self._seen = [DECAY * a + v for a, v in zip(self._seen, (b * b, b * w, w * w, b * y, w * y))]
-            bb, bw, ww, by, wy = self._seen
-            ridge = PRIOR_WEIGHT * a0**2  # the prior weighs as PRIOR_WEIGHT calls of one batch that cost only it
-            bb, ww, by, wy = bb + ridge, ww + ridge, by + ridge, wy + ridge
-            det = bb * ww - bw * bw
-            x, z = (by * ww - bw * wy) / det, (bb * wy - bw * by) / det
-            if x > 0 and z > 0:  # a fit that is not physical keeps the last prices
-                self.overhead, self.unit = x * a0, z * u0
+            self._gram = DECAY * self._gram + np.outer(x, x)
+            self._rhs = DECAY * self._rhs + x * seconds
+            ridge = PRIOR_WEIGHT * scale[0] ** 2
+            fit = np.linalg.solve(self._gram + ridge * np.eye(3), self._rhs + ridge * prior / scale)
+            if (fit >= 0).all():  # a fit that is not physical keeps the last prices
+                self.overhead, self.layer_overhead, self.unit = (float(v) for v in fit * scale)
             self.calls += 1
+
 
 def plan(tokens_by_depth: dict[int, int], model: CostModel) -> list[list[int]]:
     """The cheapest cut of the depths of one call into contiguous segments, each run to its deepest member.

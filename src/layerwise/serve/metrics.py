@@ -54,6 +54,8 @@ class Metrics:
                                         "needed (each to its own deepest layer)", registry=r)
         self.cost_batch = Gauge("layerwise_cost_batch_seconds", "The cost model's price of one forward batch "
                                 "(refit on every model call)", registry=r)
+        self.cost_batch_layer = Gauge("layerwise_cost_batch_layer_seconds", "The cost model's price of one forward "
+                                      "batch through one layer (refit on every model call)", registry=r)
         self.cost_token_layer = Gauge("layerwise_cost_token_layer_seconds", "The cost model's price of one token "
                                       "through one layer (refit on every model call)", registry=r)
         self.tokens_total = Counter("layerwise_tokens", "Tokens encoded (special tokens included)", registry=r)
@@ -69,11 +71,12 @@ class Metrics:
         ``connection``."""
         self.requests.labels(route=CONNECTION, status=str(status)).inc()
 
-    def batch(self, stats: "BatchStats", max_batch_tokens: int, prices: tuple[float, float]) -> None:
-        """Record one finished model call, and the cost model's ``prices`` (per batch, per token and layer) after
-        it."""
+    def batch(self, stats: "BatchStats", max_batch_tokens: int, prices: tuple[float, float, float]) -> None:
+        """Record one finished model call, and the cost model's ``prices`` (per batch, per batch and layer, per token
+        and layer) after it."""
         self.cost_batch.set(prices[0])
-        self.cost_token_layer.set(prices[1])
+        self.cost_batch_layer.set(prices[1])
+        self.cost_token_layer.set(prices[2])
         self.batches.inc()
         self.batch_requests.observe(stats.requests)
         self.batch_specs.observe(stats.specs)

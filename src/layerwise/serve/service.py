@@ -378,7 +378,8 @@ class Service:
         return out
 
     def _batch_done(self, stats: BatchStats) -> None:
-        self.metrics.batch(stats, self.limits.max_batch_tokens, (self.cost.overhead, self.cost.unit))
+        self.metrics.batch(stats, self.limits.max_batch_tokens,
+                           (self.cost.overhead, self.cost.layer_overhead, self.cost.unit))
 
 
 async def _disconnected(request: Any) -> None:
