@@ -443,8 +443,7 @@ class Extractor:
         unions = [tuple(sorted({i for p in g for i in specs[p].layer_indices})) for g in groups]
         width = self.site_width(site)
         makers = [make_rows(spec, width, self.backend.pooler() if spec.pool == "pooler" else None) for spec in specs]
-        picks = [torch.tensor([unions[segment_of[p]].index(i) for i in spec.layer_indices])
-                 for p, spec in enumerate(specs)]
+        picks = [_picks(unions[segment_of[p]], spec.layer_indices, self.backend.device) for p, spec in enumerate(specs)]
         toks = [t for part, _ in parts for t in part]
         owner = [(p, i) for p, (part, _) in enumerate(parts) for i in range(len(part))]
         everything = tuple(sorted({i for union in unions for i in union}))
@@ -453,14 +452,12 @@ class Extractor:
             step: list[tuple[int, Encoded]] = []
             if group.texts:
                 mask, special = group.masks(toks)
-                union = unions[group.segment]
                 by_part: dict[int, list[int]] = {}
                 for r, text in enumerate(group.texts):
                     by_part.setdefault(owner[text][0], []).append(r)
                 for p, rs in by_part.items():
-                    states = group.states
-                    if picks[p].numel() != len(union) or not torch.equal(picks[p], torch.arange(len(union))):
-                        states = states.index_select(0, picks[p].to(states.device))
+                    pick = picks[p]
+                    states = group.states if pick is None else group.states.index_select(0, pick)
                     if len(rs) != len(group.texts):
                         at = torch.tensor(rs, device=states.device)
                         states, m, s = states.index_select(1, at), mask.index_select(0, at), special.index_select(0, at)
@@ -626,6 +623,14 @@ class Extractor:
                 out.append(result.features if spec.level == "sentence" else _out(result.features, return_tensors))
                 bar.update(1)
         return out
+
+
+def _picks(union: tuple[int, ...], layers: Sequence[int], device: torch.device) -> torch.Tensor | None:
+    """Where ``layers`` (a spec's, in its order) sit in ``union`` (the layers a forward pass recorded), as indices on
+    ``device``; ``None`` when they are the union itself, in its order."""
+    if tuple(layers) == union:
+        return None
+    return torch.tensor([union.index(i) for i in layers], device=device)
 
 
 def _layers_for(layers: LayerSpec | None, combine: object) -> LayerSpec:

@@ -65,8 +65,7 @@ def serve(
     /embed, /, /embed_all, /tokenize, GET /info), /health, /ready, /metrics and OpenAPI docs at /docs."""
     from ..serve import ConnectionLimits, Limits
     from ..serve import serve as run
-    from ..serve.aliases import load_aliases, parse_alias
-    from ..serve.security import api_key_from, default_allowed_hosts, is_loopback
+    from ..serve.security import api_key_from, default_allowed_hosts
 
     with user_errors():
         if not 1 <= port <= 65535:
@@ -77,10 +76,7 @@ def serve(
         connections = ConnectionLimits(header_timeout=header_timeout, body_timeout=body_timeout,
                                        keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
         origins = check_origins(cors_origin or [])  # said before the model loads
-        named = load_aliases(aliases_file) if aliases_file else {}
-        for text in alias or []:
-            name, fields = parse_alias(text)
-            named[name] = fields
+        named = _aliases(aliases_file, alias or [])
         ex = extractor(model_options)
         from ..serve import create_app
 
@@ -95,20 +91,7 @@ def serve(
         app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts,
                          warm=[parse_layers(w) for w in warm or []],  # a bad alias or --warm: said now
                          cors_origins=origins)
-    if not is_loopback(host) and not key:
-        err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
-                          f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "
-                          f"127.0.0.1", highlight=False, soft_wrap=True)
-    err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
-    for name, fields in named.items():
-        err_console.print(f"alias {name}: {fields}", highlight=False)
-    weights = ex.describe()["weights"]
-    if weights.get("streamed"):
-        err_console.print(f"[bold yellow]note:[/bold yellow] the weights exceed --max-memory "
-                          f"({weights['max_memory']:,} bytes): requests for layers whose blocks do not fit run block "
-                          f"by block, reading each block from the checkpoint per request batch. This is a throughput "
-                          f"mode: expect seconds per request; raise --max-memory or bound --max-layer for latency",
-                          highlight=False, soft_wrap=True)
+    _say_serving(ex, host, port, key, named)
     run(app, host=host, port=port, log_level=log_level, connections=connections)
 
 
@@ -123,3 +106,35 @@ def check_origins(origins: list[str]) -> list[str]:
             raise LayerwiseError(f"--cors-origin {origin!r} is not a web origin; give scheme://host[:port] with no "
                                  f"path (e.g. --cors-origin https://app.example), or '*' for any")
     return origins
+
+
+def _aliases(aliases_file: str | None, given: list[str]) -> dict[str, dict]:
+    """The aliases of ``--aliases FILE`` and of each ``--alias NAME='...'`` (later ones win)."""
+    from ..serve.aliases import load_aliases, parse_alias
+
+    named = load_aliases(aliases_file) if aliases_file else {}
+    for text in given:
+        name, fields = parse_alias(text)
+        named[name] = fields
+    return named
+
+
+def _say_serving(ex, host: str, port: int, key: str | None, named: dict[str, dict]) -> None:
+    """What is served where, the aliases, and the warnings a user must see before the first request: no API key
+    beyond loopback, weights streamed block by block."""
+    from ..serve.security import is_loopback
+
+    if not is_loopback(host) and not key:
+        err_console.print(f"[bold yellow]warning:[/bold yellow] serving on {host} without an API key: anyone who can "
+                          f"reach this machine can use the model. Pass --api-key (or set LAYERWISE_API_KEY), or bind "
+                          f"127.0.0.1", highlight=False, soft_wrap=True)
+    err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
+    for name, fields in named.items():
+        err_console.print(f"alias {name}: {fields}", highlight=False)
+    weights = ex.describe()["weights"]
+    if weights.get("streamed"):
+        err_console.print(f"[bold yellow]note:[/bold yellow] the weights exceed --max-memory "
+                          f"({weights['max_memory']:,} bytes): requests for layers whose blocks do not fit run block "
+                          f"by block, reading each block from the checkpoint per request batch. This is a throughput "
+                          f"mode: expect seconds per request; raise --max-memory or bound --max-layer for latency",
+                          highlight=False, soft_wrap=True)

@@ -49,7 +49,6 @@ class Job:
     cost: int  # estimated tokens (windows included)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    enqueued: float = field(default_factory=time.perf_counter)
     results: list = field(default_factory=list)
     left: int = 0
 
@@ -72,10 +71,6 @@ class Call:
     @property
     def tokens(self) -> int:
         return sum(j.cost for j in self.jobs)
-
-    @property
-    def depth(self) -> int:
-        return max(j.depth for j in self.jobs)
 
     def shape(self) -> list[tuple[int, int]]:
         """``(estimated tokens, depth)`` of each segment (its deepest member's layer)."""

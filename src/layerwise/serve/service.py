@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from ..encoding.precision import NUMPY_DTYPES, read_calibration
 from ..encoding.spec import EncodeSpec
 from ..encoding.tokenize import check_texts
 from ..encoding.vocab import FLOAT_DTYPES
+from ..encoding.windows import window_starts
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
 from .batcher import Batcher, BatchStats, Job, QueueFull, Step
@@ -400,10 +400,8 @@ def estimate_tokens(items: list, kind: Kind, extra: int = 0, window: tuple[int, 
         else:
             n = (len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item)) // 3 + 2 + extra
         if window is not None and n > window[0]:
-            length, stride = window
-            capacity = max(length - 2, 1)
-            step = max(capacity - stride, 1)
-            n = (math.ceil(max(n - 2 - capacity, 0) / step) + 1) * length
+            length, stride = window  # as the windows will be cut (two special tokens around each)
+            n = len(window_starts(n - 2, max(length - 2, 1), min(stride, max(length - 3, 0)))) * length
         total += n
     return total
 
