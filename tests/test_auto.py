@@ -90,6 +90,8 @@ def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypa
     said = ex.backend.runtime()
     assert "for the block site at depths [1] (exact; fastest here: 1.0 ms vs PyTorch's 2.0 ms" in said, said
     assert "raced at depth 1 once for the model" in said and "at depths [2] (exact; fastest here" in said, said
+    # rows leave a batch early on PyTorch only: a token-layer there costs what the race measured against the winner
+    assert ex.backend.ragged_price(2, "block") == pytest.approx(2.0)
 
     again = lw.Extractor(ex.loaded, onnx_cache=tmp_path)  # a later process on this machine: no race
     for layers in (2, 1):
@@ -113,6 +115,7 @@ def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypat
         ex.encode(TEXTS, layers=layers)
         assert ex.backend.settle(timeout=120)
     assert built == [1] and ex.backend.runtime_for([2], "block") == "torch"
+    assert ex.backend.ragged_price(2, "block") == 1.0  # PyTorch serves: rows leave early at its own price
     assert "torch at depths [2] (PyTorch fastest here: 1.0 ms" in ex.backend.runtime()
 
 
@@ -180,6 +183,7 @@ def test_runtime_choice_from_environment(tiny_extractors, monkeypatch):
         if choice in ex.backend.compiled_runtimes:
             assert ex.backend.runtime_for([2], "block") == choice
             assert f"exact; LAYERWISE_AUTO_RUNTIME={choice})" in ex.backend.runtime()
+            assert ex.backend.ragged_price(2, "block") is None  # a runtime named: rows never move to PyTorch
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "gpu")
     with pytest.raises(ValueError, match="LAYERWISE_AUTO_RUNTIME='gpu' is not a choice. Valid values are: fastest, "
                                          "onnx, openvino, torch"):

@@ -25,12 +25,14 @@ class Recorder:
         self.calls: list[tuple[list, int, list]] = []
         self.segments: list[list[list]] = []  # per call: the first item of each job, by depth segment
         self.steps_run = 0
+        self.ragged: list[bool] = []  # per call: whether its rows leave their batches at their own depth
         self.started = threading.Event()
         self.release = threading.Event()
         self.release.set()
         self.fail_on, self.per_step, self.step_seconds = fail_on, per_step, step_seconds
 
-    def __call__(self, jobs, segments):
+    def __call__(self, jobs, segments, ragged=False):
+        self.ragged.append(ragged)
         items = [(j, i, job.payload, item) for j, job in enumerate(jobs) for i, item in enumerate(job.items)]
         self.calls.append(([job.payload for job in jobs], max(job.depth for job in jobs), [it[3] for it in items]))
         self.segments.append([[jobs[j].items[0] for j in seg] for seg in segments])
@@ -121,7 +123,7 @@ def test_requests_of_one_depth_share_a_call_whatever_their_spec_and_get_their_ow
 class Fixed(CostModel):
     """Prices that do not learn (the held first call of a test is no measure of anything)."""
 
-    def observe(self, segments, seconds):
+    def observe(self, segments, seconds, shared=False):
         pass
 
 
@@ -151,6 +153,48 @@ def test_the_cost_model_cuts_a_call_by_depth():
     assert segments_for(Fixed(1024, 0.002, 0.0, 2e-5)) == [["d1"], ["d6", "d5"]]
     # a GPU pays per batch: everything runs to the deepest layer in one segment
     assert segments_for(Fixed(16384, 0.004, 0.0005, 2e-7)) == [["d1", "d6", "d5"]]
+
+
+def test_a_ragged_runtime_runs_a_call_as_one_segment_each_job_to_its_own_depth():
+    # where rows leave their batch at their own depth at no higher price, no cut is needed: the cost model would cut
+    # this call in two (see above), and the work counted is each job's tokens through its own depth; at twice the
+    # price (a compiled runtime serves the depth, PyTorch would run the rows) the cut is cheaper and kept
+    def call_with(price: float) -> tuple[Recorder, list[BatchStats], list]:
+        asked: list[tuple[str, int]] = []
+        seen: list[BatchStats] = []
+
+        def ragged(group, depth):
+            asked.append((group, depth))
+            return price
+
+        run = Recorder()
+        b = Batcher(run, Fixed(1024, 0.002, 0.0, 2e-5), max_batch_tokens=100_000, ragged=ragged,
+                    on_batch=seen.append)
+
+        async def scenario():
+            first = await busy_with(b, run, ["x"])
+            queued = [asyncio.ensure_future(b.submit("g", depth, [f"d{depth}"], "spec", tokens))
+                      for depth, tokens in ((1, 40), (6, 800), (5, 40))]
+            await asyncio.sleep(0.05)
+            run.release.set()
+            await first
+            await asyncio.gather(*queued)
+            while len(seen) < 2:  # the statistics come once the call's steps are over, after its answers
+                await asyncio.sleep(0.001)
+
+        try:
+            asyncio.run(asyncio.wait_for(scenario(), 30))
+        finally:
+            b.close()
+        assert asked == [("g", 6)]  # a lone request (one depth) does not ask
+        return run, seen, asked
+
+    run, seen, _ = call_with(1.0)
+    assert run.segments[1] == [["d1", "d6", "d5"]] and run.ragged == [False, True]
+    assert seen[1].computed == seen[1].needed == 40 * 1 + 800 * 6 + 40 * 5
+    run, seen, _ = call_with(2.0)
+    assert run.segments[1] == [["d1"], ["d6", "d5"]] and run.ragged == [False, False]
+    assert seen[1].computed == 40 * 1 + 840 * 6
 
 
 def test_batch_budget_splits_merged_calls():

@@ -312,14 +312,17 @@ class Extractor:
 
     def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int,
                  idle: bool = False, segments: tuple[list[int], list[tuple[int, ...]]] | None = None,
-                 ) -> Iterator[Group]:
+                 depths: list[int] | None = None) -> Iterator[Group]:
         """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`; ``idle``: an
         empty group after a batch that finished none). ``segments``: ``(segment of each text, layers of each
-        segment)``, each segment run to its own depth in one pipeline (``layers`` is then their union)."""
+        segment)``, each segment run to its own depth in one pipeline (``layers`` is then their union). ``depths``:
+        the deepest layer of each text, every row leaving its batch there (:meth:`Backend.start_ragged`)."""
         of_text, layer_sets = segments if segments is not None else ([0] * len(toks), [layers])
         width = self.site_width(site)
 
-        def runner(lays: tuple[int, ...]) -> Callable[[torch.Tensor, torch.Tensor], Callable[[], torch.Tensor]]:
+        def runner(lays: tuple[int, ...]) -> Callable[..., Callable[[], torch.Tensor]]:
+            if depths is not None:
+                return lambda ids, mask, rows: self.backend.start_ragged(ids, mask, lays, site, rows)
             return lambda ids, mask: self.backend.start(ids, mask, lays, site)
 
         def blank(lays: tuple[int, ...]) -> Callable[[int], torch.Tensor]:  # texts without any token: [K, n, 0, W]
@@ -332,7 +335,7 @@ class Extractor:
                                    stride=self.stride, batch_tokens=batch_tokens,
                                    pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length,
                                    empty=[blank(lays) for lays in layer_sets], ahead=self.backend.ahead(layers, site),
-                                   idle=idle, segments=of_text)
+                                   idle=idle, segments=of_text, depths=depths)
 
     def stream(
         self, records: Iterable[Any], spec: EncodeSpec, *, batch_tokens: int | None = None
@@ -406,7 +409,7 @@ class Extractor:
 
     def encode_shared(
         self, parts: Sequence[tuple[list[Tokenized], EncodeSpec]], *, batch_tokens: int | None = None,
-        segments: Sequence[Sequence[int]] | None = None,
+        segments: Sequence[Sequence[int]] | None = None, ragged: bool | None = None,
     ) -> Iterator[list[tuple[int, Encoded]]]:
         """Encode several requests' tokenised texts, each with its own spec, in one forward pass: it runs to the
         deepest layer any of them needs, and each part's layers are then combined, pooled and finished as its own
@@ -418,7 +421,10 @@ class Extractor:
             batch_tokens: token budget per forward batch (default: the Extractor's).
             segments: the parts grouped by depth (``[[0, 2], [1]]``: each group a list of part indices, every part
                 in one group); each group runs only to its own deepest layer, and all groups' batches go through one
-                pipeline (the runtime never idles between them). Default: one group.
+                pipeline (the runtime never idles between them). Default: one group. Ignored when ``ragged``.
+            ragged: every row leaves its batch at its own part's deepest layer (batches shared by every part, each
+                part run only to its own depth: :meth:`Backend.start_ragged`). Default (``None``): where the runtime
+                offers it at no higher price per token-layer (:meth:`Backend.ragged_price` at most 1).
 
         Yields:
             One step per forward batch: ``[(part, Encoded(i, features, toks_part[i]))]`` for the texts that batch
@@ -448,7 +454,18 @@ class Extractor:
         owner = [(p, i) for p, (part, _) in enumerate(parts) for i in range(len(part))]
         everything = tuple(sorted({i for union in unions for i in union}))
         of_text = [segment_of[p] for p, _ in owner]
-        for group in self._forward(toks, everything, site, budget, idle=True, segments=(of_text, unions)):
+        depths = None
+        several = len({max(spec.layer_indices) for spec in specs}) > 1
+        if several and ragged is None:
+            price = self.backend.ragged_price(max(everything), site)
+            ragged = price is not None and price <= 1.0
+        if several and ragged:
+            # every row leaves its batch at its own part's depth: one segment, the batches as large as they come
+            depths = [max(specs[p].layer_indices) for p, _ in owner]
+            of_text, unions = [0] * len(toks), [everything]
+            picks = [_picks(everything, spec.layer_indices, self.backend.device) for spec in specs]
+        for group in self._forward(toks, everything, site, budget, idle=True, segments=(of_text, unions),
+                                   depths=depths):
             step: list[tuple[int, Encoded]] = []
             if group.texts:
                 mask, special = group.masks(toks)

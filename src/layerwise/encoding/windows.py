@@ -154,7 +154,8 @@ class Group:
         return mask.to(dev), special.to(dev)
 
 
-RunBatch = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | Callable[[], torch.Tensor]"]
+# run(input_ids, attention_mask) or, with per-row depths, run(input_ids, attention_mask, depths)
+RunBatch = Callable[..., "torch.Tensor | Callable[[], torch.Tensor]"]
 
 
 def forward_windows(
@@ -170,6 +171,7 @@ def forward_windows(
     ahead: int = 1,
     idle: bool = False,
     segments: Sequence[int] | None = None,
+    depths: Sequence[int] | None = None,
 ) -> Iterator[Group]:
     """Run every window of ``toks``; yield groups of finished texts (stitched when windowed).
 
@@ -186,6 +188,10 @@ def forward_windows(
     function per segment (say, each to its own depth). A batch holds windows of one segment only, every segment's
     batches go through the same pipeline of ``ahead`` batches (so the runtime never waits between segments), and each
     group says its ``segment``.
+
+    Depths: with ``depths`` (the deepest layer each text needs), the rows of every batch are ordered deepest first
+    and ``run_batch(input_ids, attention_mask, row_depths)`` gets each row's depth, so a runtime that can lets each
+    row leave the batch at its own depth (:meth:`~layerwise.model.backends.base.Backend.start_ragged`).
     """
     runs = list(run_batch) if isinstance(run_batch, Sequence) else [run_batch]
     empties = list(empty) if isinstance(empty, Sequence) else [empty] * len(runs)
@@ -240,8 +246,11 @@ def forward_windows(
         runnable = [j for j, w in enumerate(windows) if w.ids and segment_of[w.text] == seg]
         for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
             batch = [runnable[j] for j in planned]
+            if depths is not None:
+                batch.sort(key=lambda j: -depths[windows[j].text])
             ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
-            inflight.append((batch, run(ids, mask), seg))
+            started = run(ids, mask) if depths is None else run(ids, mask, [depths[windows[j].text] for j in batch])
+            inflight.append((batch, started, seg))
             while len(inflight) >= max(1, ahead):
                 yield from finished(*inflight.popleft())
     while inflight:

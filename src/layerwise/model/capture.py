@@ -32,6 +32,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from .families import resolve_path
 from .loaded import LoadedModel
+from .ragged import Key, RowExits, keep_counts
 
 log = logging.getLogger("layerwise")
 
@@ -125,13 +126,15 @@ class Recorder:
 
 
 @contextlib.contextmanager
-def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> Iterator[Recorder]:
+def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block", exits: RowExits | None = None,
+           ) -> Iterator[Recorder]:
     """Register the hooks for ``layers``/``site`` on ``loaded.model``; remove exactly them on exit.
 
     Args:
         loaded: the model to hook (its :class:`~layerwise.model.layermap.LayerMap` says where).
         layers: resolved indices in ``0..L`` (see :func:`layerwise.encoding.layers.resolve_layers`).
         site: one of the model's sites (validated by the caller).
+        exits: rows leaving the batch at their depth (:class:`~layerwise.model.ragged.RowExits`), or ``None``.
 
     Yields:
         The :class:`Recorder` the hooks write into.
@@ -142,6 +145,8 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block") -> I
     handles: list[Any] = []
     try:
         handles = _hooks(loaded, rec, lmap.layers, site)
+        if exits is not None:  # after the recorder's pre-hook: layer 0 is recorded on the whole batch
+            handles += [layer.register_forward_pre_hook(exits.pre, with_kwargs=True) for layer in lmap.layers]
         yield rec
     finally:
         for handle in handles:
@@ -201,6 +206,8 @@ def capture(
     *,
     grad: bool = False,
     position_ids: torch.Tensor | None = None,
+    depths: Sequence[int] | None = None,
+    keys: frozenset[Key] = frozenset(),
 ) -> torch.Tensor:
     """One forward pass that records ``layers`` at ``site`` and stops after the deepest.
 
@@ -212,9 +219,13 @@ def capture(
         site: the site inside each layer (``block`` = ``hidden_states``).
         grad: keep the autograd graph (fine-tuning); default runs under ``torch.inference_mode``.
         position_ids: ``[batch, tokens]`` positions to pass to the model (left padding), or ``None``.
+        depths: per row, the deepest layer it needs, non-increasing: each row runs only its own layers (see
+            :mod:`layerwise.model.ragged`; ``keys`` are the layers' batch-carrying inputs, :func:`batch_keys`).
+            ``None``: every row runs to ``max(layers)``.
 
     Returns:
-        ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype.
+        ``[len(layers), batch, tokens, width]`` on the model's device, in the model's dtype; with ``depths``, the
+        rows that did not run a layer hold zeros there.
     """
     if loaded.streams(max(layers)):
         if grad:
@@ -222,22 +233,39 @@ def capture(
                 f"layers up to {max(layers)} run block by block under max_memory, which computes no gradients; "
                 f"fine-tuning needs the blocks in memory: raise max_memory (CLI --max-memory) or drop it")
         return capture_chunk(loaded, [(input_ids, attention_mask, position_ids)], layers, site)[0]
+    exits, ran = None, list(layers)
+    if depths is not None:
+        if len(depths) != input_ids.shape[0] or max(depths) > max(layers):
+            raise ValueError(f"depths {list(depths)} must give one depth per row of the batch "
+                             f"({input_ids.shape[0]}), none deeper than max(layers) = {max(layers)}")
+        exits = RowExits(keys, keep_counts(depths, loaded.num_layers))
+        ran = [i for i in layers if i <= max(depths)]  # the layers past every row's depth stay zeros
     # hooks live on the shared modules: one capture per model at a time (threads queue here)
     with loaded.lock:
-        loaded.ensure_depth(max(layers))
+        loaded.ensure_depth(max(ran))
         with (
             contextlib.nullcontext() if grad else torch.inference_mode(),
-            record(loaded, layers, site) as rec,
+            record(loaded, ran, site, exits) as rec,
         ):
             try:
                 _forward(loaded, input_ids, attention_mask, position_ids)
             finally:
                 if loaded.blocks is not None:
                     loaded.blocks.settle()
-    missing = [i for i in layers if i not in rec.tensors]
+    missing = [i for i in ran if i not in rec.tensors]
     if missing:  # pragma: no cover - a layer map error, not a user error
         raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")
-    return torch.stack([rec.tensors[i] for i in layers])
+    if exits is None:
+        return torch.stack([rec.tensors[i] for i in layers])
+    first = rec.tensors[ran[0]]
+    out = torch.empty((len(layers), int(input_ids.shape[0]), *first.shape[1:]), dtype=first.dtype,
+                      device=first.device)
+    for k, i in enumerate(layers):
+        n = int(rec.tensors[i].shape[0]) if i in rec.tensors else 0
+        if n:
+            out[k, :n] = rec.tensors[i]
+        out[k, n:] = 0
+    return out
 
 
 class _Replay(nn.Module):

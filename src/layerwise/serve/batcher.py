@@ -6,7 +6,10 @@ and every queued request of its group within ``max_batch_tokens`` and ``max_batc
 of :mod:`layerwise.serve.cost` cuts them by depth into segments. Each segment runs only to its deepest member's layer,
 all segments' batches go through one pipeline (:meth:`Extractor.encode_shared
 <layerwise.Extractor.encode_shared>`), and each request's layers are then combined, pooled and finished on their own.
-A shallow request joins a deeper segment when its extra layers cost less than a part-filled batch of its own.
+A shallow request joins a deeper segment when its extra layers cost less than a part-filled batch of its own. Where
+the runtime lets each row leave its batch at its own depth (``ragged``, PyTorch: :mod:`layerwise.model.ragged`), no
+cut is needed: the call is one segment, its batches as large as the budget allows, each request run to its own
+depth.
 
 A call runs one forward batch per step. A call that is larger than one batch budget (a single request over
 ``max_batch_tokens``) takes turns: once it has run for ``quantum`` seconds, the requests queued meanwhile start a call
@@ -24,6 +27,7 @@ event-loop wake-up per step.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -31,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator
 
 from .cost import CostModel, plan
+
+log = logging.getLogger("layerwise")
 
 # one step of a merged call: (job index in the call, item index in the job, result)
 Step = list[tuple[int, int, Any]]
@@ -63,6 +69,7 @@ class Call:
 
     jobs: list[Job]
     segments: list[list[int]]  # job indices by depth segment (each run to its deepest member)
+    ragged: bool = False  # one segment whose rows each leave their batch at their own job's depth
     steps: Iterator[Step] | None = None
     seconds: float = 0.0
     batches: int = 0
@@ -73,11 +80,15 @@ class Call:
         return sum(j.cost for j in self.jobs)
 
     def shape(self) -> list[tuple[int, int]]:
-        """``(estimated tokens, depth)`` of each segment (its deepest member's layer)."""
+        """``(estimated tokens, depth)`` of each segment (its deepest member's layer); of a ragged call, of each job
+        (its batches are shared: see :meth:`CostModel.features <layerwise.serve.cost.CostModel.features>`)."""
+        if self.ragged:
+            return [(j.cost, j.depth) for j in self.jobs]
         return [(sum(self.jobs[j].cost for j in seg), max(self.jobs[j].depth for j in seg)) for seg in self.segments]
 
     def work(self) -> int:
-        """Estimated tokens x layers the call runs: each segment's tokens through its deepest member's layer."""
+        """Estimated tokens x layers the call runs: each segment's tokens through its deepest member's layer (each
+        job's through its own in a ragged call)."""
         return sum(tokens * depth for tokens, depth in self.shape())
 
     def long(self, max_tokens: int) -> bool:
@@ -94,7 +105,7 @@ class Call:
 class BatchStats:
     """What one finished call did, for the metrics: requests, texts, distinct payloads (specs), depth segments,
     estimated tokens, forward batches, the tokens x layers run (each segment to its depth) and those the requests
-    needed (each to its own depth), seconds."""
+    needed (each to its own depth), seconds, and whether its rows left their batches at their own depth."""
 
     requests: int
     texts: int
@@ -105,6 +116,7 @@ class BatchStats:
     computed: int
     needed: int
     seconds: float
+    ragged: bool = False  # each row left its batches at its own request's depth
 
 
 class QueueFull(Exception):
@@ -119,9 +131,14 @@ class Batcher:
     """Queue + worker thread. ``run(jobs) -> steps`` encodes a merged call one forward batch per step.
 
     Args:
-        run: ``run(jobs, segments) -> Iterator[[(job index, item index, result)]]`` (the model's side; ``segments``:
-            job indices by depth segment).
+        run: ``run(jobs, segments, ragged) -> Iterator[[(job index, item index, result)]]`` (the model's side;
+            ``segments``: job indices by depth segment; ``ragged``: each row leaves its batch at its job's depth).
         cost: the cost model (refit on every finished call).
+        ragged: ``ragged(group, depth)``: the price of a token-layer when each row of a batch leaves at its own
+            depth (up to ``depth``) for that group, relative to the runtime that serves it, or ``None`` where rows
+            cannot (:meth:`Backend.ragged_price <layerwise.model.backends.base.Backend.ragged_price>`). A call of
+            several depths is then one segment, each job run only to its own depth, where that price times the
+            tokens x layers its jobs need is at most the tokens x layers of the cost model's cut.
         max_batch_tokens, max_batch_texts: the most estimated tokens and texts one call merges (a larger request
             runs alone, in steps like any other).
         max_queue_tokens: a request that would take the queued work past it raises :class:`QueueFull` (a request
@@ -130,11 +147,13 @@ class Batcher:
         on_batch: called with :class:`BatchStats` after every finished call.
     """
 
-    def __init__(self, run: Callable[[list[Job], list[list[int]]], Iterator[Step]], cost: CostModel, *,
+    def __init__(self, run: Callable[[list[Job], list[list[int]], bool], Iterator[Step]], cost: CostModel, *,
                  max_batch_tokens: int = 16384,
                  max_batch_texts: int = 512, max_queue_tokens: int | None = None, quantum: float = 0.25,
-                 on_batch: Callable[[BatchStats], None] | None = None):
+                 on_batch: Callable[[BatchStats], None] | None = None,
+                 ragged: Callable[[Hashable, int], float | None] | None = None):
         self._run, self.cost = run, cost
+        self._ragged = ragged
         self.max_tokens, self.max_texts = max_batch_tokens, max_batch_texts
         self.max_queue_tokens, self.quantum = max_queue_tokens, quantum
         self.queued_tokens = 0  # estimated tokens waiting (not yet taken by the worker)
@@ -207,11 +226,16 @@ class Batcher:
         by_depth: dict[int, int] = {}
         for job in chosen:
             by_depth[job.depth] = by_depth.get(job.depth, 0) + job.cost
-        segment_of = {d: k for k, seg in enumerate(plan(by_depth, self.cost)) for d in seg}
-        segments: list[list[int]] = [[] for _ in set(segment_of.values())]
+        cut = plan(by_depth, self.cost)
+        segment_of = {d: k for k, seg in enumerate(cut) for d in seg}
+        segments: list[list[int]] = [[] for _ in cut]
         for j, job in enumerate(chosen):
             segments[segment_of[job.depth]].append(j)
-        return Call(chosen, segments)
+        call = Call(chosen, segments)
+        price = self._ragged(first.group, max(by_depth)) if self._ragged is not None and len(by_depth) > 1 else None
+        if price is not None and price * sum(j.cost * j.depth for j in chosen) <= call.work():
+            return Call(chosen, [list(range(len(chosen)))], ragged=True)
+        return call
 
     def _next_call(self) -> Call | None:
         """The call to advance by one step: a new one from the queue when nothing runs or every running call has had
@@ -249,7 +273,7 @@ class Batcher:
         step: Step | None = None
         try:
             if call.steps is None:
-                call.steps = self._run(call.jobs, call.segments)
+                call.steps = self._run(call.jobs, call.segments, call.ragged)
             step = next(call.steps, None)
         except Exception as exc:  # handed to the call's requests; the worker keeps serving
             error = exc
@@ -282,11 +306,14 @@ class Batcher:
                 (job.future, None, error or RuntimeError("the encoder ended before every item was encoded")))
         _wake(outcomes)
         if error is None:
-            self._finished(call)
+            try:
+                self._finished(call)
+            except Exception:  # the cost fit or the metrics: never the end of the worker that serves everyone
+                log.exception("layerwise: the statistics of a finished call failed (requests are not affected)")
 
     def _finished(self, call: Call) -> None:
         tokens = call.tokens
-        self.cost.observe(call.shape(), call.seconds)
+        self.cost.observe(call.shape(), call.seconds, shared=call.ragged)
         if call.seconds > 0:
             self.tokens_per_second = tokens / call.seconds
         if self._on_batch is not None:
@@ -294,7 +321,7 @@ class Batcher:
                 requests=len(call.jobs), texts=sum(len(j.items) for j in call.jobs),
                 specs=len({j.payload for j in call.jobs}), segments=len(call.segments), tokens=tokens,
                 batches=call.batches, computed=call.work(), needed=sum(j.cost * j.depth for j in call.jobs),
-                seconds=call.seconds))
+                seconds=call.seconds, ragged=call.ragged))
 
 
 def _close(call: Call) -> None:

@@ -71,8 +71,14 @@ class CostModel:
         """Forward batches ``tokens`` take (at least one)."""
         return max(1, math.ceil(tokens / self.batch_tokens))
 
-    def features(self, segments: list[tuple[int, int]]) -> tuple[float, float, float]:
-        """``(batches, batches x depth, tokens x depth)`` summed over ``segments`` of ``(tokens, depth)``."""
+    def features(self, segments: list[tuple[int, int]], shared: bool = False) -> tuple[float, float, float]:
+        """``(batches, batches x depth, tokens x depth)`` summed over ``segments`` of ``(tokens, depth)``. With
+        ``shared`` the segments share their batches, each row leaving at its own depth (a ragged call): the batches
+        of all their tokens, each run to the deepest depth, and every segment's tokens through its own depth."""
+        if shared:
+            b = self.batches(sum(t for t, _ in segments))
+            return float(b), float(b * max(max(d, 1) for _, d in segments)), float(sum(t * max(d, 1)
+                                                                                     for t, d in segments))
         b = sum(self.batches(t) for t, _ in segments)
         bd = sum(self.batches(t) * max(d, 1) for t, d in segments)
         td = sum(t * max(d, 1) for t, d in segments)
@@ -83,8 +89,9 @@ class CostModel:
         b, bd, td = self.features([(tokens, depth)])
         return self.overhead * b + self.layer_overhead * bd + self.unit * td
 
-    def observe(self, segments: list[tuple[int, int]], seconds: float) -> None:
-        """Refit the prices on one finished call: its ``segments`` of ``(tokens, depth)`` took ``seconds``."""
+    def observe(self, segments: list[tuple[int, int]], seconds: float, shared: bool = False) -> None:
+        """Refit the prices on one finished call: its ``segments`` of ``(tokens, depth)`` took ``seconds``
+        (``shared``: a ragged call, see :meth:`features`)."""
         if not segments or seconds <= 0:
             return
         prior = np.array(self._prior)
@@ -92,7 +99,7 @@ class CostModel:
         # weighs all three alike: calls that are all alike (which cannot tell the prices apart) move them as little
         # as they can
         scale = np.where(prior > 0, prior, SCALES)
-        x = np.array(self.features(segments)) * scale
+        x = np.array(self.features(segments, shared)) * scale
         with self._lock:
             self._gram = DECAY * self._gram + np.outer(x, x)
             self._rhs = DECAY * self._rhs + x * seconds

@@ -42,6 +42,8 @@ class Metrics:
         self.batch_segments = Histogram("layerwise_batch_segments", "Depth segments of one model call (each run "
                                         "to its own deepest layer, in one pipeline)", registry=r,
                                         buckets=(1, 2, 3, 4, 6, 8, 16, 32))
+        self.batches_ragged = Counter("layerwise_batches_ragged", "Model calls of several depths whose rows each "
+                                      "left their forward batches at their own request's depth", registry=r)
         self.batch_texts = Histogram("layerwise_batch_texts", "Texts in one model call", registry=r,
                                      buckets=(1, 4, 16, 64, 256, 1024))
         self.batch_occupancy = Histogram("layerwise_batch_occupancy", "Estimated tokens of a model call over "
@@ -84,6 +86,8 @@ class Metrics:
         self.batch_occupancy.observe(stats.tokens / max_batch_tokens)
         self.batch_seconds.observe(stats.seconds)
         self.batch_segments.observe(stats.segments)
+        if stats.ragged:
+            self.batches_ragged.inc()
         self.layers_computed.inc(stats.computed)
         self.layers_requested.inc(stats.needed)
 

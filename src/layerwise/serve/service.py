@@ -108,7 +108,8 @@ class Service:
         self.metrics = Metrics()
         self.cost = CostModel.for_device(ex.backend.device.type, ex.batch_tokens)
         self.batcher = Batcher(self._run, self.cost, max_batch_tokens=limits.max_batch_tokens,
-                               max_queue_tokens=limits.max_queue_tokens, on_batch=self._batch_done)
+                               max_queue_tokens=limits.max_queue_tokens, on_batch=self._batch_done,
+                               ragged=lambda site, depth: ex.backend.ragged_price(depth, str(site)))
         self.specs = SpecCache()
         self.model_id = ex.loaded.name
         self._ranges: dict[tuple[EncodeSpec, str], EncodeSpec] = {}
@@ -339,13 +340,14 @@ class Service:
             if gone is not None:
                 gone.cancel()
 
-    def _run(self, jobs: list[Job], segments: list[list[int]]) -> Iterator[Step]:
+    def _run(self, jobs: list[Job], segments: list[list[int]], ragged: bool) -> Iterator[Step]:
         """The worker's side of one merged call: each job's items tokenised as its spec says, then one pipeline of
-        forward batches, each depth segment of jobs to its own deepest layer, a step per forward batch (the model
-        lock held per step only, so the explorer's view can run between them)."""
+        forward batches, each depth segment of jobs to its own deepest layer (``ragged``: each job's rows to their
+        own), a step per forward batch (the model lock held per step only, so the explorer's view can run between
+        them)."""
         with self.lock:
             parts = [(toks, job.payload[0]) for job, toks in zip(jobs, self._tokenize(jobs))]
-            steps = self.ex.encode_shared(parts, segments=segments)
+            steps = self.ex.encode_shared(parts, segments=segments, ragged=ragged)
         while True:
             t0 = time.perf_counter()
             with self.lock:

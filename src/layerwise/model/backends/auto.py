@@ -190,6 +190,7 @@ class AutoBackend(TorchBackend):
         self._serving: dict[int, str] = {}  # depth -> the runtime that serves it
         self._why: dict[int, str] = {}  # depth -> why that runtime serves it
         self._winner: tuple[str, str] | None = None  # the race's winner (once per model) and what it measured
+        self._race_times: dict[str, float] | None = None  # seconds a batch on the race's batches, per runtime
         self._decided = threading.Condition()  # guards _serving/_why/_preparing; notified as each depth is decided
         self._preparing: list[int] = []  # depths waiting for (or in) the background preparation, in order
         self._worker: threading.Thread | None = None
@@ -556,6 +557,7 @@ class AutoBackend(TorchBackend):
             else:
                 self._step()
                 times, known = self.timed_race(depth, exact)
+                self._race_times = times
                 use = min(times, key=lambda name: times[name])
                 shapes = ", ".join("x".join(map(str, shape)) for shape in RACE_SHAPES)
                 others = ", ".join(f"{LABELS[n]}'s {s * 1e3:.1f} ms" for n, s in times.items() if n != use)
@@ -614,6 +616,29 @@ class AutoBackend(TorchBackend):
             if backend is not None:
                 return backend.start(input_ids, attention_mask, layers, site)
             return super().start(input_ids, attention_mask, layers, site)
+
+    def ragged_price(self, depth: int, site: str) -> float | None:
+        """:meth:`Backend.ragged_price`: rows leave a batch early on PyTorch only (a compiled graph runs every row
+        to its depth). Where PyTorch serves ``depth``: ``1.0``; where a compiled runtime won the race: PyTorch's
+        time over the winner's on the race's batches (a token-layer on PyTorch costs that much more); where a
+        runtime was named by ``$LAYERWISE_AUTO_RUNTIME`` (no race): ``None``."""
+        if not self.can_leave_early(depth, site):
+            return None
+        serving = self.runtime_for((depth,), site)
+        if serving == "torch":
+            return 1.0
+        times = self._race_times or {}
+        if times.get(serving, 0.0) <= 0.0 or "torch" not in times:
+            return None
+        return times["torch"] / times[serving]
+
+    def start_ragged(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
+        depths: Sequence[int],
+    ) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start_ragged` on PyTorch (the caller weighed :meth:`ragged_price`)."""
+        with self._calling():
+            return super().start_ragged(input_ids, attention_mask, layers, site, depths)
 
     @contextlib.contextmanager
     def _calling(self) -> Iterator[None]:

@@ -171,6 +171,23 @@ class Backend(ABC):
         states = self.forward(input_ids, attention_mask, layers, site)
         return lambda: states
 
+    def ragged_price(self, depth: int, site: str) -> float | None:
+        """What a token through a layer costs under :meth:`start_ragged` (each row of a batch run only to its own
+        depth, up to ``depth`` at ``site``), relative to :meth:`start` on the runtime serving ``depth``: ``1.0``
+        where the same runtime runs both, the measured ratio where another one would (``auto``: PyTorch against a
+        compiled graph), ``None`` where rows cannot leave a batch early (here)."""
+        return None
+
+    def start_ragged(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
+        depths: Sequence[int],
+    ) -> Callable[[], torch.Tensor]:
+        """:meth:`start` for a batch whose rows need different depths: ``depths`` per row, non-increasing, the first
+        ``max(layers)``. Returns a callable that waits for ``[K, batch, tokens, width]``, where a row holds the
+        layers up to its depth (the others are zeros where :meth:`ragged_price` is not ``None``). Here every row runs to
+        ``max(layers)``."""
+        return self.start(input_ids, attention_mask, layers, site)
+
     def batch_tokens_cap(self, layers: Sequence[int], site: str) -> int | None:
         """The most tokens one batch for ``layers`` at ``site`` may hold, or ``None`` (the pipeline's budget
         applies). A model streamed under ``max_memory`` bounds it, so that one batch's states fit the budget."""

@@ -25,6 +25,7 @@ from ..capture import capture, capture_chunk
 from ..discovery import probe_batch
 from ..loaded import LoadedModel
 from ..options import ModelOptions
+from ..ragged import Key, batch_keys, verify
 from .base import LOADING_FIELDS, Backend
 
 STREAM_AHEAD = 1 << 20  # streamed layers: batches started before the first is waited for (chunks bound memory)
@@ -56,6 +57,8 @@ class TorchBackend(Backend):
         # the open chunk of streamed batches: (key, batches, results, capacity in batches)
         self._chunk: tuple[Any, list, list, int] | None = None
         self._offset: int | None = None  # left padding: position ids from this offset; None: let the model decide
+        self._keys: frozenset[Key] | None = None  # the layers' batch-carrying inputs (found at the first ragged call)
+        self._ragged: dict[str, bool] = {}  # site -> whether rows may leave a batch at their depth (verified)
         if padding_side == "left":
             self._offset = self._left_padding_positions()
 
@@ -147,6 +150,42 @@ class TorchBackend(Backend):
             return results[index]
 
         return wait
+
+    # ---- rows leaving the batch at their own depth (layerwise.model.ragged) -------------------------------
+    def ragged_price(self, depth: int, site: str) -> float | None:
+        """:meth:`Backend.ragged_price`: ``1.0`` where :meth:`can_leave_early`, else ``None``."""
+        return 1.0 if self.can_leave_early(depth, site) else None
+
+    def can_leave_early(self, depth: int, site: str) -> bool:
+        """True where rows can leave a batch at their depth on this model: right padding, layers in memory, and a
+        probe pass that gives the full pass's states (checked once per site, at the first depth asked)."""
+        if self.padding_side == "left" or depth < 2 or self.loaded.streams(depth):
+            return False
+        if site not in self._ragged:
+            with self.loaded.lock:
+                self.loaded.ensure_depth(depth)
+                if self._keys is None:
+                    self._keys = batch_keys(self.loaded)
+                self._ragged[site] = verify(self.loaded, depth, self._keys, site)
+        return self._ragged[site]
+
+    def warm(self, layers: Sequence[int], site: str = "block") -> None:
+        """:meth:`Backend.warm`, and the check that rows may leave a batch at their depth (:meth:`can_leave_early`),
+        so a server's first mixed call does not pay for it."""
+        super().warm(layers, site)
+        if max(layers) >= 2:
+            self.can_leave_early(max(layers), site)
+
+    def start_ragged(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
+        depths: Sequence[int],
+    ) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start_ragged`: one pass in which each row runs only to its own depth."""
+        if not self.can_leave_early(max(layers), site):
+            return TorchBackend.start(self, input_ids, attention_mask, layers, site)
+        states = capture(self.loaded, input_ids, attention_mask, layers, site, depths=depths, keys=self._keys or
+                         frozenset())
+        return lambda: states
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str

@@ -1,0 +1,166 @@
+"""Rows that leave the batch at their own depth: one forward pass where each row runs only the layers it needs.
+
+A service batches requests for different layers. Run together to the deepest one, a request for layer 1 pays for
+every layer of the deepest; run apart, the batches are small and a CPU computes small batches at a fraction of its
+speed. Here the rows of one batch are ordered deepest first (``depths`` non-increasing) and, before layer ``l``
+runs, every batch-carrying input of the layer module (its hidden states, attention mask, positions, rotary tables)
+is cut to the rows that still need layer ``l``: the batch shrinks as it goes deeper, and each row computes exactly
+its own layers while the shallow layers still run on the whole batch.
+
+Which inputs of a layer carry the batch is not guessed from the architecture: :func:`batch_keys` runs two probe
+batches of different sizes and keeps the positional arguments and keyword arguments whose first dimension is the
+batch in both. :func:`verify` then compares a ragged pass with a full one on a probe batch; a model whose states
+differ (a module outside the layers that reads the whole batch, such as DeBERTa-v2's convolution after layer 1)
+is not run ragged: its callers fall back to running each depth's rows in batches of their own.
+
+Example::
+
+    >>> hooks = RowExits(keys, keep=[4, 4, 3, 1])  # 4 rows; layer 1 runs 4, layer 2 runs 3, layer 3 runs 1
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+log = logging.getLogger("layerwise")
+
+Key = int | str  # a positional argument's index or a keyword argument's name
+_AGREE = 1e-4  # ragged against full states, relative to their scale (float32 reductions reorder with the batch)
+
+
+def keep_counts(depths: Sequence[int], n_layers: int) -> list[int]:
+    """``keep[l]``: how many rows run layer ``l`` (``l`` in ``0..L``), for rows whose deepest layers are ``depths``.
+
+    Args:
+        depths: per row, the deepest layer it needs, non-increasing (deepest rows first).
+        n_layers: ``L``.
+
+    Returns:
+        ``L + 1`` counts, ``keep[0] = len(depths)``.
+
+    Raises:
+        ValueError: ``depths`` increasing somewhere (the rows must be ordered deepest first).
+    """
+    if any(a < b for a, b in zip(depths, depths[1:])):
+        raise ValueError(f"row depths must be ordered deepest first, got {list(depths)}")
+    return [len(depths)] + [sum(1 for d in depths if d >= layer) for layer in range(1, n_layers + 1)]
+
+
+def _rows(value: Any, n: int) -> Any:
+    """``value`` cut to its first ``n`` rows: a tensor, or a tuple/list of tensors (rotary cos/sin)."""
+    if isinstance(value, torch.Tensor):
+        return value[:n] if value.dim() > 0 and value.shape[0] > n else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, n) for v in value)
+    return value
+
+
+def _dim0(value: Any) -> int | None:
+    """The first dimension ``value`` carries: a tensor's, or the common one of a tuple/list of tensors."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() >= 2 else None
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        dims = {int(v.shape[0]) if v.dim() >= 2 else None for v in value}
+        return dims.pop() if len(dims) == 1 else None
+    return None
+
+
+class RowExits:
+    """Forward pre-hooks that cut a layer's batch-carrying inputs to the rows that still need it.
+
+    Args:
+        keys: the layer modules' batch-carrying inputs (:func:`batch_keys`).
+        keep: rows that run each layer (:func:`keep_counts`); ``keep[l]`` for layer ``l`` (1-based).
+
+    Register :meth:`pre` on every layer module after the recorder's own pre-hook (it counts the layer).
+    """
+
+    def __init__(self, keys: frozenset[Key], keep: Sequence[int]):
+        self.keys = keys
+        self.keep = list(keep)
+        self.layer = 0
+
+    def pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+        """Forward pre-hook (``with_kwargs=True``): the layer's inputs, batch cut to ``keep[layer]`` rows."""
+        self.layer += 1
+        n = self.keep[min(self.layer, len(self.keep) - 1)]
+        if n >= self.keep[0]:
+            return None
+        args = tuple(_rows(a, n) if i in self.keys else a for i, a in enumerate(args))
+        kwargs = {k: _rows(v, n) if k in self.keys else v for k, v in kwargs.items()}
+        return args, kwargs
+
+
+def batch_keys(loaded: Any) -> frozenset[Key]:
+    """The inputs of ``loaded``'s first layer module whose first dimension is the batch: the positional indices and
+    keyword names whose first dimension equals the batch size for two probe batches of different sizes (2 and 3
+    rows). Empty when the first layer takes no hidden states that way (a model that is then never run ragged)."""
+    from .capture import _forward  # the model's own forward, with its early exit
+    from .discovery import probe_batch
+
+    ids, mask = probe_batch(loaded.tokenizer)
+    found: list[frozenset[Key]] = []
+    first = loaded.layer_map.layers[0]
+    for rows in (2, 3):
+        seen: dict[Key, int | None] = {}
+
+        def look(module: nn.Module, args: tuple, kwargs: dict, seen: dict[Key, int | None] = seen) -> None:
+            seen.update({i: _dim0(a) for i, a in enumerate(args)})
+            seen.update({k: _dim0(v) for k, v in kwargs.items()})
+            raise _Stop
+
+        pick = torch.arange(rows) % ids.shape[0]
+        handle = first.register_forward_pre_hook(look, with_kwargs=True)
+        try:
+            with loaded.lock, torch.inference_mode():
+                loaded.ensure_depth(1)
+                try:
+                    _forward(loaded, ids[pick], mask[pick], None)
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+        found.append(frozenset(k for k, d in seen.items() if d == rows))
+    return found[0] & found[1]
+
+
+class _Stop(Exception):
+    """Ends a probe pass once the first layer's inputs are seen."""
+
+
+def verify(loaded: Any, depth: int, keys: frozenset[Key], site: str = "block") -> bool:
+    """Whether a ragged pass gives the states of a full one on ``loaded``: a probe batch of three rows with depths
+    ``(depth, depth - 1, 1)`` (``depth >= 2``: the batch shrinks after layer 1 and before the last layer, so what
+    one layer hands the next is cut too), every layer ``1..depth`` compared on the rows that ran it.
+    An exception inside the ragged pass (a module outside the layers that reads the whole batch) counts as a
+    difference."""
+    from .capture import capture
+    from .discovery import probe_batch
+
+    if depth < 2 or 0 not in keys:
+        return False
+    ids, mask = probe_batch(loaded.tokenizer)
+    pick = torch.tensor([0, 1, 0])
+    ids, mask = ids[pick], mask[pick]
+    layers = tuple(range(1, depth + 1))
+    depths = [depth, depth - 1, 1]
+    full = capture(loaded, ids, mask, layers, site)
+    try:
+        ragged = capture(loaded, ids, mask, layers, site, depths=depths, keys=keys)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not ragged", said in the log
+        log.info("%s is not run ragged (rows leaving at their depth): %s: %s", loaded.architecture,
+                 type(exc).__name__, exc)
+        return False
+    keep = keep_counts(depths, loaded.num_layers)
+    scale = max(1.0, float(full.abs().max()))
+    for k, layer in enumerate(layers):
+        n = keep[layer]
+        real = mask[:n].bool()
+        if float((ragged[k, :n][real] - full[k, :n][real]).abs().max()) > _AGREE * scale:
+            log.info("%s is not run ragged: layer %d differs from a full pass", loaded.architecture, layer)
+            return False
+    return True
