@@ -353,6 +353,16 @@ def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator
            reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
            stdin: _StdinRecords | None) -> ExtractSummary:
     state = writer.open(options.overwrite)
+    try:
+        return _fill(ex, spec, writer, state, items, source, reading, options, on_shard, stdin)
+    finally:
+        writer.close()
+
+
+def _fill(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, state: str, items: Iterator[Item], source: Source,
+          reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
+          stdin: _StdinRecords | None) -> ExtractSummary:
+    """The run into an opened (and locked) store."""
     summary = ExtractSummary(store=os.fspath(writer.path), resumed_from=writer.done_records,
                              repairs=list(writer.repairs))
     limit = options.max_records

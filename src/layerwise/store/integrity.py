@@ -26,6 +26,7 @@ import numpy as np
 from ..encoding.spec import EncodeSpec
 from ..errors import StoreCorruptError
 from .layout import RESTORE, STORE_DTYPES, ShardFile, file_sha256, list_shards, shard_index
+from .lock import lock_state
 from .manifest import read_manifest
 from .parts import is_parted, read_parts
 
@@ -257,10 +258,26 @@ def verify_store(path: str | os.PathLike) -> VerifyReport:
     if stray:
         report.notes.append(f"{len(stray)} shard file(s) not listed in the manifest, ignored: {', '.join(stray[:5])}"
                             + (" ..." if len(stray) > 5 else ""))
-    if manifest["status"] != "complete":
-        report.notes.append(f"the run is {manifest['status']}: rerun the extract command to finish it")
+    if manifest["status"] != "complete" or lock_state(store) is not None:
+        report.notes.append(run_state(store, manifest["status"]))
     return report
 
 
-__all__ = ["Expected", "VerifyReport", "header_problems", "open_shard", "shard_problems", "size_problems",
-           "unlisted_files", "verify_store"]
+def run_state(store: Path, status: str) -> str:
+    """What ``verify`` says about a store whose run is not finished (or is being written): a live writer (from the
+    store's lock, :mod:`layerwise.store.lock`), a writer that died, or a run stopped on purpose."""
+    lock = lock_state(store)
+    if lock is not None and lock.live:
+        return f"the run is not finished: {lock.describe()}; verify again once it is done"
+    if status == "partial":
+        return ("the run is partial (it stopped at its --max-records): rerun the extract command without it, or with "
+                "a larger one, to extend the store")
+    if lock is not None:
+        return (f"the run stopped: {lock.describe()}; rerun the extract command to finish the store (it resumes "
+                f"after the last finished shard)")
+    return ("the run stopped before it finished (no writer holds the store now): rerun the extract command to finish "
+            "it (it resumes after the last finished shard)")
+
+
+__all__ = ["Expected", "VerifyReport", "header_problems", "open_shard", "run_state", "shard_problems",
+           "size_problems", "unlisted_files", "verify_store"]

@@ -17,6 +17,10 @@ shard finished just before an interruption but not yet listed is taken in when i
 next index and passes every check. New shards never take the name of a file that exists. "Complete" is said
 only after the same checks.
 
+One writer at a time: :meth:`StoreWriter.open` takes the store's lock (:mod:`layerwise.store.lock`) and
+:meth:`StoreWriter.close` lets it go; a second writer is refused naming the first (pid, host, since when), and the
+stale lock of a writer that died is taken over, said in :attr:`StoreWriter.repairs`.
+
 Only layerwise's own files are replaced or removed: ``overwrite`` replaces a directory only when its
 ``manifest.json`` is a layerwise store's (the ``format`` marker), and then only the manifest, the error log, the
 shard files and layerwise's own temporary files; any other file there stays.
@@ -53,6 +57,7 @@ from .layout import (
     write_json,
     write_shard,
 )
+from .lock import LOCK, StoreLock
 from .manifest import is_store_manifest, read_manifest
 
 OpenState = Literal["new", "resume", "complete"]
@@ -79,6 +84,12 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mismatch_message(store: Path, old: dict[str, Any], diffs: list[str]) -> str:
+    """Why a run cannot resume the store at ``store`` (its manifest ``old``): the ``diffs`` of the identities."""
+    return (f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the store's "
+            f"options to resume, pick another output directory, or pass --overwrite to replace it")
+
+
 def _prefix_entry(metadata: dict[str, str]) -> dict[str, Any]:
     """``{"input_prefix": {...}}`` from a shard's metadata where it has one (stdin inputs), else ``{}``."""
     value = metadata.get("input_prefix")
@@ -100,35 +111,52 @@ class StoreWriter:
         self.shards: list[dict[str, Any]] = []
         self.repairs: list[str] = []  # what the last open() found damaged and repaired, one line each
         self._next = 0  # the index of the next shard's file
+        self._lock = StoreLock(self.path)
 
     # ---- opening -----------------------------------------------------------------------------------------
     def open(self, overwrite: bool = False) -> OpenState:
-        """Prepare the directory: ``new`` (empty store), ``resume`` (same header, unfinished or repaired) or
-        ``complete`` (same header, finished, every listed shard checked). What a resume repaired is in
-        :attr:`repairs`.
+        """Take the store's lock (:mod:`layerwise.store.lock`) and prepare the directory: ``new`` (empty store),
+        ``resume`` (same header, unfinished or repaired) or ``complete`` (same header, finished, every listed shard
+        checked). What a resume repaired (and a stale lock taken over) is in :attr:`repairs`. The lock is held until
+        :meth:`close`.
 
         Raises:
             StoreError: the path is a file, a non-empty directory that is not a layerwise store (even with
-                ``overwrite``), or a store made with another header (naming the differences) without ``overwrite``.
+                ``overwrite``), a store another run is writing (naming it: pid, host, since when), or a store made
+                with other options (naming the differences; a changed input is said as such) without ``overwrite``.
             StoreCorruptError: a damaged manifest, without ``overwrite``.
         """
         store, mpath = self.path, self.path / MANIFEST
         self.repairs = []
         if store.exists() and not store.is_dir():
             raise StoreError(f"store path {str(store)!r} is a file; give a directory (new or a layerwise store)")
-        if store.is_dir() and any(store.iterdir()) and not mpath.exists():
+        if store.is_dir() and any(p.name != LOCK for p in store.iterdir()) and not mpath.exists():
             raise StoreError(
                 f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); choose a new or "
                 f"empty directory (layerwise never deletes files it did not write)"
             )
+        if mpath.exists() and not is_store_manifest(mpath):
+            names = sorted(p.name for p in store.iterdir())
+            raise StoreError(
+                f"{str(store)!r} holds a {MANIFEST} that is not a layerwise store's (files there: "
+                f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}); layerwise replaces only its own "
+                f"stores, even with --overwrite: choose another directory"
+            )
+        store.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            state = self._open_locked(overwrite)
+        except BaseException:
+            self.close()
+            raise
+        if self._lock.took_over:
+            self.repairs.insert(0, self._lock.took_over)
+        return state
+
+    def _open_locked(self, overwrite: bool) -> OpenState:
+        """:meth:`open` once the lock is held: resume, refuse, or start a new store."""
+        store, mpath = self.path, self.path / MANIFEST
         if mpath.exists():
-            if not is_store_manifest(mpath):
-                names = sorted(p.name for p in store.iterdir())
-                raise StoreError(
-                    f"{str(store)!r} holds a {MANIFEST} that is not a layerwise store's (files there: "
-                    f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}); layerwise replaces only its own "
-                    f"stores, even with --overwrite: choose another directory"
-                )
             try:
                 old: dict[str, Any] | None = read_manifest(store)
             except StoreCorruptError:
@@ -138,22 +166,28 @@ class StoreWriter:
             if old is not None:
                 diffs = differences(identity(old), identity(self.header))
                 if diffs and not overwrite:
-                    raise StoreError(
-                        f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the "
-                        f"store's options to resume, pick another output directory, or pass --overwrite to replace it"
-                    )
+                    raise StoreError(mismatch_message(store, old, diffs))
                 if not diffs and not overwrite:
                     self.manifest = old
                     remove_temporaries(store)
                     return self._resume()
             self._wipe()
-        store.mkdir(parents=True, exist_ok=True)
         self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "id": uuid.uuid4().hex, **stamp(),
                          "status": "running", **copy.deepcopy(self.header), "counts": {}, "shards": []}
         self._next = self._free_index()
         self._guard(lambda: write_json(mpath, self.manifest), MANIFEST)
         self._guard(lambda: (store / ERRORS).write_bytes(b""), ERRORS)
         return "new"
+
+    def close(self) -> None:
+        """Let the store's lock go (the lock file is removed); nothing when not open. Call it once done writing."""
+        self._lock.release()
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _wipe(self) -> None:
         """Remove a layerwise store's own files (its manifest carries the marker); anything else stays."""
