@@ -63,6 +63,8 @@ from .manifest import is_store_manifest, read_manifest
 OpenState = Literal["new", "resume", "complete"]
 # recorded, not compared on resume
 PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path", "kind")}
+# the fields of a header's input section that say what it holds (the rest: how it was read)
+INPUT_CONTENT = ("sha256", "bytes", "rows", "files", "stat_sha256")
 
 
 def identity(header: dict[str, Any]) -> dict[str, Any]:
@@ -84,10 +86,30 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def mismatch_message(store: Path, old: dict[str, Any], diffs: list[str]) -> str:
-    """Why a run cannot resume the store at ``store`` (its manifest ``old``): the ``diffs`` of the identities."""
-    return (f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the store's "
-            f"options to resume, pick another output directory, or pass --overwrite to replace it")
+def mismatch_message(store: Path, old: dict[str, Any], new: dict[str, Any], diffs: list[str]) -> str:
+    """Why a run (header ``new``) cannot resume the store at ``store`` (manifest ``old``), from the ``diffs`` of
+    their identities: a changed input is said as such, other options by name."""
+    content = {f"input.{key}" for key in INPUT_CONTENT}
+    changed = [d for d in diffs if d.split(" ", 1)[0] in content]
+    others = [d for d in diffs if d not in changed]
+    if not changed:
+        return (f"{str(store)!r} holds a store made with other options: {'; '.join(others)}. Rerun with the store's "
+                f"options to resume, pick another output directory, or pass --overwrite to replace it")
+    was, now = old.get("input") or {}, new.get("input") or {}
+    if was.get("sha256") and now.get("sha256"):
+        how = f"its sha256 is {now['sha256'][:16]}... now, {was['sha256'][:16]}... when the store was made"
+    else:
+        how = f"it differs from the one the store was made from ({'; '.join(changed)})"
+    counts = old.get("counts") or {}
+    held = (f"{int(counts.get('records') or 0):,} records, {old.get('status')}")
+    what = f"the input {now.get('path') or was.get('path') or ''} changed".replace("  ", " ")
+    if others:
+        return (f"{str(store)!r} holds a store made with other options: {'; '.join(others)}; and {what}: {how}. "
+                f"Rerun with the store's options and input to resume, pick another output directory, or pass "
+                f"--overwrite to replace it")
+    return (f"{what} since the store {str(store)!r} was made from it ({held}): {how}. Give the input the store was "
+            f"made from to resume or reuse it, write this input to another output directory, or pass --overwrite "
+            f"to replace the store")
 
 
 def _prefix_entry(metadata: dict[str, str]) -> dict[str, Any]:
@@ -166,7 +188,7 @@ class StoreWriter:
             if old is not None:
                 diffs = differences(identity(old), identity(self.header))
                 if diffs and not overwrite:
-                    raise StoreError(mismatch_message(store, old, diffs))
+                    raise StoreError(mismatch_message(store, old, self.header, diffs))
                 if not diffs and not overwrite:
                     self.manifest = old
                     remove_temporaries(store)
@@ -325,6 +347,16 @@ class StoreWriter:
              "sha256": written.sha256, **_prefix_entry(metadata)}
         )
         return written.bytes
+
+    def unlist(self, keep: int, skipped: int) -> int:
+        """Keep the first ``keep`` listed shards; unlist the others (a resume recomputes their records) and remove
+        their files (this writer's own, intact ones; a damaged one stays). Rewrites the manifest as ``running`` with
+        ``skipped`` skipped records. Returns how many records were unlisted."""
+        dropped = self.shards[keep:]
+        self.shards = self.shards[:keep]
+        self._drop(dropped, Expected.of(self.manifest))
+        self.write_manifest("running", skipped)
+        return sum(e["records"] for e in dropped)
 
     def record_input(self, **fields: Any) -> None:
         """Add facts about the input to the manifest's ``input`` section (written with the next manifest)."""
