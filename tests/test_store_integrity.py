@@ -202,8 +202,8 @@ DAMAGES = {
     "foreign manifest.json": (_foreign_manifest, "manifest.json", "refuse"),
 }
 S3 = "shard-000003.safetensors"
-# a resume checks every listed shard's size and header and the last one's sha256 (verify hashes them all)
-RESUME_DAMAGES = {**{d: v for d, v in DAMAGES.items() if "manifest" not in d and d != "shard bit-flipped"},
+# a resume checks every listed shard's size, header and sha256, as verify does
+RESUME_DAMAGES = {**{d: v for d, v in DAMAGES.items() if "manifest" not in d},
                   "last shard bit-flipped": (lambda s, other: flip(s / S3, feature_byte(s / S3)), S3, "refuse")}
 
 

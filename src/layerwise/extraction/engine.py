@@ -360,7 +360,8 @@ def extract(
                            digest=check.digest if check is not None else None)
     first = next(items, None)
     items = itertools.chain([first] if first is not None else [], items)
-    return _write(ex, spec, StoreWriter(output, header), items, source, reading, options, on_shard,
+    writer = StoreWriter(output, header, check=options.resume_check)
+    return _write(ex, spec, writer, items, source, reading, options, on_shard,
                   _StdinRecords(stream) if stream is not None else None, check)
 
 

@@ -127,6 +127,13 @@ def check_manifest(m: Any, mpath: Path) -> None:
         raise bad("field 'counts.records'", f"is {counts.get('records')!r}, but the shards list {listed} records")
 
 
+def shard_counts(shards: list[dict[str, Any]], skipped: int) -> dict[str, int]:
+    """The manifest's ``counts`` of the listed ``shards`` and ``skipped`` records."""
+    return {"records": sum(s["records"] for s in shards), "rows": sum(s["rows"] for s in shards),
+            "tokens": sum(s["tokens"] for s in shards), "skipped": skipped, "shards": len(shards),
+            "bytes": sum(s["bytes"] for s in shards)}
+
+
 def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
     """Check a format-4 manifest's ``parts`` list (``bad(field, what)`` builds the error); returns its records."""
     parts = m.get("parts")
@@ -160,4 +167,4 @@ def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
 
 
 __all__ = ["FIX", "PART_ORDERS", "STATUSES", "check_manifest", "check_parts_entries", "is_store_manifest",
-           "read_manifest"]
+           "read_manifest", "shard_counts"]

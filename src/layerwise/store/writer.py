@@ -10,9 +10,10 @@ shapes the features (the spec, the model's weights fingerprint, the tokenizer se
 it was read). Provenance-only fields (the model's name or path, the input's path) may differ: a copy of the same
 file resumes the same store. A mismatch is refused naming each differing field, unless ``overwrite``.
 
-A resume repairs or refuses; it never overwrites. It first checks the listed shards (sizes and headers, and the
-sha256 of the last one); from the first missing or damaged shard on, shards are dropped from the manifest and
-recomputed: a dropped shard that is intact (ours) is removed, a damaged one is left where it is and named. A
+A resume repairs or refuses; it never overwrites. It first checks the listed shards (sizes, headers and every
+shard's sha256, unless ``check="headers"``); from the first missing or damaged shard on, shards are dropped from
+the manifest and recomputed: a dropped shard that is intact (ours) is removed, a damaged one is left where it is
+and named. A
 shard finished just before an interruption but not yet listed is taken in when it carries this store's id and the
 next index and passes every check. New shards never take the name of a file that exists. "Complete" is said
 only after the same checks.
@@ -40,15 +41,13 @@ import numpy as np
 from ..encoding.spec import EncodeSpec
 from ..errors import LayerwiseError, StoreCorruptError, StoreError, StoreFullError
 from ..provenance import differences, now, stamp
-from .integrity import Expected, content_problems, header_problems, shard_problems
+from .integrity import Expected, check_resume_mode, first_damaged, hash_problem, shard_problems, unlisted_next
 from .layout import (
     ERRORS,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
-    ShardFile,
     atomic_write_bytes,
-    file_sha256,
     is_disk_full,
     list_shards,
     remove_temporaries,
@@ -58,7 +57,7 @@ from .layout import (
     write_shard,
 )
 from .lock import LOCK, StoreLock
-from .manifest import is_store_manifest, read_manifest
+from .manifest import is_store_manifest, read_manifest, shard_counts
 
 OpenState = Literal["new", "resume", "complete"]
 # recorded, not compared on resume
@@ -124,11 +123,14 @@ class StoreWriter:
     Args:
         path: the store directory (created if absent).
         header: ``spec``, ``model``, ``tokenizer``, ``input`` and ``feature_shape`` of the run (JSON-ready).
+        check: what a resume checks of every listed shard: ``sha256`` (every byte, the default) or ``headers``
+            (sizes and headers, and the last shard's sha256).
     """
 
-    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]):
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, check: str = "sha256"):
         self.path = Path(path)
         self.header = header
+        self.check = check_resume_mode(check)
         self.manifest: dict[str, Any] = {}
         self.shards: list[dict[str, Any]] = []
         self.repairs: list[str] = []  # what the last open() found damaged and repaired, one line each
@@ -225,21 +227,18 @@ class StoreWriter:
         return max(used, default=-1) + 1
 
     def _resume(self) -> OpenState:
-        """Check the listed shards, drop (and recompute) from the first damaged one, take in a finished unlisted
-        shard; returns ``complete`` only when nothing had to change."""
+        """Check the listed shards (:func:`~layerwise.store.integrity.first_damaged`: every sha256 by default),
+        drop (and recompute) from the first damaged one, take in a finished unlisted shard; returns ``complete``
+        only when nothing had to change."""
         entries = [dict(e) for e in self.manifest["shards"]]
         expected = Expected.of(self.manifest)
-        keep: list[dict[str, Any]] = []
-        for i, entry in enumerate(entries):
-            problems = shard_problems(self.path, entry, expected, full=i == len(entries) - 1)
-            if problems:
-                self.repairs += problems
-                self._drop(entries[i:], expected)
-                break
-            keep.append(entry)
-        self.shards = keep
-        if not self.repairs:
-            self._adopt(expected)
+        damaged = first_damaged(self.path, entries, expected, self.check)
+        self.shards = entries if damaged is None else entries[:damaged[0]]
+        if damaged is not None:
+            self.repairs += damaged[1]
+            self._drop(entries[damaged[0]:], expected)
+        else:
+            self.shards += unlisted_next(self.path, self.shards, expected)
         self._next = self._free_index()
         if self.repairs:
             self.repairs.append(f"recomputing from input line {self.resume_line + 1}" if self.shards else
@@ -254,34 +253,11 @@ class StoreWriter:
             path = self.path / entry["file"]
             if not path.exists():
                 continue
-            if shard_problems(self.path, entry, expected, full=False):
+            if shard_problems(self.path, entry, expected, full=False) or hash_problem(self.path, entry):
                 self.repairs.append(f"{entry['file']} is left as it is (damaged, no longer listed); delete it once "
                                     f"you no longer need it")
             else:
                 path.unlink()
-
-    def _adopt(self, expected: Expected) -> None:
-        """List the shards finished after the manifest's last update (an interruption between the two)."""
-        while expected.store_id is not None:
-            index = shard_index(self.shards[-1]["file"]) + 1 if self.shards else 0
-            path = self.path / shard_name(index)
-            if not path.is_file():
-                return
-            try:
-                shard = ShardFile(path)
-                lines = shard.array("lines")
-                entry = {"file": path.name, "records": int(lines.shape[0]), "rows": int(shard.shape("features")[0]),
-                         "tokens": int(shard.metadata.get("tokens", "0")), "first_line": int(lines[0]),
-                         "last_line": int(lines[-1]), "bytes": shard.size, **_prefix_entry(shard.metadata)}
-            except (StoreCorruptError, KeyError, IndexError, ValueError):
-                return
-            mine = shard.metadata.get("store") == expected.store_id and shard.metadata.get("shard") == str(index)
-            after = self.shards[-1]["last_line"] if self.shards else -1
-            if not mine or entry["first_line"] <= after or header_problems(shard, entry, expected) or \
-                    content_problems(shard, entry, expected):
-                return
-            entry["sha256"] = file_sha256(path)
-            self.shards.append(entry)
 
     # ---- state -------------------------------------------------------------------------------------------
     @property
@@ -368,14 +344,7 @@ class StoreWriter:
         m["status"] = status
         m["updated"] = now()
         m["shards"] = self.shards
-        m["counts"] = {
-            "records": self.done_records,
-            "rows": sum(s["rows"] for s in self.shards),
-            "tokens": sum(s["tokens"] for s in self.shards),
-            "skipped": skipped,
-            "shards": len(self.shards),
-            "bytes": sum(s["bytes"] for s in self.shards),
-        }
+        m["counts"] = shard_counts(self.shards, skipped)
         self._guard(lambda: write_json(self.path / MANIFEST, m), MANIFEST)
 
     def _guard(self, write: Any, what: str) -> Any:
