@@ -416,7 +416,8 @@ def test_a_dead_writers_temporary_file_is_removed_a_live_ones_is_not(clean, tmp_
 def test_a_damaged_manifest_names_the_file_the_field_and_the_fix(clean, tmp_path, change, field):
     store = fresh(clean, "sentence", tmp_path)
     edit_manifest(store, change)
-    with pytest.raises(lw.StoreCorruptError, match=rf"manifest\.json' is damaged: .*{field}.*restore manifest\.json"):
+    with pytest.raises(lw.StoreCorruptError,
+                       match=rf"manifest\.json' is damaged: .*{field}.*layerwise recover on the store to rebuild"):
         open_store(store)
 
 

@@ -18,13 +18,13 @@ The lock is ``fcntl.flock`` (exclusive, non-blocking) on ``writer.lock``, which 
   its file, without keeping the lock.
 
 ``flock`` is advisory: it binds layerwise's writers, not other programs. It works on local file systems and on NFS
-(Linux maps it to NFS locks); a file system without locks gives :class:`StoreLock` an ``OSError`` it reports.
+(Linux maps it to NFS locks); a file system without locks is reported. Without ``fcntl`` (not POSIX) the lock file
+alone is the lock: a live process of this host named in it holds the store.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -36,6 +36,11 @@ from typing import Any
 
 from ..errors import StoreError
 from ..provenance import now
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: the lock file's pid is the lock (see _flock)
+    fcntl = None  # type: ignore[assignment]
 
 LOCK = "writer.lock"
 LOCK_FORMAT = "layerwise-store-lock"
@@ -98,6 +103,22 @@ def _read_fd(fd: int) -> tuple[bool, LockHolder | None]:
     return _parse(os.read(fd, 1 << 16))
 
 
+def _flock(fd: int, exclusive: bool) -> None:
+    """Lock ``fd`` (exclusive or shared, never waiting): ``BlockingIOError`` when another holds it. Without
+    ``fcntl`` (not POSIX) a live process of this host named in the file holds it."""
+    if fcntl is not None:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        return
+    _, holder = _read_fd(fd)  # pragma: no cover
+    if holder is not None and holder.here and holder.pid != os.getpid() and pid_alive(holder.pid):  # pragma: no cover
+        raise BlockingIOError(errno.EWOULDBLOCK, "held")
+
+
+def _unlock(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def _mine(holder: LockHolder | None) -> bool:
     """The holder is this process."""
     return holder is not None and holder.pid == os.getpid() and holder.here
@@ -135,12 +156,12 @@ def lock_state(store: str | os.PathLike) -> LockState | None:
     try:
         _, holder = _read_fd(fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            _flock(fd, exclusive=False)
         except BlockingIOError:
             live = True
         else:
             live = False
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            _unlock(fd)
     finally:
         os.close(fd)
     return LockState(holder, live)
@@ -184,7 +205,7 @@ class StoreLock:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock(fd, exclusive=True)
             except BlockingIOError:
                 ours, holder = _read_fd(fd)
                 os.close(fd)
@@ -205,7 +226,7 @@ class StoreLock:
         try:
             self._take(fd)
         except BaseException:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            _unlock(fd)
             os.close(fd)
             raise
         self._fd = fd
@@ -267,7 +288,7 @@ class StoreLock:
         except OSError:
             pass  # a read-only or vanished directory: the unlocked file is stale, and the next writer takes it over
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            _unlock(fd)
             os.close(fd)
 
     def __del__(self) -> None:  # a writer dropped without closing lets its store go, as a file object would

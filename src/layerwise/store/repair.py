@@ -13,7 +13,7 @@ What it fixes, holding the store's lock (:mod:`layerwise.store.lock`) while it w
 What it cannot fix: a shard that is missing, or whose bytes changed (its sha256 is not the listed one). Those need
 the model: the extract command's resume recomputes from the first of them (:class:`RepairReport.needs_model` says
 from which shard and input line). A manifest that cannot be read is rebuilt from the shards by ``layerwise
-recover`` (:mod:`layerwise.store.recover`).
+recover`` (:mod:`layerwise.store.recover`); ``verify --repair`` does the same when the shards can.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 from ..errors import StoreCorruptError, StoreError
 from ..provenance import now
 from .integrity import Expected, content_problems, entry_of, header_problems, shard_problems, unlisted_next
-from .layout import MANIFEST, TEMP_RE, ShardFile, file_sha256, write_json
+from .layout import MANIFEST, TEMP_RE, ShardFile, file_sha256, list_shards, write_json
 from .lock import StoreLock, lock_state, pid_alive
-from .manifest import read_manifest, shard_counts
+from .manifest import is_store_manifest, read_manifest, shard_counts
 from .parts import is_parted
 
 # the listing fields a shard's own header and lines give
@@ -97,15 +97,27 @@ def repair_store(path: str | os.PathLike, *, dry_run: bool = False) -> RepairRep
         A :class:`RepairReport`.
 
     Raises:
-        StoreError: not a store; a store of parts (repair each part); a run is writing it now (naming it).
-        StoreCorruptError: the manifest cannot be read (``layerwise recover`` rebuilds it from the shards).
+        StoreError: not a store (no manifest and no shard to rebuild it from, see :func:`~layerwise.store.recover.
+            recover_store`); a store of parts (repair each part); a run is writing it now (naming it).
     """
     store = Path(path)
-    manifest = read_manifest(store)
+    report = RepairReport(os.fspath(path))
+    try:
+        manifest = read_manifest(store)
+    except StoreError:  # missing or damaged: the shards rebuild it when they can (else the error stands)
+        if not list_shards(store) or ((store / MANIFEST).exists() and not is_store_manifest(store / MANIFEST)):
+            raise
+        if dry_run:
+            report.fixed.append(f"{MANIFEST} would be rebuilt from the shards (layerwise recover)")
+            return report
+        from .recover import recover_store
+
+        rebuilt = recover_store(store)
+        report.fixed.append(f"{rebuilt.summary()}; not listed: {'; '.join(rebuilt.left_out) or 'none'}")
+        manifest = read_manifest(store)
     if is_parted(manifest):
         raise StoreError(f"{os.fspath(path)!r} is a store of parts; repair each part on its own, e.g. layerwise "
                          f"verify --repair {os.path.join(os.fspath(path), manifest['parts'][0]['path'])}")
-    report = RepairReport(os.fspath(path))
     lock = StoreLock(store)
     if dry_run:
         state = lock_state(store)

@@ -57,7 +57,7 @@ from .layout import (
     write_shard,
 )
 from .lock import LOCK, StoreLock
-from .manifest import is_store_manifest, read_manifest, shard_counts
+from .manifest import is_store_manifest, read_manifest, shard_counts, without_manifest
 
 OpenState = Literal["new", "resume", "complete"]
 # recorded, not compared on resume
@@ -83,6 +83,18 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
         for key in keys:
             (out.get(section) or {}).pop(key, None)
     return out
+
+
+# a shard's metadata keys that let `layerwise recover` rebuild its store's manifest
+STORE_HEADER, AFTER_LINE = "store_header", "after_line"
+DESCRIBED = ("format_version", "layerwise_version", "created", "spec", "model", "model_options", "tokenizer", "input",
+             "feature_shape", "part")
+
+
+def store_description(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What each shard carries about its store (``store_header``): the manifest's fields that describe the run
+    (:data:`DESCRIBED`), not its state (status, counts, shards)."""
+    return {k: manifest[k] for k in DESCRIBED if k in manifest}
 
 
 def mismatch_message(store: Path, old: dict[str, Any], new: dict[str, Any], diffs: list[str]) -> str:
@@ -156,8 +168,9 @@ class StoreWriter:
             raise StoreError(f"store path {str(store)!r} is a file; give a directory (new or a layerwise store)")
         if store.is_dir() and any(p.name != LOCK for p in store.iterdir()) and not mpath.exists():
             raise StoreError(
-                f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); choose a new or "
-                f"empty directory (layerwise never deletes files it did not write)"
+                f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); "
+                + (without_manifest(store) if list_shards(store) else
+                   "choose a new or empty directory (layerwise never deletes files it did not write)")
             )
         if mpath.exists() and not is_store_manifest(mpath):
             names = sorted(p.name for p in store.iterdir())
@@ -314,6 +327,9 @@ class StoreWriter:
         index, name = self._next, shard_name(self._next)
         if self.manifest.get("id"):  # format 3: each shard says which store it belongs to, and where
             metadata = {**metadata, "store": self.manifest["id"], "shard": str(index)}
+        # what `layerwise recover` rebuilds the manifest from: the run's description and the line this shard follows
+        metadata = {**metadata, STORE_HEADER: json.dumps(store_description(self.manifest), ensure_ascii=False),
+                    AFTER_LINE: str(self.resume_line)}
         lines = tensors["lines"]
         written = self._guard(lambda: write_shard(self.path / name, tensors, metadata), name)
         self._next += 1
