@@ -7,9 +7,10 @@ The store's manifest records the input's sha256, taken before the run (a resume 
 * before each shard is written, the input's files must still have the size, modification time and inode they had
   before they were hashed; else the run stops with :class:`~layerwise.ExtractError` saying what changed, and the
   shards already finished (each read before the change) stay listed for a resume on the right input;
-* at the end of a run that read the whole input, the sha256 of the bytes read must be the recorded one; else (a
-  rewrite that kept size and modification time) the shards this run wrote are unlisted and removed, and the run
-  stops the same way.
+* at the end of a run that read the whole input, the sha256 of the bytes read must be the recorded one (a change
+  after the reading does not matter); else (say a rewrite that kept size and modification time) the shards this run
+  wrote are unlisted and removed, and the run stops the same way. An input not hashed as it is read (parquet) is
+  checked by its files again.
 
 stdin has no file to watch: it is hashed as it streams (its own check, in :mod:`layerwise.extraction.engine`).
 """
@@ -76,16 +77,17 @@ class InputCheck:
             )
 
     def at_end(self, writer: StoreWriter, skipped: int) -> None:
-        """Check the input once the run has read it all: unchanged files, and the bytes read are the bytes hashed.
+        """Check the input once the run has read it: the bytes read are the bytes hashed (files whose bytes are not
+        hashed as read, or not read to the end: unchanged).
 
         Raises:
             ExtractError: the input changed; when only the hash of what was read tells, this run's shards are unlisted
                 and removed first (``skipped``: the manifest's count of skipped records).
         """
-        self.before_shard(writer)
         if self.digest is None or not self.digest.complete or self.sha256 is None:
+            self.before_shard(writer)  # no hash of what was read (parquet, or not read to its end): its files
             return
-        got = self.digest.hexdigest()
+        got = self.digest.hexdigest()  # what was read, all of it: a change after the reading does not matter
         if got == self.sha256:
             return
         dropped = writer.unlist(self._first_shard, skipped)

@@ -172,7 +172,8 @@ class StoreLock:
 
     Attributes:
         path: the lock file. took_over: the one-line notice when :meth:`acquire` took over a stale lock, else
-            ``None``.
+            ``None``. read_only: the directory is not writable by this process (a finished store on a read-only
+            disk): :meth:`acquire` takes no lock, and any write fails as it would without one.
 
     Example::
 
@@ -184,6 +185,7 @@ class StoreLock:
         self.store = Path(store)
         self.path = self.store / LOCK
         self.took_over: str | None = None
+        self.read_only = False  # the directory is not writable by this process: nothing taken, nothing to exclude
         self._fd: int | None = None
 
     @property
@@ -203,7 +205,13 @@ class StoreLock:
             return self
         deadline = time.monotonic() + RETRY_SECONDS
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and not os.access(self.store, os.W_OK):
+                    self.read_only = True  # this process writes nothing here, so it needs no lock to read
+                    return self
+                raise
             try:
                 _flock(fd, exclusive=True)
             except BlockingIOError:
