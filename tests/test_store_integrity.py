@@ -202,8 +202,8 @@ DAMAGES = {
     "foreign manifest.json": (_foreign_manifest, "manifest.json", "refuse"),
 }
 S3 = "shard-000003.safetensors"
-# a resume checks every listed shard's size and header and the last one's sha256 (verify hashes them all)
-RESUME_DAMAGES = {**{d: v for d, v in DAMAGES.items() if "manifest" not in d and d != "shard bit-flipped"},
+# a resume checks every listed shard's size, header and sha256, as verify does
+RESUME_DAMAGES = {**{d: v for d, v in DAMAGES.items() if "manifest" not in d},
                   "last shard bit-flipped": (lambda s, other: flip(s / S3, feature_byte(s / S3)), S3, "refuse")}
 
 
@@ -416,7 +416,8 @@ def test_a_dead_writers_temporary_file_is_removed_a_live_ones_is_not(clean, tmp_
 def test_a_damaged_manifest_names_the_file_the_field_and_the_fix(clean, tmp_path, change, field):
     store = fresh(clean, "sentence", tmp_path)
     edit_manifest(store, change)
-    with pytest.raises(lw.StoreCorruptError, match=rf"manifest\.json' is damaged: .*{field}.*restore manifest\.json"):
+    with pytest.raises(lw.StoreCorruptError,
+                       match=rf"manifest\.json' is damaged: .*{field}.*layerwise recover on the store to rebuild"):
         open_store(store)
 
 

@@ -115,15 +115,21 @@ class HashingStream(io.RawIOBase):
         ([b'a\\n', b'b\\n'], 4)
     """
 
-    def __init__(self, raw: IO[bytes]):
+    def __init__(self, raw: IO[bytes], *, owns: bool = False):
         super().__init__()
         self._raw = raw
+        self._owns = owns  # close ``raw`` with this stream (a file opened for it), not stdin
         self._read = getattr(raw, "read1", raw.read)
         self._hash = hashlib.sha256()
         self.count = 0
+        self.at_end = False  # a read found the end of the stream
 
     def readable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        """The wrapped stream's file descriptor."""
+        return self._raw.fileno()
 
     def readinto(self, buffer: Any) -> int:
         """Read into ``buffer``, hashing the bytes."""
@@ -132,7 +138,15 @@ class HashingStream(io.RawIOBase):
         buffer[:n] = data
         self._hash.update(data)
         self.count += n
+        if n == 0 and len(buffer):
+            self.at_end = True
         return n
+
+    def close(self) -> None:
+        """Close this stream (and the wrapped one when it was opened for it: ``owns``)."""
+        if self._owns and not self.closed:
+            self._raw.close()
+        super().close()
 
     def hexdigest(self) -> str:
         """sha256 of the bytes read so far."""

@@ -117,6 +117,11 @@ def extract(
         False, "--strict", help="Stop at the first bad record instead of logging and skipping it."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a store made with other options."),
+    resume_check: str = typer.Option(
+        "sha256", "--resume-check",
+        help="What a resume checks of every finished shard: sha256 (every byte, ~1 s/GB) or headers (sizes and "
+             "headers, and the last shard's sha256).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q",
                                help="No progress bar, no summary line and no one-time work lines (exports)."),
     prompt: str = PromptOpt,
@@ -151,7 +156,7 @@ def extract(
         detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
                                  strict=strict, overwrite=overwrite, progress=False if quiet else None,
-                                 num_shards=num_shards, shard_index=shard_index)
+                                 num_shards=num_shards, shard_index=shard_index, resume_check=resume_check)
         if engine not in ("local", "ray"):
             raise LayerwiseError(f"unknown --engine {engine!r}. Valid engines are: local, ray")
         if engine == "ray":

@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                                       "same command to resume."),
     "inspect": ("inspect", "inspect", "Print a store's provenance, counts, sizes and a few records."),
     "verify": ("verify", "verify", "Check a store: every listed shard's size, header, sha256 and inner consistency."),
+    "recover": ("recover", "recover", "Rebuild a store's manifest.json from its shards (their store id, index, line "
+                                      "range, run description, seal)."),
     "merge": ("merge", "merge", "Check that the parts belong to one run (input, model, options, every index once) "
                                 "and write one store"),
     "export": ("export", "export", "Convert a store to npy, hdf5 or parquet (streamed, shard by shard)."),

@@ -41,11 +41,14 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
 from ..errors import InputError
 from .conll import CONLL2003_COLUMNS, CONLLU_COLUMNS, read_conll2003, read_conllu, with_document_context
 from .records import EMPTY_TEXT, BadRecord, Item, RangeStream, Record, is_blank, iter_lines
+
+if TYPE_CHECKING:
+    from .watch import ReadDigest
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet", "conll", "conllu")
 _SUFFIXES = {
@@ -362,6 +365,7 @@ def read_records(
     keep: Sequence[str] = (),
     stdin: IO[bytes] | None = None,
     document_context: bool = False,
+    digest: ReadDigest | None = None,
 ) -> Iterator[Item]:
     """Stream the records of ``path`` (``"-"`` = stdin) as :class:`Record` / :class:`BadRecord`.
 
@@ -372,6 +376,8 @@ def read_records(
         keep: other columns to carry along (CoNLL: ``pos``/``chunk``/``ner``/``doc``; CoNLL-U: ``upos``...).
         stdin: a binary stream to read instead of ``sys.stdin`` (tests).
         document_context: CoNLL-2003 only: attach neighbouring sentences of the same document as ``context``.
+        digest: hash the bytes read from the file(s) into this :class:`~layerwise.corpus.watch.ReadDigest` (not
+            stdin, not parquet: see :mod:`layerwise.corpus.watch`).
 
     Raises:
         ValueError: missing file, unknown format, a header without the text or a kept column. Problems of one
@@ -382,7 +388,7 @@ def read_records(
     if document_context:
         if fmt != "conll":
             raise InputError(f"document context needs CoNLL-2003 input with -DOCSTART- documents, not {fmt}")
-        inner = read_records(path, fmt, keep=list(dict.fromkeys([*keep, "doc"])), stdin=stdin)
+        inner = read_records(path, fmt, keep=list(dict.fromkeys([*keep, "doc"])), stdin=stdin, digest=digest)
         for item in with_document_context(inner):
             if isinstance(item, Record) and "doc" not in keep:
                 item.fields.pop("doc", None)
@@ -397,9 +403,9 @@ def read_records(
         return
     files = corpus_files(path, fmt)
     if len(files) > 1:  # several files read as one input: lines counted on across them
-        yield from _read_files(files, fmt, text_field, keep)
+        yield from _read_files(files, fmt, text_field, keep, digest)
         return
-    fh = _open_binary(files[0], stdin)
+    fh = digest.open(files[0]) if digest is not None and os.fspath(path) != "-" else _open_binary(files[0], stdin)
     try:
         yield from _dispatch(fh, fmt, text_field, keep)
     finally:
@@ -420,7 +426,8 @@ def _dispatch(fh: Any, fmt: str, text_field: str | None, keep: Sequence[str]) ->
         yield from read_conllu(fh, keep)
 
 
-def _read_files(files: Sequence[str], fmt: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+def _read_files(files: Sequence[str], fmt: str, text_field: str | None, keep: Sequence[str],
+                digest: ReadDigest | None) -> Iterator[Item]:
     base = 0
     for f in files:
         stream = RangeStream(f, 0, os.path.getsize(f))  # counts the file's lines: the next file's start after them
@@ -430,6 +437,8 @@ def _read_files(files: Sequence[str], fmt: str, text_field: str | None, keep: Se
                 yield item
         finally:
             stream.close()
+            if digest is not None:  # what RangeStream hashed as it read
+                digest.add_file(Path(f).name, stream.sha256(), complete=stream.pos >= stream.end)
         base += stream.lines
 
 

@@ -34,6 +34,7 @@ from .readers import (
     read_records,
     read_table,
 )
+from .watch import ReadDigest
 
 TABLE_FORMAT = "table"  # the manifest's input.format for tables in memory
 
@@ -78,6 +79,12 @@ class Source:
     name: str
 
     @property
+    def hashed_as_read(self) -> bool:
+        """Its bytes can be hashed as they are read (a text file, or several): not stdin (hashed apart), parquet
+        (read by seeking) or a table."""
+        return self.fmt not in (TABLE_FORMAT, "parquet") and not self.is_stdin
+
+    @property
     def is_stdin(self) -> bool:
         """The input is standard input (read once, hashed as it streams)."""
         return self.fmt != TABLE_FORMAT and os.fspath(self.data) == "-"
@@ -113,14 +120,16 @@ class Source:
             info.update(path=os.path.abspath(self.data), sha256=input_sha256(self.data))
         return info
 
-    def records(self, reading: ReadOptions, stdin: IO[bytes] | None = None) -> Iterator[Item]:
-        """The records in input order (``stdin``: the stream to read for ``"-"``)."""
+    def records(self, reading: ReadOptions, stdin: IO[bytes] | None = None,
+                digest: ReadDigest | None = None) -> Iterator[Item]:
+        """The records in input order (``stdin``: the stream to read for ``"-"``; ``digest``: hash the bytes read
+        from files, see :mod:`layerwise.corpus.watch`)."""
         if self.fmt == TABLE_FORMAT:
             if reading.context is not None:
                 raise InputError("context='document' needs a CoNLL-2003 file, not a table")
             return read_table(self.table(), reading.text_field, reading.keep)
         return read_records(self.data, self.fmt, text_field=reading.text_field, keep=reading.keep, stdin=stdin,
-                            document_context=reading.context == "document")
+                            document_context=reading.context == "document", digest=digest)
 
     def files(self) -> list[str]:
         """The files read, in order (one for a file, a directory's or a pattern's files; none for a table)."""

@@ -9,6 +9,10 @@ other options is refused (naming the option) unless ``overwrite``, and a finishe
 records are logged with their line and reason (or stop the run under ``strict``); a full disk stops the run with
 one message naming the store and the shard, and the same command resumes once space is freed.
 
+A file input is hashed before the run (the manifest's ``input.sha256``, which a resume compares) and again as it is
+read; :class:`~layerwise.extraction.input_check.InputCheck` stops the run when the file changes (checked before each
+shard is written) or when what was read is not what was hashed.
+
 stdin (``"-"``) has no file to hash beforehand: its bytes are hashed as they stream and the sha256 is recorded
 (``input.sha256``, ``input.bytes``) once the input is exhausted, and each shard records the hash of the records
 read up to it (``input_prefix``). A rerun into a finished stdin store reads and hashes its whole stdin and refuses
@@ -49,6 +53,7 @@ from ..extractor import Extractor, check_budget
 from ..model.options import ModelOptions
 from ..provenance import HashingStream
 from ..store import STORE_DTYPES, StoreWriter
+from .input_check import InputCheck
 from .options import ExtractOptions
 from .shards import shard_tensors, store_header
 
@@ -203,9 +208,11 @@ class _Run:
 
     def __init__(self, ex: Extractor, spec: EncodeSpec, writer: StoreWriter, reading: ReadOptions,
                  options: ExtractOptions, summary: ExtractSummary, on_shard: Callable[[int], None] | None,
-                 stdin: _StdinRecords | None = None):
+                 stdin: _StdinRecords | None = None, check: InputCheck | None = None):
         self.ex, self.spec, self.writer, self.reading, self.options = ex, spec, writer, reading, options
-        self.summary, self.on_shard, self.stdin = summary, on_shard, stdin
+        self.summary, self.on_shard, self.stdin, self.check = summary, on_shard, stdin, check
+        if check is not None:
+            check.started(writer)
         self.budget = check_budget(ex.batch_tokens if options.batch_tokens is None else options.batch_tokens)
         self.skipped_before = writer.trim_errors()
         d = int(np.prod(writer.header["feature_shape"]))
@@ -253,6 +260,8 @@ class _Run:
         tensors, meta, tokens = shard_tensors(self.ex, self.spec, self.buffer, self.reading.keep, self.budget)
         if self.stdin is not None and self.stdin.mark is not None:
             meta["input_prefix"] = json.dumps(self.stdin.mark)
+        if self.check is not None:  # every record of this shard was read before this check: unchanged input
+            self.check.before_shard(self.writer)
         t0 = time.perf_counter()
         size = self.writer.write_shard(tensors, meta, tokens=tokens)
         self.writer.write_manifest("running", self.skipped_before + self.summary.skipped)
@@ -275,6 +284,8 @@ class _Run:
         if self.stdin is not None and s.status == "complete":  # the whole stream is read: now it has a hash
             self.stdin.stream.drain()
             w.record_input(sha256=self.stdin.stream.hexdigest(), bytes=self.stdin.stream.count)
+        if self.check is not None:  # the bytes read are the bytes hashed, the files unchanged
+            self.check.at_end(w, self.skipped_before + s.skipped)
         w.write_manifest(s.status, self.skipped_before + s.skipped)
         s.seconds = time.perf_counter() - s.started
         s.total_records = w.done_records
@@ -336,23 +347,38 @@ def extract(
         raise ExtractError(f"{exc}; give a positive --batch-tokens (batch_tokens=), or leave it out for the "
                            f"default") from exc
     spec = spec.resolve(ex)
+    check = InputCheck.watch(source)  # before the input is hashed: its sha256 must be that of what is read
     header = store_header(ex, spec, source, reading)
+    if check is not None:
+        check.hashed(header["input"].get("sha256"))
     if options.num_shards > 1:  # a part store: merged with its siblings by `layerwise merge`
         header["part"] = {"index": options.shard_index, "of": options.num_shards}
     # Start reading before touching the store: header and --keep problems must not leave a store behind.
     # stdin has no file to hash beforehand: its bytes are hashed as they stream, its records as they pass
     stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if source.is_stdin else None
-    items = source.records(reading, stdin=io.BufferedReader(stream) if stream is not None else None)
+    items = source.records(reading, stdin=io.BufferedReader(stream) if stream is not None else None,
+                           digest=check.digest if check is not None else None)
     first = next(items, None)
     items = itertools.chain([first] if first is not None else [], items)
-    return _write(ex, spec, StoreWriter(output, header), items, source, reading, options, on_shard,
-                  _StdinRecords(stream) if stream is not None else None)
+    writer = StoreWriter(output, header, check=options.resume_check)
+    return _write(ex, spec, writer, items, source, reading, options, on_shard,
+                  _StdinRecords(stream) if stream is not None else None, check)
 
 
 def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], source: Source,
            reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
-           stdin: _StdinRecords | None) -> ExtractSummary:
+           stdin: _StdinRecords | None, check: InputCheck | None) -> ExtractSummary:
     state = writer.open(options.overwrite)
+    try:
+        return _fill(ex, spec, writer, state, items, source, reading, options, on_shard, stdin, check)
+    finally:
+        writer.close()
+
+
+def _fill(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, state: str, items: Iterator[Item], source: Source,
+          reading: ReadOptions, options: ExtractOptions, on_shard: Callable[[int], None] | None,
+          stdin: _StdinRecords | None, check: InputCheck | None) -> ExtractSummary:
+    """The run into an opened (and locked) store."""
     summary = ExtractSummary(store=os.fspath(writer.path), resumed_from=writer.done_records,
                              repairs=list(writer.repairs))
     limit = options.max_records
@@ -363,7 +389,7 @@ def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator
     if state == "complete" or (state == "resume" and limit is not None and writer.done_records >= limit):
         summary.status, summary.total_records = "already_complete", writer.done_records
         return summary
-    run = _Run(ex, spec, writer, reading, options, summary, on_shard, stdin)
+    run = _Run(ex, spec, writer, reading, options, summary, on_shard, stdin, check)
     show = sys.stderr.isatty() if options.progress is None else options.progress
     from tqdm.auto import tqdm
 

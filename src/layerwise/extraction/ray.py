@@ -181,15 +181,15 @@ def write_part(path: Path, header: dict[str, Any], shard: Any, errors: list[tupl
     manifest records its split's ``facts`` (``split``: lines, sha256 of its bytes, each stage's seconds)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     t0 = time.perf_counter()
-    writer = StoreWriter(tmp, header)
-    writer.open()
-    if shard is not None:
-        tensors, meta, tokens = shard
-        writer.write_shard(tensors, meta, tokens=tokens)
-    for line, reason in errors:
-        writer.log_error(line, reason)
-    writer.manifest["split"] = {**(facts or {}), "write_seconds": time.perf_counter() - t0}
-    writer.write_manifest("complete", len(errors))
+    with StoreWriter(tmp, header) as writer:  # its lock goes (and its file) before the rename
+        writer.open()
+        if shard is not None:
+            tensors, meta, tokens = shard
+            writer.write_shard(tensors, meta, tokens=tokens)
+        for line, reason in errors:
+            writer.log_error(line, reason)
+        writer.manifest["split"] = {**(facts or {}), "write_seconds": time.perf_counter() - t0}
+        writer.write_manifest("complete", len(errors))
     try:
         os.replace(tmp, path)  # an empty directory left by an interrupted run is replaced
     except OSError:
@@ -253,7 +253,8 @@ def _finished_parts(output: str, header: dict[str, Any], parts: list[dict[str, A
         if not (path / MANIFEST).exists():
             continue
         try:
-            state = StoreWriter(path, {**header, "part": part}).open(overwrite=overwrite)
+            with StoreWriter(path, {**header, "part": part}) as writer:
+                state = writer.open(overwrite=overwrite)
         except StoreError as exc:
             raise ExtractError(f"{exc} (a part of an earlier Ray run into {output!r}; --overwrite redoes them)") \
                 from exc
@@ -282,7 +283,8 @@ def _open_output(out: str, header: dict[str, Any], overwrite: bool) -> dict[str,
         raise ExtractError(f"{out!r} holds {what} (its manifest differs from this run's); choose another output "
                            f"directory, or pass --overwrite (overwrite=True) to redo it")
     if m is not None and not is_parted(m) and m["shards"]:
-        StoreWriter(out, header).open(overwrite=True)  # a plain store's own files go
+        with StoreWriter(out, header) as writer:  # a plain store's own files go
+            writer.open(overwrite=True)
     mfile.unlink(missing_ok=True)
     return None
 

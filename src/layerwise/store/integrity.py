@@ -7,9 +7,12 @@ Three depths, one set of rules:
   shapes and dtypes the manifest implies (records, rows, the level's tensors, the feature width and dtype), it
   carries the store's id and its own index (format 3), and its first and last input lines are the listed ones: a
   truncated, swapped or foreign file is refused before any of its data is returned;
-* **full** (:func:`verify_store`, ``layerwise verify``, and a resume for the last shard): the sha256 of every
-  byte, and every shard's inner consistency (offsets start at 0 and never decrease and end at the row count,
-  lines strictly increase, word lists and kept columns have one entry per record, the token count).
+* **full** (:func:`verify_store`, ``layerwise verify``): the sha256 of every byte, and every shard's inner
+  consistency (offsets start at 0 and never decrease and end at the row count, lines strictly increase, word lists
+  and kept columns have one entry per record, the token count).
+
+A resume relies on every listed shard: :func:`first_damaged` checks sizes, headers and every shard's sha256 (several
+shards at a time, streamed), and the writer recomputes from the first damaged one.
 
 Problems are strings that name the shard file and what is wrong; :class:`VerifyReport` collects them.
 """
@@ -17,6 +20,7 @@ Problems are strings that name the shard file and what is wrong; :class:`VerifyR
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from ..encoding.spec import EncodeSpec
-from ..errors import StoreCorruptError
-from .layout import RESTORE, STORE_DTYPES, ShardFile, file_sha256, list_shards, shard_index
+from ..errors import StoreCorruptError, StoreError
+from .layout import RESTORE, STORE_DTYPES, ShardFile, file_sha256, list_shards, shard_index, shard_name
+from .lock import lock_state
 from .manifest import read_manifest
 from .parts import is_parted, read_parts
 
@@ -194,6 +199,114 @@ def shard_problems(store: Path, entry: dict[str, Any], expected: Expected, *, fu
     return problems
 
 
+RESUME_CHECKS = ("sha256", "headers")  # what a resume checks of every listed shard
+
+
+def check_resume_mode(check: str) -> str:
+    """``check`` when it is one of :data:`RESUME_CHECKS`, else a :class:`~layerwise.StoreError` naming the valid
+    ones."""
+    if check not in RESUME_CHECKS:
+        raise StoreError(f"unknown resume check {check!r}. Valid checks are: {', '.join(RESUME_CHECKS)} (sha256: "
+                         f"every byte of every listed shard, the default; headers: sizes and headers, and the last "
+                         f"shard's sha256)")
+    return check
+
+
+def _resume_problems(store: Path, entry: dict[str, Any], expected: Expected, hashed: bool) -> list[str]:
+    """Size and header, then the sha256 when ``hashed`` (its inner consistency when none is listed: format 2)."""
+    problems = shard_problems(store, entry, expected, full=False)
+    if problems or not hashed:
+        return problems
+    if entry.get("sha256") is None:
+        return content_problems(ShardFile(store / entry["file"]), entry, expected)
+    wrong = hash_problem(store, entry)
+    return [wrong] if wrong else []
+
+
+def first_damaged(store: Path, entries: list[dict[str, Any]], expected: Expected, check: str = "sha256",
+                  workers: int | None = None) -> tuple[int, list[str]] | None:
+    """What a resume relies on, checked: the first listed shard that is missing or damaged, with its problems
+    (``None``: every one is intact).
+
+    ``check="sha256"`` (the default) hashes every byte of every listed shard, streamed (4 MB reads), ``workers``
+    shards at a time in threads (sha256 and reads release the GIL; default: the CPUs, at most 8); ``"headers"``
+    checks sizes and headers, and hashes the last shard only.
+    """
+    check = check_resume_mode(check)
+    if not entries:
+        return None
+    last = len(entries) - 1
+    full = [check == "sha256" or i == last for i in range(len(entries))]
+    n = workers or min(8, os.cpu_count() or 1)
+    if n <= 1 or len(entries) == 1:
+        for i, e in enumerate(entries):
+            problems = _resume_problems(store, e, expected, full[i])
+            if problems:
+                return i, problems
+        return None
+    with ThreadPoolExecutor(n, thread_name_prefix="layerwise-resume-check") as pool:
+        futures = [pool.submit(_resume_problems, store, e, expected, full[i]) for i, e in enumerate(entries)]
+        try:
+            for i, future in enumerate(futures):  # in order: the first damaged shard is the one that counts
+                problems = future.result()
+                if problems:
+                    return i, problems
+        finally:
+            for future in futures:
+                future.cancel()
+    return None
+
+
+def entry_of(store: Path, name: str) -> dict[str, Any]:
+    """The manifest entry a shard file's own header and ``lines`` give (records, rows, tokens, first and last line,
+    bytes, sha256, a stream's ``input_prefix``).
+
+    Raises:
+        StoreCorruptError: the file cannot be read as a shard (no ``lines``/``features``, no records).
+    """
+    path = store / name
+    shard = ShardFile(path)
+    try:
+        lines = shard.array("lines")
+        entry: dict[str, Any] = {"file": name, "records": int(lines.shape[0]),
+                                 "rows": int(shard.shape("features")[0]),
+                                 "tokens": int(shard.metadata.get("tokens", "0")), "first_line": int(lines[0]),
+                                 "last_line": int(lines[-1]), "bytes": shard.size}
+    except (KeyError, IndexError, ValueError) as exc:
+        raise StoreCorruptError(f"shard {str(path)!r} is damaged: its tensors do not describe records ({exc}); "
+                                f"{RESTORE}", file=str(path), problem="its tensors do not describe records") from exc
+    prefix = shard.json_meta("input_prefix")
+    if prefix is not None:
+        entry["input_prefix"] = prefix
+    entry["sha256"] = file_sha256(path)
+    return entry
+
+
+def unlisted_next(store: Path, listed: list[dict[str, Any]], expected: Expected) -> list[dict[str, Any]]:
+    """The shards finished after the manifest's last update (an interruption between the two): the files that
+    follow the listed ones, each carrying this store's id and the next index, with later lines, passing every
+    check. Their entries, in order (a store without an id, format 2, has none)."""
+    found: list[dict[str, Any]] = []
+    while expected.store_id is not None:
+        chain = listed + found
+        index = shard_index(chain[-1]["file"]) + 1 if chain else 0
+        name = shard_name(index)
+        if not (store / name).is_file():
+            break
+        try:
+            entry = entry_of(store, name)
+            shard = ShardFile(store / name)
+        except StoreCorruptError:
+            break
+        mine = shard.metadata.get("store") == expected.store_id and shard.metadata.get("shard") == str(index)
+        after = chain[-1]["last_line"] if chain else -1
+        if not mine or entry["first_line"] <= after or header_problems(shard, entry, expected) or \
+                content_problems(shard, entry, expected):
+            break
+        found.append(entry)
+    return found
+
+
 @dataclass
 class VerifyReport:
     """What :func:`verify_store` found.
@@ -257,10 +370,27 @@ def verify_store(path: str | os.PathLike) -> VerifyReport:
     if stray:
         report.notes.append(f"{len(stray)} shard file(s) not listed in the manifest, ignored: {', '.join(stray[:5])}"
                             + (" ..." if len(stray) > 5 else ""))
-    if manifest["status"] != "complete":
-        report.notes.append(f"the run is {manifest['status']}: rerun the extract command to finish it")
+    if manifest["status"] != "complete" or lock_state(store) is not None:
+        report.notes.append(run_state(store, manifest["status"]))
     return report
 
 
-__all__ = ["Expected", "VerifyReport", "header_problems", "open_shard", "shard_problems", "size_problems",
-           "unlisted_files", "verify_store"]
+def run_state(store: Path, status: str) -> str:
+    """What ``verify`` says about a store whose run is not finished (or is being written): a live writer (from the
+    store's lock, :mod:`layerwise.store.lock`), a writer that died, or a run stopped on purpose."""
+    lock = lock_state(store)
+    if lock is not None and lock.live:
+        return f"the run is not finished: {lock.describe()}; verify again once it is done"
+    if status == "partial":
+        return ("the run is partial (it stopped at its --max-records): rerun the extract command without it, or with "
+                "a larger one, to extend the store")
+    if lock is not None:
+        return (f"the run stopped: {lock.describe()}; rerun the extract command to finish the store (it resumes "
+                f"after the last finished shard)")
+    return ("the run stopped before it finished (no writer holds the store now): rerun the extract command to finish "
+            "it (it resumes after the last finished shard)")
+
+
+__all__ = ["RESUME_CHECKS", "Expected", "VerifyReport", "check_resume_mode", "entry_of", "first_damaged",
+           "header_problems", "open_shard", "run_state", "shard_problems", "size_problems", "unlisted_files",
+           "unlisted_next", "verify_store"]

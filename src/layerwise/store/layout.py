@@ -23,7 +23,11 @@ tensor           shape, dtype     meaning
 and string metadata ``columns`` (JSON: kept column name -> list of R values), at word level ``words``
 (JSON: R word lists) and, for an input read from stdin, ``input_prefix`` (JSON: ``line``, ``records`` and
 ``sha256`` of the records read up to the shard's last one, which a resume must find again at the start of its
-stdin; also listed with the shard in the manifest). No pickle anywhere: safetensors' header is JSON and its data
+stdin; also listed with the shard in the manifest). What the manifest says about a shard, the shard says too, so a
+lost manifest can be rebuilt (:mod:`layerwise.store.recover`): ``store`` (the store's id), ``shard`` (its index),
+``store_header`` (JSON: the run's spec, model, tokenizer, input, feature shape and format), ``after_line`` (the
+last line of the shard before it, 0 for the first) and ``seal`` (the sha256 of the header without it and of every
+tensor byte: :meth:`ShardFile.seal_ok`). No pickle anywhere: safetensors' header is JSON and its data
 raw little-endian arrays. :func:`shard_rows` is the one place that builds a shard's tensors and metadata (the
 extraction engine and the merge both write through it).
 
@@ -67,6 +71,7 @@ _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.i
               "I8": np.int8, "U8": np.uint8}
 _ST_NAMES = {np.dtype(v).name: k for k, v in _ST_DTYPES.items()}
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
+SEAL = "seal"  # a shard's metadata key: the sha256 of its header (without it) and its tensors' bytes
 RESTORE = "rerun the extract command to recompute it (a resume repairs the store), or restore the file from a copy"
 
 
@@ -152,28 +157,46 @@ class Written:
     sha256: str
 
 
-def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Written:
+def _canonical(header: dict[str, Any]) -> bytes:
+    """A safetensors header as the bytes its seal covers: JSON with sorted keys, no spaces, without the seal."""
+    meta = {k: v for k, v in (header.get("__metadata__") or {}).items() if k != SEAL}
+    body = {**{k: v for k, v in header.items() if k != "__metadata__"}, "__metadata__": meta}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str], *,
+                 seal: bool = True) -> Written:
     """Write ``tensors`` and string ``metadata`` as a safetensors file at ``path``, hashing the bytes as they are
     written (no second read, no copy of the data in memory). Any safetensors reader reads the file.
 
     The layout is safetensors' own: an 8-byte little-endian header length, the JSON header (tensors in name
     order, each with ``dtype``, ``shape`` and ``data_offsets``; ``__metadata__``), padded with spaces to a multiple
     of 8, then the tensors' little-endian bytes back to back.
+
+    ``seal``: the metadata's ``seal`` is the sha256 of the header without it (:func:`_canonical`) and the tensors'
+    bytes, so the file proves its own content when no manifest lists its sha256 (:meth:`ShardFile.seal_ok`,
+    ``layerwise recover``).
     """
     arrays = {}
     for name in sorted(tensors):
         a = np.asarray(tensors[name])
         arrays[name] = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    meta = {k: v for k, v in metadata.items() if k != SEAL}
+    header: dict[str, Any] = {"__metadata__": meta} if meta or seal else {}
     at = 0
     for name, a in arrays.items():
         header[name] = {"dtype": _ST_NAMES[a.dtype.name], "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
         at += a.nbytes
+    data: list[memoryview] = [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays.values()]  # type: ignore[arg-type]
+    if seal:
+        sealed = hashlib.sha256(_canonical(header))
+        for part in data:
+            sealed.update(part)
+        meta[SEAL] = sealed.hexdigest()
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-len(text) % 8)
     digest = hashlib.sha256()
-    chunks: list[bytes | memoryview] = [len(text).to_bytes(8, "little"), text]
-    chunks += [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays.values()]  # type: ignore[arg-type]
+    chunks: list[bytes | memoryview] = [len(text).to_bytes(8, "little"), text, *data]
     with open(path, "wb") as fh:
         for chunk in chunks:
             digest.update(chunk)
@@ -310,6 +333,23 @@ class ShardFile:
 
     def keys(self) -> list[str]:
         return list(self._entries)
+
+    def seal_ok(self, chunk: int = 4 << 20) -> bool | None:
+        """Whether the file's content is what its writer sealed (:func:`save_tensors`): ``None`` when it has no
+        seal (written before layerwise recorded one), else whether the header and every tensor byte hash to it (and
+        nothing follows the last tensor)."""
+        want = self.metadata.get(SEAL)
+        if want is None:
+            return None
+        digest = hashlib.sha256(_canonical({**self._entries, "__metadata__": self.metadata}))
+        end = self._base + max((int(e["data_offsets"][1]) for e in self._entries.values()), default=0)
+        with open(self.path, "rb") as fh:
+            fh.seek(self._base)
+            left = end - self._base
+            while left > 0 and (block := fh.read(min(chunk, left))):
+                digest.update(block)
+                left -= len(block)
+        return left == 0 and self.size == end and digest.hexdigest() == want
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries

@@ -28,8 +28,7 @@ from .layout import FORMAT, MANIFEST, PART_RE, READABLE_VERSIONS, SHARD_RE, read
 
 STATUSES = ("running", "partial", "complete")
 PART_ORDERS = ("parts", "lines")  # a store of parts: parts one after another (a Ray run), or interleaved by line
-FIX = ("restore manifest.json from a copy; without it the shards cannot be trusted: delete the store directory and "
-       "rerun the extract command to recompute")
+FIX = ("run layerwise recover on the store to rebuild manifest.json from its shards (or restore it from a copy)")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -42,11 +41,23 @@ def read_manifest(store: str | os.PathLike) -> dict[str, Any]:
     """
     mpath = Path(store) / MANIFEST
     if not mpath.is_file():
-        raise StoreError(f"{os.fspath(store)!r} is not a layerwise store (no {MANIFEST}); create one with "
-                         f"layerwise extract")
+        raise StoreError(f"{os.fspath(store)!r} is not a layerwise store (no {MANIFEST}); {without_manifest(store)}")
     manifest = read_json(mpath)
     check_manifest(manifest, mpath)
     return manifest
+
+
+def without_manifest(store: str | os.PathLike) -> str:
+    """What to do with a directory that has no manifest: rebuild it from the shard files it holds (``layerwise
+    recover``), or create a store with ``layerwise extract``."""
+    try:
+        shards = sum(1 for p in Path(store).iterdir() if SHARD_RE.match(p.name))
+    except OSError:
+        shards = 0
+    if shards:
+        return (f"it holds {shards} shard file(s): layerwise recover {os.fspath(store)} rebuilds the manifest from "
+                f"them")
+    return "create one with layerwise extract"
 
 
 def is_store_manifest(path: str | os.PathLike) -> bool:
@@ -127,6 +138,13 @@ def check_manifest(m: Any, mpath: Path) -> None:
         raise bad("field 'counts.records'", f"is {counts.get('records')!r}, but the shards list {listed} records")
 
 
+def shard_counts(shards: list[dict[str, Any]], skipped: int) -> dict[str, int]:
+    """The manifest's ``counts`` of the listed ``shards`` and ``skipped`` records."""
+    return {"records": sum(s["records"] for s in shards), "rows": sum(s["rows"] for s in shards),
+            "tokens": sum(s["tokens"] for s in shards), "skipped": skipped, "shards": len(shards),
+            "bytes": sum(s["bytes"] for s in shards)}
+
+
 def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
     """Check a format-4 manifest's ``parts`` list (``bad(field, what)`` builds the error); returns its records."""
     parts = m.get("parts")
@@ -160,4 +178,4 @@ def check_parts_entries(m: dict[str, Any], bad: Any) -> int:
 
 
 __all__ = ["FIX", "PART_ORDERS", "STATUSES", "check_manifest", "check_parts_entries", "is_store_manifest",
-           "read_manifest"]
+           "read_manifest", "shard_counts", "without_manifest"]

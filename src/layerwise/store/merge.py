@@ -164,12 +164,24 @@ def merge_stores(
     if Path(output).resolve() in {Path(m["path"]).resolve() for m in manifests}:
         raise StoreError(f"the merged store {os.fspath(output)!r} cannot be one of its parts; give a new directory")
     writer = StoreWriter(output, header)
-    if writer.open(overwrite=overwrite) == "complete":
+    state = writer.open(overwrite=overwrite)
+    if state == "complete":
+        writer.close()
         return MergeSummary(len(manifests), writer.done_records, int(writer.manifest["counts"].get("skipped", 0)),
                             len(writer.shards))
     if writer.shards:  # an interrupted merge restarts from nothing: merging is cheap next to extracting
+        writer.close()
         writer = StoreWriter(output, header)
         writer.open(overwrite=True)
+    try:
+        return _merge_into(writer, manifests, output, records_per_shard)
+    finally:
+        writer.close()
+
+
+def _merge_into(writer: StoreWriter, manifests: list[dict[str, Any]], output: str | os.PathLike,
+                records_per_shard: int) -> MergeSummary:
+    """The parts' records, in input order, into the opened (and locked) ``writer``."""
     stores = [FeatureStore(m["path"], verify=True) for m in manifests]  # damaged bytes are never merged in
     level = stores[0].spec.level
     dtype = STORE_DTYPES[stores[0].spec.output_dtype]

@@ -10,12 +10,17 @@ shapes the features (the spec, the model's weights fingerprint, the tokenizer se
 it was read). Provenance-only fields (the model's name or path, the input's path) may differ: a copy of the same
 file resumes the same store. A mismatch is refused naming each differing field, unless ``overwrite``.
 
-A resume repairs or refuses; it never overwrites. It first checks the listed shards (sizes and headers, and the
-sha256 of the last one); from the first missing or damaged shard on, shards are dropped from the manifest and
-recomputed: a dropped shard that is intact (ours) is removed, a damaged one is left where it is and named. A
+A resume repairs or refuses; it never overwrites. It first checks the listed shards (sizes, headers and every
+shard's sha256, unless ``check="headers"``); from the first missing or damaged shard on, shards are dropped from
+the manifest and recomputed: a dropped shard that is intact (ours) is removed, a damaged one is left where it is
+and named. A
 shard finished just before an interruption but not yet listed is taken in when it carries this store's id and the
 next index and passes every check. New shards never take the name of a file that exists. "Complete" is said
 only after the same checks.
+
+One writer at a time: :meth:`StoreWriter.open` takes the store's lock (:mod:`layerwise.store.lock`) and
+:meth:`StoreWriter.close` lets it go; a second writer is refused naming the first (pid, host, since when), and the
+stale lock of a writer that died is taken over, said in :attr:`StoreWriter.repairs`.
 
 Only layerwise's own files are replaced or removed: ``overwrite`` replaces a directory only when its
 ``manifest.json`` is a layerwise store's (the ``format`` marker), and then only the manifest, the error log, the
@@ -36,15 +41,13 @@ import numpy as np
 from ..encoding.spec import EncodeSpec
 from ..errors import LayerwiseError, StoreCorruptError, StoreError, StoreFullError
 from ..provenance import differences, now, stamp
-from .integrity import Expected, content_problems, header_problems, shard_problems
+from .integrity import Expected, check_resume_mode, first_damaged, hash_problem, shard_problems, unlisted_next
 from .layout import (
     ERRORS,
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
-    ShardFile,
     atomic_write_bytes,
-    file_sha256,
     is_disk_full,
     list_shards,
     remove_temporaries,
@@ -53,11 +56,14 @@ from .layout import (
     write_json,
     write_shard,
 )
-from .manifest import is_store_manifest, read_manifest
+from .lock import LOCK, StoreLock
+from .manifest import is_store_manifest, read_manifest, shard_counts, without_manifest
 
 OpenState = Literal["new", "resume", "complete"]
 # recorded, not compared on resume
 PROVENANCE_ONLY = {"model": ("name", "hidden_size", "backend"), "input": ("path", "kind")}
+# the fields of a header's input section that say what it holds (the rest: how it was read)
+INPUT_CONTENT = ("sha256", "bytes", "rows", "files", "stat_sha256")
 
 
 def identity(header: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +85,44 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# a shard's metadata keys that let `layerwise recover` rebuild its store's manifest
+STORE_HEADER, AFTER_LINE = "store_header", "after_line"
+DESCRIBED = ("format_version", "layerwise_version", "created", "spec", "model", "model_options", "tokenizer", "input",
+             "feature_shape", "part")
+
+
+def store_description(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What each shard carries about its store (``store_header``): the manifest's fields that describe the run
+    (:data:`DESCRIBED`), not its state (status, counts, shards)."""
+    return {k: manifest[k] for k in DESCRIBED if k in manifest}
+
+
+def mismatch_message(store: Path, old: dict[str, Any], new: dict[str, Any], diffs: list[str]) -> str:
+    """Why a run (header ``new``) cannot resume the store at ``store`` (manifest ``old``), from the ``diffs`` of
+    their identities: a changed input is said as such, other options by name."""
+    content = {f"input.{key}" for key in INPUT_CONTENT}
+    changed = [d for d in diffs if d.split(" ", 1)[0] in content]
+    others = [d for d in diffs if d not in changed]
+    if not changed:
+        return (f"{str(store)!r} holds a store made with other options: {'; '.join(others)}. Rerun with the store's "
+                f"options to resume, pick another output directory, or pass --overwrite to replace it")
+    was, now = old.get("input") or {}, new.get("input") or {}
+    if was.get("sha256") and now.get("sha256"):
+        how = f"its sha256 is {now['sha256'][:16]}... now, {was['sha256'][:16]}... when the store was made"
+    else:
+        how = f"it differs from the one the store was made from ({'; '.join(changed)})"
+    counts = old.get("counts") or {}
+    held = (f"{int(counts.get('records') or 0):,} records, {old.get('status')}")
+    what = f"the input {now.get('path') or was.get('path') or ''} changed".replace("  ", " ")
+    if others:
+        return (f"{str(store)!r} holds a store made with other options: {'; '.join(others)}; and {what}: {how}. "
+                f"Rerun with the store's options and input to resume, pick another output directory, or pass "
+                f"--overwrite to replace it")
+    return (f"{what} since the store {str(store)!r} was made from it ({held}): {how}. Give the input the store was "
+            f"made from to resume or reuse it, write this input to another output directory, or pass --overwrite "
+            f"to replace the store")
+
+
 def _prefix_entry(metadata: dict[str, str]) -> dict[str, Any]:
     """``{"input_prefix": {...}}`` from a shard's metadata where it has one (stdin inputs), else ``{}``."""
     value = metadata.get("input_prefix")
@@ -91,44 +135,65 @@ class StoreWriter:
     Args:
         path: the store directory (created if absent).
         header: ``spec``, ``model``, ``tokenizer``, ``input`` and ``feature_shape`` of the run (JSON-ready).
+        check: what a resume checks of every listed shard: ``sha256`` (every byte, the default) or ``headers``
+            (sizes and headers, and the last shard's sha256).
     """
 
-    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]):
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, check: str = "sha256"):
         self.path = Path(path)
         self.header = header
+        self.check = check_resume_mode(check)
         self.manifest: dict[str, Any] = {}
         self.shards: list[dict[str, Any]] = []
         self.repairs: list[str] = []  # what the last open() found damaged and repaired, one line each
         self._next = 0  # the index of the next shard's file
+        self._lock = StoreLock(self.path)
 
     # ---- opening -----------------------------------------------------------------------------------------
     def open(self, overwrite: bool = False) -> OpenState:
-        """Prepare the directory: ``new`` (empty store), ``resume`` (same header, unfinished or repaired) or
-        ``complete`` (same header, finished, every listed shard checked). What a resume repaired is in
-        :attr:`repairs`.
+        """Take the store's lock (:mod:`layerwise.store.lock`) and prepare the directory: ``new`` (empty store),
+        ``resume`` (same header, unfinished or repaired) or ``complete`` (same header, finished, every listed shard
+        checked). What a resume repaired (and a stale lock taken over) is in :attr:`repairs`. The lock is held until
+        :meth:`close`.
 
         Raises:
             StoreError: the path is a file, a non-empty directory that is not a layerwise store (even with
-                ``overwrite``), or a store made with another header (naming the differences) without ``overwrite``.
+                ``overwrite``), a store another run is writing (naming it: pid, host, since when), or a store made
+                with other options (naming the differences; a changed input is said as such) without ``overwrite``.
             StoreCorruptError: a damaged manifest, without ``overwrite``.
         """
         store, mpath = self.path, self.path / MANIFEST
         self.repairs = []
         if store.exists() and not store.is_dir():
             raise StoreError(f"store path {str(store)!r} is a file; give a directory (new or a layerwise store)")
-        if store.is_dir() and any(store.iterdir()) and not mpath.exists():
+        if store.is_dir() and any(p.name != LOCK for p in store.iterdir()) and not mpath.exists():
             raise StoreError(
-                f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); choose a new or "
-                f"empty directory (layerwise never deletes files it did not write)"
+                f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); "
+                + (without_manifest(store) if list_shards(store) else
+                   "choose a new or empty directory (layerwise never deletes files it did not write)")
             )
+        if mpath.exists() and not is_store_manifest(mpath):
+            names = sorted(p.name for p in store.iterdir())
+            raise StoreError(
+                f"{str(store)!r} holds a {MANIFEST} that is not a layerwise store's (files there: "
+                f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}); layerwise replaces only its own "
+                f"stores, even with --overwrite: choose another directory"
+            )
+        store.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            state = self._open_locked(overwrite)
+        except BaseException:
+            self.close()
+            raise
+        if self._lock.took_over:
+            self.repairs.insert(0, self._lock.took_over)
+        return state
+
+    def _open_locked(self, overwrite: bool) -> OpenState:
+        """:meth:`open` once the lock is held: resume, refuse, or start a new store."""
+        store, mpath = self.path, self.path / MANIFEST
         if mpath.exists():
-            if not is_store_manifest(mpath):
-                names = sorted(p.name for p in store.iterdir())
-                raise StoreError(
-                    f"{str(store)!r} holds a {MANIFEST} that is not a layerwise store's (files there: "
-                    f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}); layerwise replaces only its own "
-                    f"stores, even with --overwrite: choose another directory"
-                )
             try:
                 old: dict[str, Any] | None = read_manifest(store)
             except StoreCorruptError:
@@ -138,22 +203,28 @@ class StoreWriter:
             if old is not None:
                 diffs = differences(identity(old), identity(self.header))
                 if diffs and not overwrite:
-                    raise StoreError(
-                        f"{str(store)!r} holds a store made with other options: {'; '.join(diffs)}. Rerun with the "
-                        f"store's options to resume, pick another output directory, or pass --overwrite to replace it"
-                    )
+                    raise StoreError(mismatch_message(store, old, self.header, diffs))
                 if not diffs and not overwrite:
                     self.manifest = old
                     remove_temporaries(store)
                     return self._resume()
             self._wipe()
-        store.mkdir(parents=True, exist_ok=True)
         self.manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "id": uuid.uuid4().hex, **stamp(),
                          "status": "running", **copy.deepcopy(self.header), "counts": {}, "shards": []}
         self._next = self._free_index()
         self._guard(lambda: write_json(mpath, self.manifest), MANIFEST)
         self._guard(lambda: (store / ERRORS).write_bytes(b""), ERRORS)
         return "new"
+
+    def close(self) -> None:
+        """Let the store's lock go (the lock file is removed); nothing when not open. Call it once done writing."""
+        self._lock.release()
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _wipe(self) -> None:
         """Remove a layerwise store's own files (its manifest carries the marker); anything else stays."""
@@ -169,21 +240,18 @@ class StoreWriter:
         return max(used, default=-1) + 1
 
     def _resume(self) -> OpenState:
-        """Check the listed shards, drop (and recompute) from the first damaged one, take in a finished unlisted
-        shard; returns ``complete`` only when nothing had to change."""
+        """Check the listed shards (:func:`~layerwise.store.integrity.first_damaged`: every sha256 by default),
+        drop (and recompute) from the first damaged one, take in a finished unlisted shard; returns ``complete``
+        only when nothing had to change."""
         entries = [dict(e) for e in self.manifest["shards"]]
         expected = Expected.of(self.manifest)
-        keep: list[dict[str, Any]] = []
-        for i, entry in enumerate(entries):
-            problems = shard_problems(self.path, entry, expected, full=i == len(entries) - 1)
-            if problems:
-                self.repairs += problems
-                self._drop(entries[i:], expected)
-                break
-            keep.append(entry)
-        self.shards = keep
-        if not self.repairs:
-            self._adopt(expected)
+        damaged = first_damaged(self.path, entries, expected, self.check)
+        self.shards = entries if damaged is None else entries[:damaged[0]]
+        if damaged is not None:
+            self.repairs += damaged[1]
+            self._drop(entries[damaged[0]:], expected)
+        else:
+            self.shards += unlisted_next(self.path, self.shards, expected)
         self._next = self._free_index()
         if self.repairs:
             self.repairs.append(f"recomputing from input line {self.resume_line + 1}" if self.shards else
@@ -198,34 +266,11 @@ class StoreWriter:
             path = self.path / entry["file"]
             if not path.exists():
                 continue
-            if shard_problems(self.path, entry, expected, full=False):
+            if shard_problems(self.path, entry, expected, full=False) or hash_problem(self.path, entry):
                 self.repairs.append(f"{entry['file']} is left as it is (damaged, no longer listed); delete it once "
                                     f"you no longer need it")
             else:
                 path.unlink()
-
-    def _adopt(self, expected: Expected) -> None:
-        """List the shards finished after the manifest's last update (an interruption between the two)."""
-        while expected.store_id is not None:
-            index = shard_index(self.shards[-1]["file"]) + 1 if self.shards else 0
-            path = self.path / shard_name(index)
-            if not path.is_file():
-                return
-            try:
-                shard = ShardFile(path)
-                lines = shard.array("lines")
-                entry = {"file": path.name, "records": int(lines.shape[0]), "rows": int(shard.shape("features")[0]),
-                         "tokens": int(shard.metadata.get("tokens", "0")), "first_line": int(lines[0]),
-                         "last_line": int(lines[-1]), "bytes": shard.size, **_prefix_entry(shard.metadata)}
-            except (StoreCorruptError, KeyError, IndexError, ValueError):
-                return
-            mine = shard.metadata.get("store") == expected.store_id and shard.metadata.get("shard") == str(index)
-            after = self.shards[-1]["last_line"] if self.shards else -1
-            if not mine or entry["first_line"] <= after or header_problems(shard, entry, expected) or \
-                    content_problems(shard, entry, expected):
-                return
-            entry["sha256"] = file_sha256(path)
-            self.shards.append(entry)
 
     # ---- state -------------------------------------------------------------------------------------------
     @property
@@ -282,6 +327,9 @@ class StoreWriter:
         index, name = self._next, shard_name(self._next)
         if self.manifest.get("id"):  # format 3: each shard says which store it belongs to, and where
             metadata = {**metadata, "store": self.manifest["id"], "shard": str(index)}
+        # what `layerwise recover` rebuilds the manifest from: the run's description and the line this shard follows
+        metadata = {**metadata, STORE_HEADER: json.dumps(store_description(self.manifest), ensure_ascii=False),
+                    AFTER_LINE: str(self.resume_line)}
         lines = tensors["lines"]
         written = self._guard(lambda: write_shard(self.path / name, tensors, metadata), name)
         self._next += 1
@@ -291,6 +339,16 @@ class StoreWriter:
              "sha256": written.sha256, **_prefix_entry(metadata)}
         )
         return written.bytes
+
+    def unlist(self, keep: int, skipped: int) -> int:
+        """Keep the first ``keep`` listed shards; unlist the others (a resume recomputes their records) and remove
+        their files (this writer's own, intact ones; a damaged one stays). Rewrites the manifest as ``running`` with
+        ``skipped`` skipped records. Returns how many records were unlisted."""
+        dropped = self.shards[keep:]
+        self.shards = self.shards[:keep]
+        self._drop(dropped, Expected.of(self.manifest))
+        self.write_manifest("running", skipped)
+        return sum(e["records"] for e in dropped)
 
     def record_input(self, **fields: Any) -> None:
         """Add facts about the input to the manifest's ``input`` section (written with the next manifest)."""
@@ -302,14 +360,7 @@ class StoreWriter:
         m["status"] = status
         m["updated"] = now()
         m["shards"] = self.shards
-        m["counts"] = {
-            "records": self.done_records,
-            "rows": sum(s["rows"] for s in self.shards),
-            "tokens": sum(s["tokens"] for s in self.shards),
-            "skipped": skipped,
-            "shards": len(self.shards),
-            "bytes": sum(s["bytes"] for s in self.shards),
-        }
+        m["counts"] = shard_counts(self.shards, skipped)
         self._guard(lambda: write_json(self.path / MANIFEST, m), MANIFEST)
 
     def _guard(self, write: Any, what: str) -> Any:
