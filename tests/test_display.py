@@ -1,6 +1,6 @@
 """Rich display in notebooks: the HTML of ``Extractor``, ``EncodeSpec``, ``LayerStack``, ``FeatureStore`` and a
-head's ``TrainResult`` (probe results: ``tests/test_probe.py``). Every text and label is escaped: ``<script>`` in a
-text, a prompt, a path or a label shows as text and never enters the markup."""
+head's ``TrainResult`` (probe results: ``tests/probe/test_probe.py``). Every text and label is escaped: ``<script>``
+in a text, a prompt, a path or a label shows as text and never enters the markup."""
 
 from __future__ import annotations
 

@@ -266,3 +266,13 @@ def test_store_format_imports_nothing_above_it(module):
             if top in above and node.module not in allowed:
                 bad.append(f"{node.lineno}: from {'.' * node.level}{node.module}")
     assert bad == []
+
+
+def test_the_tests_mirror_the_packages():
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert folders - packages - {"docs"} == set(), "a tests/ folder that is no package of src/layerwise"
+    assert any((ROOT / "tests" / "serve").glob("test_*.py"))  # the tests moved there, not only empty folders
+    # no test module name twice (pytest imports them by name, from their folders)
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names))

@@ -8,6 +8,10 @@ Early exit: once the deepest requested site has been recorded, the hook raises a
 unwinds the forward pass, so no later layer module (nor the pooler) runs. Nothing else is kept: each hook
 stores a tensor only when its layer was asked for.
 
+Rows that leave the batch at their own depth: with ``depths=`` (non-increasing, one per row), :class:`RowExits`
+cuts each layer's batch-carrying inputs to the rows that still need it (which inputs carry the batch, and whether
+cutting them is exact for a model, is :mod:`layerwise.model.ragged`'s).
+
 Hooks are per call, not per model; a lock on the model makes concurrent captures from several threads wait
 for each other instead of mixing.
 
@@ -29,12 +33,68 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, SpecError
 from .families import resolve_path
 from .loaded import LoadedModel
-from .ragged import Key, RowExits, keep_counts
 
 log = logging.getLogger("layerwise")
+
+
+# ---- rows that leave the batch at their own depth (layerwise.model.ragged) -------------------------------------
+Key = int | str  # a positional argument's index or a keyword argument's name
+
+
+def keep_counts(depths: Sequence[int], n_layers: int) -> list[int]:
+    """``keep[l]``: how many rows run layer ``l`` (``l`` in ``0..L``), for rows whose deepest layers are ``depths``.
+
+    Args:
+        depths: per row, the deepest layer it needs, non-increasing (deepest rows first).
+        n_layers: ``L``.
+
+    Returns:
+        ``L + 1`` counts, ``keep[0] = len(depths)``.
+
+    Raises:
+        SpecError: ``depths`` increasing somewhere (the rows must be ordered deepest first).
+    """
+    if any(a < b for a, b in zip(depths, depths[1:])):
+        raise SpecError(f"row depths must be ordered deepest first, got {list(depths)}")
+    return [len(depths)] + [sum(1 for d in depths if d >= layer) for layer in range(1, n_layers + 1)]
+
+
+def _rows(value: Any, n: int) -> Any:
+    """``value`` cut to its first ``n`` rows: a tensor, or a tuple/list of tensors (rotary cos/sin)."""
+    if isinstance(value, torch.Tensor):
+        return value[:n] if value.dim() > 0 and value.shape[0] > n else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, n) for v in value)
+    return value
+
+
+class RowExits:
+    """Forward pre-hooks that cut a layer's batch-carrying inputs to the rows that still need it.
+
+    Args:
+        keys: the layer modules' batch-carrying inputs (:func:`batch_keys`).
+        keep: rows that run each layer (:func:`keep_counts`); ``keep[l]`` for layer ``l`` (1-based).
+
+    Register :meth:`pre` on every layer module after the recorder's own pre-hook (it counts the layer).
+    """
+
+    def __init__(self, keys: frozenset[Key], keep: Sequence[int]):
+        self.keys = keys
+        self.keep = list(keep)
+        self.layer = 0
+
+    def pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+        """Forward pre-hook (``with_kwargs=True``): the layer's inputs, batch cut to ``keep[layer]`` rows."""
+        self.layer += 1
+        n = self.keep[min(self.layer, len(self.keep) - 1)]
+        if n >= self.keep[0]:
+            return None
+        args = tuple(_rows(a, n) if i in self.keys else a for i, a in enumerate(args))
+        kwargs = {k: _rows(v, n) if k in self.keys else v for k, v in kwargs.items()}
+        return args, kwargs
 
 
 class _StopForward(Exception):
@@ -134,7 +194,7 @@ def record(loaded: LoadedModel, layers: Sequence[int], site: str = "block", exit
         loaded: the model to hook (its :class:`~layerwise.model.layermap.LayerMap` says where).
         layers: resolved indices in ``0..L`` (see :func:`layerwise.encoding.layers.resolve_layers`).
         site: one of the model's sites (validated by the caller).
-        exits: rows leaving the batch at their depth (:class:`~layerwise.model.ragged.RowExits`), or ``None``.
+        exits: rows leaving the batch at their depth (:class:`RowExits`), or ``None``.
 
     Yields:
         The :class:`Recorder` the hooks write into.
@@ -184,9 +244,12 @@ def _hooks(loaded: LoadedModel, rec: Recorder, layers: Sequence[nn.Module], site
     return handles
 
 
-def _forward(
+def run_forward(
     loaded: LoadedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None
 ) -> None:
+    """Run ``loaded``'s model on one batch (``[batch, tokens]`` ids and mask, optional positions) for the hooks
+    registered on it; the early exit of a :class:`Recorder` ends it quietly. Returns nothing: hooks keep what they
+    need."""
     dev = loaded.device
     extra = {} if position_ids is None else {"position_ids": position_ids.to(dev)}
     running = loaded.blocks.running() if loaded.blocks is not None else contextlib.nullcontext()
@@ -236,7 +299,7 @@ def capture(
     exits, ran = None, list(layers)
     if depths is not None:
         if len(depths) != input_ids.shape[0] or max(depths) > max(layers):
-            raise ValueError(f"depths {list(depths)} must give one depth per row of the batch "
+            raise SpecError(f"depths {list(depths)} must give one depth per row of the batch "
                              f"({input_ids.shape[0]}), none deeper than max(layers) = {max(layers)}")
         exits = RowExits(keys, keep_counts(depths, loaded.num_layers))
         ran = [i for i in layers if i <= max(depths)]  # the layers past every row's depth stay zeros
@@ -248,7 +311,7 @@ def capture(
             record(loaded, ran, site, exits) as rec,
         ):
             try:
-                _forward(loaded, input_ids, attention_mask, position_ids)
+                run_forward(loaded, input_ids, attention_mask, position_ids)
             finally:
                 if loaded.blocks is not None:
                     loaded.blocks.settle()
@@ -312,7 +375,7 @@ def _block_step(loaded: LoadedModel, block: nn.Module, m: int, ids: torch.Tensor
     try:
         handles += _hooks(loaded, rec, [block], site)
         handles.append(block.register_forward_hook(keep_output))
-        _forward(loaded, ids, mask, pos)
+        run_forward(loaded, ids, mask, pos)
     finally:
         for handle in handles:
             handle.remove()
@@ -402,7 +465,7 @@ def count_layer_calls(loaded: LoadedModel, input_ids, attention_mask, layers, si
     with torch.inference_mode(), record(loaded, layers, site):
         handles = [m.register_forward_pre_hook(bump) for m in loaded.layer_map.layers]
         try:
-            _forward(loaded, input_ids, attention_mask, None)
+            run_forward(loaded, input_ids, attention_mask, None)
         finally:
             for handle in handles:
                 handle.remove()

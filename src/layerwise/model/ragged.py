@@ -7,7 +7,8 @@ runs, every batch-carrying input of the layer module (its hidden states, attenti
 is cut to the rows that still need layer ``l``: the batch shrinks as it goes deeper, and each row computes exactly
 its own layers while the shallow layers still run on the whole batch.
 
-Which inputs of a layer carry the batch is not guessed from the architecture: :func:`batch_keys` runs two probe
+The hooks that cut the batch are :class:`~layerwise.model.capture.RowExits` (``capture(..., depths=)``). Which
+inputs of a layer carry the batch is not guessed from the architecture: :func:`batch_keys` runs two probe
 batches of different sizes and keeps the positional arguments and keyword arguments whose first dimension is the
 batch in both. :func:`verify` then compares a ragged pass with a full one on a probe batch; a model whose states
 differ (a module outside the layers that reads the whole batch, such as DeBERTa-v2's convolution after layer 1)
@@ -15,48 +16,24 @@ is not run ragged: its callers fall back to running each depth's rows in batches
 
 Example::
 
-    >>> hooks = RowExits(keys, keep=[4, 4, 3, 1])  # 4 rows; layer 1 runs 4, layer 2 runs 3, layer 3 runs 1
+    >>> keys = batch_keys(loaded)            # e.g. frozenset({0, 1}): BERT's hidden states and attention mask
+    >>> verify(loaded, 6, keys)              # True: capture(..., depths=[6, 3, 1], keys=keys) is exact here
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from .capture import Key, capture, keep_counts, run_forward
+from .discovery import probe_batch
+
 log = logging.getLogger("layerwise")
 
-Key = int | str  # a positional argument's index or a keyword argument's name
 _AGREE = 1e-4  # ragged against full states, relative to their scale (float32 reductions reorder with the batch)
-
-
-def keep_counts(depths: Sequence[int], n_layers: int) -> list[int]:
-    """``keep[l]``: how many rows run layer ``l`` (``l`` in ``0..L``), for rows whose deepest layers are ``depths``.
-
-    Args:
-        depths: per row, the deepest layer it needs, non-increasing (deepest rows first).
-        n_layers: ``L``.
-
-    Returns:
-        ``L + 1`` counts, ``keep[0] = len(depths)``.
-
-    Raises:
-        ValueError: ``depths`` increasing somewhere (the rows must be ordered deepest first).
-    """
-    if any(a < b for a, b in zip(depths, depths[1:])):
-        raise ValueError(f"row depths must be ordered deepest first, got {list(depths)}")
-    return [len(depths)] + [sum(1 for d in depths if d >= layer) for layer in range(1, n_layers + 1)]
-
-
-def _rows(value: Any, n: int) -> Any:
-    """``value`` cut to its first ``n`` rows: a tensor, or a tuple/list of tensors (rotary cos/sin)."""
-    if isinstance(value, torch.Tensor):
-        return value[:n] if value.dim() > 0 and value.shape[0] > n else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_rows(v, n) for v in value)
-    return value
 
 
 def _dim0(value: Any) -> int | None:
@@ -69,39 +46,10 @@ def _dim0(value: Any) -> int | None:
     return None
 
 
-class RowExits:
-    """Forward pre-hooks that cut a layer's batch-carrying inputs to the rows that still need it.
-
-    Args:
-        keys: the layer modules' batch-carrying inputs (:func:`batch_keys`).
-        keep: rows that run each layer (:func:`keep_counts`); ``keep[l]`` for layer ``l`` (1-based).
-
-    Register :meth:`pre` on every layer module after the recorder's own pre-hook (it counts the layer).
-    """
-
-    def __init__(self, keys: frozenset[Key], keep: Sequence[int]):
-        self.keys = keys
-        self.keep = list(keep)
-        self.layer = 0
-
-    def pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
-        """Forward pre-hook (``with_kwargs=True``): the layer's inputs, batch cut to ``keep[layer]`` rows."""
-        self.layer += 1
-        n = self.keep[min(self.layer, len(self.keep) - 1)]
-        if n >= self.keep[0]:
-            return None
-        args = tuple(_rows(a, n) if i in self.keys else a for i, a in enumerate(args))
-        kwargs = {k: _rows(v, n) if k in self.keys else v for k, v in kwargs.items()}
-        return args, kwargs
-
-
 def batch_keys(loaded: Any) -> frozenset[Key]:
     """The inputs of ``loaded``'s first layer module whose first dimension is the batch: the positional indices and
     keyword names whose first dimension equals the batch size for two probe batches of different sizes (2 and 3
     rows). Empty when the first layer takes no hidden states that way (a model that is then never run ragged)."""
-    from .capture import _forward  # the model's own forward, with its early exit
-    from .discovery import probe_batch
-
     ids, mask = probe_batch(loaded.tokenizer)
     found: list[frozenset[Key]] = []
     first = loaded.layer_map.layers[0]
@@ -119,7 +67,7 @@ def batch_keys(loaded: Any) -> frozenset[Key]:
             with loaded.lock, torch.inference_mode():
                 loaded.ensure_depth(1)
                 try:
-                    _forward(loaded, ids[pick], mask[pick], None)
+                    run_forward(loaded, ids[pick], mask[pick], None)
                 except _Stop:
                     pass
         finally:
@@ -138,9 +86,6 @@ def verify(loaded: Any, depth: int, keys: frozenset[Key], site: str = "block") -
     one layer hands the next is cut too), every layer ``1..depth`` compared on the rows that ran it.
     An exception inside the ragged pass (a module outside the layers that reads the whole batch) counts as a
     difference."""
-    from .capture import capture
-    from .discovery import probe_batch
-
     if depth < 2 or 0 not in keys:
         return False
     ids, mask = probe_batch(loaded.tokenizer)

@@ -21,11 +21,11 @@ import torch
 from ...encoding.padding import gather_tokens, move_padding_left, positions_from_mask
 from ...encoding.vocab import PADDING_SIDES, SITES
 from ...errors import ModelLoadError
-from ..capture import capture, capture_chunk
+from ..capture import Key, capture, capture_chunk
 from ..discovery import probe_batch
 from ..loaded import LoadedModel
 from ..options import ModelOptions
-from ..ragged import Key, batch_keys, verify
+from ..ragged import batch_keys, verify
 from .base import LOADING_FIELDS, Backend
 
 STREAM_AHEAD = 1 << 20  # streamed layers: batches started before the first is waited for (chunks bound memory)

@@ -20,7 +20,7 @@ import pytest
 
 from tiny import cli_server
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 

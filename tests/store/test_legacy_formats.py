@@ -1,6 +1,6 @@
 """What the previous version wrote still loads: a store manifest whose spec names ``output_dtype`` "dtype" (and has no
 ``model_options``) opens, reads and resumes; a service request with "dtype" is served; a head config with the model
-as a path and ``max_length`` beside it loads (tests/test_heads.py)."""
+as a path and ``max_length`` beside it loads (tests/heads/test_heads.py)."""
 
 from __future__ import annotations
 

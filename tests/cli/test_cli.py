@@ -244,5 +244,5 @@ def test_documented_shard_size_is_the_real_one():
     mb = f"~{SHARD_BYTES >> 20} MB"
     res = CliRunner().invoke(app, ["extract", "--help"], env={"COLUMNS": "200"})
     assert mb in " ".join(res.stdout.split())
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "extraction.md").read_text(encoding="utf-8")
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "extraction.md").read_text(encoding="utf-8")
     assert f"(~{SHARD_BYTES >> 20} MB each)" in guide and not re.search(r"[^,\d]64 MB", guide)

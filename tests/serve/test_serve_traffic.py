@@ -232,7 +232,7 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
     # a few one-word requests for layer 1 among many for layer 2 share the forward batches of one call; on PyTorch
     # each row leaves its batch at its own request's depth (layerwise.model.ragged), so the layers computed are the
     # layers requested (a runtime without early exit would run them through layer 2 where that is cheaper than a
-    # batch of their own: tests/test_serve_batcher.py)
+    # batch of their own: tests/serve/test_serve_batcher.py)
     payloads = _payloads(DEEP, 48, seed=2)
     for j, word in enumerate(["a", "Paris", "EU", "lamb", "fox", "dog", "a", "call"]):
         payloads[6 * j] = {"texts": [word], **SHALLOW[j % 2]}
@@ -243,7 +243,7 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
     merged = [delta(m2, m1, name) for name in names]
     assert alone[0] == alone[1], alone
     # layer-1 and layer-2 requests shared calls (more specs than calls, calls of two depths), and none ran deeper than
-    # it asked (the rows that ran each layer are counted in tests/test_ragged.py)
+    # it asked (the rows that ran each layer are counted in tests/model/test_ragged.py)
     assert alone[4] == 0 and merged[4] >= 1, merged
     assert merged[2] > merged[3] and merged[0] == merged[1], merged
 

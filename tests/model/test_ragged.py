@@ -10,9 +10,9 @@ import torch
 
 import layerwise as lw
 from layerwise.model.backends.pytorch import TorchBackend
-from layerwise.model.capture import capture
+from layerwise.model.capture import capture, keep_counts
 from layerwise.model.discovery import probe_batch
-from layerwise.model.ragged import batch_keys, keep_counts, verify
+from layerwise.model.ragged import batch_keys, verify
 
 # encoders, an encoder-decoder's encoder, decoders with rotary positions and causal masks, ModernBERT's local attention
 ARCHITECTURES = ["bert", "deberta-v2", "mpnet", "t5", "gpt2", "llama", "qwen3", "gemma2", "opt", "modernbert"]
@@ -81,10 +81,10 @@ def _parts_equal_lone_encodings(ex: lw.Extractor) -> None:
 
 
 def test_row_depths_must_come_deepest_first_and_fit_the_layers(tiny_extractors):
-    with pytest.raises(ValueError, match="deepest first"):
+    with pytest.raises(lw.SpecError, match="deepest first"):
         keep_counts([1, 2], 2)
     assert keep_counts([3, 2, 2, 0], 3) == [4, 3, 3, 1]
     lm = tiny_extractors["bert"].backend.loaded
     ids, mask = _batch(lm.tokenizer, 2)
-    with pytest.raises(ValueError, match="none deeper than max"):
+    with pytest.raises(lw.SpecError, match="none deeper than max"):
         capture(lm, ids, mask, (1,), depths=[2, 1], keys=batch_keys(lm))

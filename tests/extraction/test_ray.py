@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from test_sharding import _same, corpus
 
 import layerwise as lw
 from layerwise.extraction.pool import local_resources, size_pool
 from layerwise.extraction.ray import part_path
 from layerwise.store import export, merge_stores, open_store
-from test_sharding import _same, corpus
 
 from tiny import extract
 

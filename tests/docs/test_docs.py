@@ -14,7 +14,7 @@ import pytest
 
 import layerwise as lw
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

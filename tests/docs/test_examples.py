@@ -13,7 +13,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.ipynb"))
 SHARED = ROOT.parent / "shared" / "data"
 HTML_OUTPUTS = {  # notebook -> the objects whose display must be HTML (their names start the cell's last line)

@@ -55,7 +55,7 @@ def infinity(tmp_path_factory) -> Path:
 
 def readme_command() -> list[str]:
     """The README's Infinity line (``DO_NOT_TRACK=1 infinity_emb v2 --model-id ./minilm-l3 ...``), split."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     (line,) = [ln for ln in text.splitlines() if "infinity_emb v2" in ln]
     return shlex.split(line)
 
