@@ -55,6 +55,7 @@ import numpy as np
 
 from ..encoding.vocab import VALUE_DTYPES
 from ..errors import StoreCorruptError
+from .lock import pid_alive
 
 FORMAT = "layerwise-store"
 FORMAT_VERSION = 3  # 3: every shard listed with its sha256 (format 2 listed sizes only; it still opens)
@@ -403,15 +404,8 @@ def list_shards(store: Path) -> list[Path]:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # this process is not writing the file any more: it is opening the store
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
+    # this process is not writing the file any more: it is opening the store
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def remove_temporaries(store: Path) -> int:
