@@ -100,6 +100,13 @@ def test_output_precisions_example_runs_as_written():
     assert run_printing(code, str(page)) == promised(code)
 
 
+def test_layer_stack_example_prints_what_it_says():
+    """The one rule of a LayerStack (positions in capture order, model layers by ``layer()``), as the page says."""
+    page = ROOT / "docs" / "concepts.md"
+    (code,) = blocks(section(page, "What `hidden_states` returns"), "python")
+    assert run_printing(code, str(page)) == promised(code, until=":")
+
+
 def test_windows_example_gives_what_it_says():
     page = ROOT / "docs" / "concepts.md"
     (code,) = blocks(section(page, "Windows: long texts"), "python")

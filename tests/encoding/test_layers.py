@@ -222,17 +222,24 @@ def test_layer_stack_len_shape_numpy_repr():
     assert "site='block'" in text
 
 
-def test_layer_stack_addressing_by_position_not_index():
-    stack = _stack()
-    assert torch.equal(stack["layer_4"], stack.tensor[2])  # index 4 sits at position 2
-    assert torch.equal(stack[4], stack.tensor[2]) and torch.equal(stack[-3], stack.tensor[2])
+def test_layer_stack_ints_are_positions_names_and_layer_are_model_layers():
+    stack = _stack()  # model layers 0, 2, 4, 6 at positions 0..3
+    assert torch.equal(stack["layer_4"], stack.tensor[2]) and torch.equal(stack.layer(4), stack.tensor[2])
+    assert torch.equal(stack[2], stack.tensor[2]) and torch.equal(stack[-2], stack.tensor[2])  # positions
+    assert torch.equal(stack.layer(-3), stack.tensor[2])  # model layer -3 of 6 is layer 4
     assert torch.equal(stack["last"], stack.tensor[3]) and torch.equal(stack["embeddings"], stack.tensor[0])
+    assert torch.equal(stack[-1], stack.layer(6)) and len(list(stack)) == len(stack) == 4
     with pytest.raises(KeyError, match=r"layer 'second_to_last' \(index 5\) was not captured; this stack holds"):
         stack["second_to_last"]
     with pytest.raises(KeyError, match=r"layer 'layer_9' \(index 9\) was not captured"):
         stack["layer_9"]
+    with pytest.raises(IndexError, match=r"stack position 4 is out of range: this stack holds 4 layer\(s\) "
+                                         r"\['embeddings', 'layer_2', 'layer_4', 'layer_6'\], positions 0\.\.3"):
+        stack[4]
     with pytest.raises(ValueError, match=r"layer 9 in layer spec 9 is out of range"):
-        stack[9]
+        stack.layer(9)
+    with pytest.raises(KeyError, match=r"model layer 3 \(index 3\) was not captured"):
+        stack.layer(3)
 
 
 def test_layer_stack_select_keeps_spec_order():

@@ -150,3 +150,39 @@ def test_layer_stack_helpers(default_extractor):
     assert stack.offsets[0][1] == (0, 1)
     assert stack.attention_mask[1].tolist() == [1, 1, 1, 0, 0]
     assert (stack.tensor[:, 1, 3:] == 0).all()  # padding is zeroed
+
+
+@pytest.mark.parametrize("spec,model_layers", [("all", list(range(7))), ([0, 3, 5], [0, 3, 5]), ("-2:", [5, 6]),
+                                               ([4, 1], [4, 1]), ("0,1,2", [0, 1, 2]), (2, [2])])
+def test_layer_stack_iteration_len_and_positions_agree(default_extractor, spec, model_layers):
+    """One rule: iteration, len, int and slice indexing (negative ints too) are positions in capture order;
+    stack.layer(i) and string keys are model layers (issue 41, item 1)."""
+    stack = default_extractor.hidden_states(["I love Paris", "Hi"], layers=spec)
+    n = len(model_layers)
+    items = list(stack)  # iterating ends after the last captured layer (it used to run on into a SpecError)
+    assert len(items) == len(stack) == stack.tensor.shape[0] == n and list(stack.layers) == model_layers
+    for k, (model_layer, h) in enumerate(zip(stack.layers, stack)):
+        assert torch.equal(h, stack.tensor[k]) and torch.equal(stack[k], h) and torch.equal(stack[k - n], h)
+        assert torch.equal(stack.layer(model_layer), h) and torch.equal(stack[stack.labels[k]], h)
+    assert torch.equal(stack[-1], stack.tensor[-1]) and torch.equal(stack.layer(model_layers[-1]), stack[-1])
+    tail = stack[1:]
+    assert tail.layers == tuple(model_layers[1:]) and torch.equal(tail.tensor, stack.tensor[1:]) and len(tail) == n - 1
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match=rf"stack position {bad} is out of range: this stack holds {n} layer"):
+            stack[bad]
+    with pytest.raises(ValueError, match=r"stack\[key\] gives ONE layer, but key \[0, 1\] selects 2 layers .*"
+                                         r"use stack\.select\(\[0, 1\]\)"):
+        stack[[0, 1]]  # a list is a spec of model layers, as stack.layer(key)
+
+
+def test_layer_stack_subset_positions_differ_from_model_layers(default_extractor):
+    stack = default_extractor.hidden_states(["I love Paris"], layers=[0, 3, 5])
+    assert torch.equal(stack[1], stack.layer(3)) and torch.equal(stack[-1], stack.layer(5))
+    assert torch.equal(stack["layer_3"], stack[1]) and torch.equal(stack["embeddings"], stack[0])
+    with pytest.raises(KeyError, match=r"model layer -1 \(index 6\) was not captured; this stack holds \['embeddings', "
+                                       r"'layer_3', 'layer_5'\].*stack.layer\(i\) is model layer i"):
+        stack.layer(-1)
+    with pytest.raises(KeyError, match="not captured"):
+        stack["last"]  # a name is a model layer: layer 6 was not captured
+    assert stack.select([5, 0]).layers == (5, 0)
+
