@@ -101,12 +101,54 @@ def test_weights_errors(default_extractor):
         ex.encode_words([["x"]], layers="-4:", combine="weighted", weights=[0.5, 0.5])
 
 
-@pytest.mark.parametrize("call", CALLS)
-def test_empty_list_refused(default_extractor, call):
-    fn = getattr(default_extractor, call)
-    what = "word lists" if call == "encode_words" else "texts"
-    with pytest.raises(ValueError, match=rf"{what} is an empty list; give at least one item"):
-        fn([])
+def test_no_text_gives_no_row(default_extractor):
+    """An empty input is an empty answer of the right shape (issue 41, item 2), and the spec is still checked."""
+    ex = default_extractor
+    got = ex.encode([], layers="-4:", combine="concat")
+    assert isinstance(got, np.ndarray) and got.shape == (0, 4 * 384) and got.dtype == np.float32
+    assert ex.encode([], layers=range(3), combine="stack").shape == (0, 3, 384)
+    assert ex.encode((t for t in []), output_dtype="ubinary").shape == (0, 48)
+    assert ex.encode([], output_dtype="binary").dtype == np.int8
+    pt = ex.encode([], return_tensors="pt")
+    assert isinstance(pt, torch.Tensor) and tuple(pt.shape) == (0, 384) and pt.dtype == torch.float32
+    assert ex.encode([], pool=None) == [] and ex.encode_words([]) == []
+    stack = ex.hidden_states([], layers=[0, 3])
+    assert stack.tensor.shape == (2, 0, 0, 384) and len(stack) == 2 and list(stack) != []
+    with pytest.raises(ValueError, match=r"layer 7 in layer spec 7 is out of range"):
+        ex.encode([], layers=7)  # nothing to encode, but a bad spec is still refused
+
+
+def test_any_iterable_of_strings_is_taken(default_extractor):
+    """A tuple, a pandas Series, a numpy array of strings and a generator give what a list gives (issue 41, item 2)."""
+    pd = pytest.importorskip("pandas")
+    ex = default_extractor
+    texts = ["I love Paris", "EU rejects German call"]
+    want = ex.encode(texts, layers=-2)
+    for given in (tuple(texts), pd.Series(texts, index=[7, 3]), pd.DataFrame({"s": texts}).s, np.array(texts),
+                  (t for t in texts), iter(texts)):
+        got = ex.encode(given, layers=-2)
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-6, type(given).__name__
+    stack = ex.hidden_states(np.array(texts), layers=[0, 3])
+    assert torch.equal(stack.tensor, ex.hidden_states(texts, layers=[0, 3]).tensor)
+    words = ex.encode_words((np.array(w.split()) for w in texts), layers=-1)
+    assert [w.shape for w in words] == [(3, 384), (4, 384)]
+    assert np.abs(words[1] - ex.encode_words([texts[1].split()], layers=-1)[0]).max() <= 1e-6
+
+
+def test_iterables_that_are_not_texts_are_refused(default_extractor):
+    pd = pytest.importorskip("pandas")
+    ex = default_extractor
+    with pytest.raises(TypeError, match=r"got DataFrame \(iterating it gives its column names\); pass one column of "
+                                        r"it, e.g. df\['text'\]"):
+        ex.encode(pd.DataFrame({"sentence": ["a", "b"]}))
+    with pytest.raises(TypeError, match=r"got set; a set has no order.*list\(\.\.\.\) or sorted\(\.\.\.\)"):
+        ex.encode({"a", "b"})
+    with pytest.raises(TypeError, match=r"got dict; iterating a mapping gives its keys"):
+        ex.encode({"a": 1})
+    with pytest.raises(TypeError, match=r"texts must be a list of strings, got int; pass a list \(or any iterable\)"):
+        ex.encode(3)
+    with pytest.raises(TypeError, match=r"text 1 must be a string, got float: nan"):
+        ex.encode(pd.Series(["a", float("nan")]))
 
 
 def test_bad_text_types(default_extractor):

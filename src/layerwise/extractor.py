@@ -28,11 +28,12 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from .encoding.layers import LayerSpec
-from .encoding.precision import Ranges
+from .encoding.precision import NUMPY_DTYPES, Ranges
 from .encoding.reduce import Encoded, make_rows
 from .encoding.spec import EncodeSpec
 from .encoding.stack import LayerStack
@@ -488,41 +489,57 @@ class Extractor:
     # ---- public API -------------------------------------------------------------------------------------
     def hidden_states(
         self,
-        texts: Sequence[str],
+        texts: Iterable[str],
         layers: LayerSpec = "all",
         site: str = "block",
         *,
         truncate: bool = False,
+        return_tensors: ReturnTensors = "pt",
         batch_tokens: int | None = None,
     ) -> LayerStack:
         """Raw hidden states of ``layers`` at ``site`` for a (small) batch of texts.
 
         Args:
-            texts: list of strings (an empty string encodes as the special tokens only).
-            layers: layer spec (``"all"``, ``-1``, ``"-4:"``, ``[0, 6]``, ``"second_to_last"``...).
+            texts: any iterable of strings (a list, tuple, pandas Series, numpy array, generator; an empty string
+                encodes as the special tokens only; no text gives a stack with ``batch`` 0). A bare string is
+                refused: wrap it in a list.
+            layers: layer spec (``"all"``, ``-1``, ``"-4:"``, ``[0, 6]``, ``range(3)``, ``"second_to_last"``...).
             site: ``block`` (= ``hidden_states``), ``attention``, ``intermediate`` or ``pre_ln``.
             truncate: cut texts at ``max_length`` instead of windowing them.
+            return_tensors: ``"pt"`` (default: torch tensors, ``tensor`` in the model's compute dtype) or ``"np"``
+                (numpy: ``tensor`` float32, masks and ids int64), as in :meth:`encode` (whose default is ``"np"``:
+                a stack is for looking inside the model, a feature matrix for the next tool).
             batch_tokens: token budget per forward batch (default: the Extractor's).
 
         Returns:
             :class:`LayerStack` with ``tensor [layers, batch, tokens, width]`` on CPU, padded with zeros to the
-            longest text (``tokens`` may exceed ``max_length`` for windowed texts).
+            longest text (``tokens`` may exceed ``max_length`` for windowed texts). It is a sequence of the captured
+            layers: ``for h in stack``, ``len(stack)``, ``stack[0]``, ``stack[-1]`` are positions in capture order;
+            ``stack.layer(i)`` is model layer ``i`` (see :class:`LayerStack`).
         """
-        texts = check_texts(texts)
+        _check_return_tensors(return_tensors)
+        texts = check_texts(texts, allow_empty=True)
         spec = EncodeSpec(layers=layers, site=site, level="token", truncate=truncate).resolve(self)
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
-        toks = self.tokenize(texts, words=False, truncate=truncate)
-        longest = max(len(t.ids) for t in toks)
+        toks = self.tokenize(texts, words=False, truncate=truncate) if texts else []
+        longest = max((len(t.ids) for t in toks), default=0)
         layers = spec.layer_indices
         out = torch.zeros((len(layers), len(texts), longest, self.site_width(site)), dtype=self.loaded.dtype)
-        for group in self._forward(toks, layers, site, budget):
-            for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
-                out[:, text, :n] = group.states[:, r, :n].cpu()
-        return LayerStack.from_tokens(out, layers, site, toks, self.tokenizer.pad_token_id or 0, self.num_layers)
+        if toks:
+            for group in self._forward(toks, layers, site, budget):
+                for r, (text, n) in enumerate(zip(group.texts, group.lengths)):
+                    out[:, text, :n] = group.states[:, r, :n].cpu()
+            stack = LayerStack.from_tokens(out, layers, site, toks, self.tokenizer.pad_token_id or 0, self.num_layers)
+        else:
+            none = torch.zeros((0, 0), dtype=torch.long)
+            stack = LayerStack(tensor=out, layers=tuple(layers), sites=(site,) * len(layers), attention_mask=none,
+                               input_ids=none, special_tokens_mask=none, word_ids=[], offsets=[],
+                               num_layers=self.num_layers)
+        return stack.as_numpy() if return_tensors == "np" else stack
 
     def encode(
         self,
-        texts: Sequence[str],
+        texts: Iterable[str],
         layers: LayerSpec | None = None,
         combine: str | nn.Module = "concat",
         pool: str | nn.Module | None = "mean",
@@ -544,8 +561,11 @@ class Extractor:
         """Sentence vectors (or token vectors with ``pool=None``) from a combination of layers.
 
         Args:
-            texts: list of strings.
-            layers: layer spec; default ``-1`` (the last layer), or the layers a ScalarMix was built ``over``.
+            texts: any iterable of strings: a list, tuple, pandas Series (``df.sentence``), numpy array of strings,
+                generator (read once). A bare string is refused (wrap it in a list: ``[text]``); no text gives
+                ``(0, *D)`` (``[]`` with ``pool=None``).
+            layers: layer spec (``-1``, ``"-4:"``, ``[0, 6]``, ``range(3)``...); default ``-1`` (the last layer), or
+                the layers a ScalarMix was built ``over``.
             combine: ``concat | sum | mean | weighted | stack`` or a module such as :class:`ScalarMix`.
             pool: ``cls | pooler | mean | max | mean_max | last``, a module such as :class:`AttentionPool`,
                 or ``None`` for one vector per token (special tokens included).
@@ -570,7 +590,7 @@ class Extractor:
             ``[n_tokens_i, D]``. ``D = K * width`` for ``concat``, ``width`` otherwise, doubled for ``mean_max``,
             cut to ``dimensions``, and ``ceil(D / 8)`` bytes for ``binary``/``ubinary``.
         """
-        texts = check_texts(texts)
+        texts = check_texts(texts, allow_empty=True)
         spec = EncodeSpec(
             layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
             level="token" if pool is None else "sentence", pool=pool, skip_special_tokens=skip_special_tokens,
@@ -578,7 +598,15 @@ class Extractor:
             output_dtype=output_dtype, calibration=calibration,
         )
         results = self._collect(texts, spec, return_tensors, batch_tokens, show_progress)
-        return results if pool is None else _out(torch.stack(results), return_tensors)
+        if pool is None:
+            return results
+        if not results:  # no text: (0, *D), D from the spec (validated against this model all the same)
+            resolved = spec.resolve(self)
+            shape = resolved.feature_shape(self.site_width(resolved.site))
+            dtype = np.dtype(NUMPY_DTYPES[resolved.output_dtype])
+            return _out(torch.from_numpy(np.zeros((0, *shape), dtype=np.float32 if dtype.kind == "f" else dtype)),
+                        return_tensors)
+        return _out(torch.stack(results), return_tensors)
 
     def calibrate(self, texts: Sequence[str] | Sequence[Sequence[str]], spec: EncodeSpec) -> EncodeSpec:
         """``spec`` (``output_dtype`` ``int8`` or ``uint8``) with the calibration ranges of ``texts``: each of the
@@ -596,7 +624,7 @@ class Extractor:
 
     def encode_words(
         self,
-        words: Sequence[Sequence[str]],
+        words: Iterable[Iterable[str]],
         layers: LayerSpec | None = None,
         combine: str | nn.Module = "concat",
         subword: str = "first",
@@ -611,7 +639,8 @@ class Extractor:
         """One vector per word of pre-tokenised input (NER/POS style), pooled from its sub-tokens.
 
         Args:
-            words: list of word lists, e.g. ``[["EU", "rejects", "German", "call"]]``.
+            words: word lists, e.g. ``[["EU", "rejects", "German", "call"]]`` (any iterable of iterables of strings;
+                a bare string is refused; no item gives ``[]``).
             layers: as in :meth:`encode` (and so are ``combine``, ``site``, ``weights``).
             subword: ``first | last | mean | max | first_last`` (the BERT paper uses ``first``).
             truncate: cut at ``max_length`` instead of windowing (words past the cut get zero vectors).
@@ -620,7 +649,7 @@ class Extractor:
             A list with one ``[n_words_i, D]`` array (or tensor) per item, aligned to its words. A word that
             produced no sub-token (e.g. only a zero-width character) gets a zero vector.
         """
-        items = [list(w) for w in check_texts(words, words=True)]
+        items = check_texts(words, words=True, allow_empty=True)
         spec = EncodeSpec(layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
                           level="word", subword=subword, truncate=truncate)
         return self._collect(items, spec, return_tensors, batch_tokens, show_progress)
@@ -628,10 +657,7 @@ class Extractor:
     def _collect(
         self, items: list[Any], spec: EncodeSpec, return_tensors: str, batch_tokens: int | None, show_progress: bool
     ) -> list[Any]:
-        if return_tensors not in RETURN_TENSORS:
-            raise SpecError(
-                f"unknown return_tensors {return_tensors!r}. Valid values are: {', '.join(RETURN_TENSORS)}"
-            )
+        _check_return_tensors(return_tensors)
         from tqdm.auto import tqdm
 
         out: list[Any] = []
@@ -640,6 +666,12 @@ class Extractor:
                 out.append(result.features if spec.level == "sentence" else _out(result.features, return_tensors))
                 bar.update(1)
         return out
+
+
+def _check_return_tensors(return_tensors: object) -> None:
+    """``SpecError`` naming the valid values for anything but ``"np"`` or ``"pt"``."""
+    if return_tensors not in RETURN_TENSORS:
+        raise SpecError(f"unknown return_tensors {return_tensors!r}. Valid values are: {', '.join(RETURN_TENSORS)}")
 
 
 def _picks(union: tuple[int, ...], layers: Sequence[int], device: torch.device) -> torch.Tensor | None:

@@ -154,6 +154,30 @@ def test_none_and_other_types_refused():
         resolve_layers({1}, num_layers=6)
 
 
+def test_range_is_a_list_of_indices():
+    """``range(3)`` works wherever a list does (issue 41, item 2): resolving, a spec (and its JSON), a stack."""
+    from layerwise import EncodeSpec
+
+    assert resolve_layers(range(3), num_layers=6) == (0, 1, 2)
+    assert resolve_layers(range(-1, -4, -1), num_layers=6) == (6, 5, 4)
+    spec = EncodeSpec(layers=range(1, 4))
+    assert spec.layers == (1, 2, 3) and EncodeSpec.from_json(spec.to_json()) == spec
+    assert _stack().select(range(0, 7, 2)).layers == (0, 2, 4, 6)
+    with pytest.raises(ValueError, match=r"layer spec is an empty list"):
+        resolve_layers(range(0), num_layers=6)
+    with pytest.raises(ValueError, match=r"layer 7 in layer spec \[5, 6, 7\] is out of range"):
+        resolve_layers(range(5, 8), num_layers=6)
+    with pytest.raises(ValueError, match=r"has 1,000,000 items; the limit is 1,000 items"):
+        EncodeSpec(layers=range(10**6)).resolve(_Facts())
+
+
+class _Facts:
+    num_layers, sites, has_pooler = 6, ("block",), False
+
+    def site_width(self, site):
+        return 4
+
+
 @pytest.mark.parametrize("spec", ["::0", "1:5:0", "-4::0"])
 def test_step_zero_slice(spec):
     with pytest.raises(ValueError, match=rf"layer slice {re.escape(repr(spec))} has step 0"):

@@ -10,7 +10,7 @@ A layer spec is one of:
 
 =====================  ==========================================================
 ``4``, ``-1``          one index
-``[0, 2, 4, 6]``       a list of indices (order kept, duplicates refused)
+``[0, 2, 4, 6]``       a list (or tuple, or ``range``) of indices (order kept, duplicates refused)
 ``"-4:"``, ``"1:5"``   a Python slice written as a string (``"::2"`` works too)
 ``"all"``              every layer, embeddings included: ``0..L``
 ``"embeddings"``       ``0``
@@ -64,7 +64,7 @@ from typing import Sequence, Union
 from ..errors import SpecError
 from .vocab import SITES
 
-LayerSpec = Union[int, str, Sequence[Union[int, str]]]
+LayerSpec = Union[int, str, range, Sequence[Union[int, str]]]
 
 LAYER_NAMES = ("embeddings", "last", "second_to_last", "all")
 _SLICE_RE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?$")
@@ -151,7 +151,7 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
     """Resolve a layer spec to sorted-as-given, non-negative indices in ``0..num_layers``.
 
     Args:
-        spec: see the module docstring (int, list, slice string, ``"all"``, a name).
+        spec: see the module docstring (int, list, tuple or ``range``, slice string, ``"all"``, a name).
         num_layers: the model's number of encoder layers ``L`` (``hidden_states`` has ``L + 1`` entries).
 
     Returns:
@@ -163,6 +163,8 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
         TypeError: an item that is neither int nor str.
     """
     _check_size(spec)
+    if isinstance(spec, range):  # range(3) is the list [0, 1, 2]
+        spec = list(spec)
     if isinstance(spec, str) and "," in spec:  # "0,2,4,6" or "0,-4:": the CLI grammar, accepted everywhere
         parts = [p.strip() for p in spec.split(",")]
         if not all(parts):
@@ -205,7 +207,7 @@ def _check_size(spec: object, given: object = None) -> None:
             f"characters. A layer spec names each layer at most once: use a slice or a name for many layers, "
             f'e.g. layers="all", layers="-4:" or layers="::2"'
         )
-    if isinstance(spec, (list, tuple)) and len(spec) > MAX_SPEC_ITEMS:
+    if isinstance(spec, (list, tuple, range)) and len(spec) > MAX_SPEC_ITEMS:
         what = f"string {_short(given)}" if isinstance(given, str) else f"list {_short(spec)}"
         raise SpecError(
             f"layer spec {what} has {len(spec):,} items; the limit is {MAX_SPEC_ITEMS:,} items. A layer spec names "

@@ -8,7 +8,7 @@ validates its layers against a model with :meth:`EncodeSpec.resolve`, and round-
 ==========================  ================================================================================
 field                       valid values
 ==========================  ================================================================================
-``layers``                  a layer spec: ``-1``, ``[0, 6]``, ``"-4:"``, ``"all"``, ``"second_to_last"``
+``layers``                  a layer spec: ``-1``, ``[0, 6]``, ``range(3)``, ``"-4:"``, ``"all"``, ``"second_to_last"``
                             (0 = embeddings; see :mod:`layerwise.encoding.layers`)
 ``site``                    ``block | raw | attention | intermediate | pre_ln``
 ``combine``                 ``concat | sum | mean | weighted | stack | scalar_mix | attention`` (the last two are
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 from ..config_json import dump_json, fields_from, read_json_arg
 from ..errors import SpecError
-from .layers import LayerSpec, resolve_layers, validate_site
+from .layers import MAX_SPEC_ITEMS, LayerSpec, resolve_layers, validate_site
 from .precision import Ranges, calibration_ranges, check_calibration, packed_width, require_calibration
 from .vocab import (
     CALIBRATED_DTYPES,
@@ -99,8 +99,9 @@ class ModelFacts(Protocol):
 
 
 def _plain_layers(layers: object) -> object:
-    """Lists become tuples (hashable, frozen); everything else is checked by :func:`resolve_layers` later."""
-    if isinstance(layers, list):
+    """Lists and ranges become tuples (hashable, frozen, JSON as a list); everything else is checked by
+    :func:`resolve_layers` later."""
+    if isinstance(layers, list) or (isinstance(layers, range) and len(layers) <= MAX_SPEC_ITEMS):
         return tuple(layers)
     return layers
 

@@ -17,6 +17,8 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -204,35 +206,71 @@ class TextTokenizer:
         return toks
 
 
-def check_texts(texts: object, *, words: bool = False, start: int = 0) -> list[Any]:
-    """Check a list of texts (or of word lists with ``words=True``); returns it as a list.
+def check_texts(texts: object, *, words: bool = False, start: int = 0, allow_empty: bool = False) -> list[Any]:
+    """Check texts (or word lists with ``words=True``) and return them as a list (word lists as lists).
+
+    Any iterable of strings is taken, in its order: a list, a tuple, a pandas ``Series``, a numpy array of strings,
+    a generator (read once); items that subclass ``str`` (``numpy.str_``) become plain ``str``. A word list may be
+    any iterable of strings too.
+
+    Args:
+        texts: the iterable.
+        words: items are word lists (pre-tokenised input), not texts.
+        start: the index of the first item in messages (a chunk of a longer stream).
+        allow_empty: an empty iterable is returned as ``[]`` instead of refused.
 
     Raises:
-        TypeError: not a list (a bare string is refused: wrap it in a list), or an item of the wrong type,
-            naming its index (``start`` + position).
-        ValueError: an empty list, or a text with a lone surrogate (naming its index and position).
+        TypeError: a bare string or bytes (wrap it in a list), something that is not iterable, an iterable whose
+            order means nothing (a set) or that iterates something else than its texts (a mapping's keys, a
+            DataFrame's column names), or an item of the wrong type, naming its index (``start`` + position).
+        ValueError: an empty iterable (unless ``allow_empty``), or a text with a lone surrogate (naming its index
+            and position).
     """
     what = "word lists" if words else "texts"
-    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+    kind = "lists of strings" if words else "strings"
+    got = type(texts).__name__
+    if isinstance(texts, (str, bytes)):
         raise TypeError(
-            f"{what} must be a list of {'lists of strings' if words else 'strings'}, got {type(texts).__name__}; "
-            f"wrap a single item in a list: [{'[...]' if words else 'text'}]"
+            f"{what} must be a list of {kind}, got {got}; wrap a single item in a list: "
+            f"[{'[...]' if words else 'text'}] (any iterable of {kind} works: a tuple, a pandas Series, a numpy "
+            f"array, a generator)"
         )
-    if len(texts) == 0:
+    if isinstance(texts, (AbstractSet, Mapping)):
+        why = ("a set has no order, so the results could not be matched to their items: pass list(...) or "
+               "sorted(...)" if isinstance(texts, AbstractSet) else
+               "iterating a mapping gives its keys: pass list(d.values()) or the keys themselves as a list")
+        raise TypeError(f"{what} must be a list of {kind}, got {got}; {why}")
+    if hasattr(texts, "columns") and hasattr(texts, "iloc"):  # a pandas DataFrame iterates its column names
+        raise TypeError(f"{what} must be a list of {kind}, got {got} (iterating it gives its column names); pass "
+                        f"one column of it, e.g. df['text']")
+    try:
+        items = list(texts)  # type: ignore[call-overload]
+    except TypeError:  # not iterable (None, a number, a 0-d numpy array)
+        raise TypeError(
+            f"{what} must be a list of {kind}, got {got}; pass a list (or any iterable) of {kind}, e.g. "
+            f"[{'[...]' if words else 'text'}]"
+        ) from None
+    if not items and not allow_empty:
         raise SpecError(f"{what} is an empty list; give at least one item")
-    for i, item in enumerate(texts, start):
+    for i, item in enumerate(items):
+        n = start + i
         if words:
-            if isinstance(item, str) or not isinstance(item, Sequence):
-                raise TypeError(f"item {i} must be a list of word strings, got {type(item).__name__}: {item!r:.60}")
+            if isinstance(item, (str, bytes)) or not isinstance(item, Iterable):
+                raise TypeError(f"item {n} must be a list of word strings, got {type(item).__name__}: {item!r:.60}")
+            item = items[i] = list(item)
             for j, w in enumerate(item):
                 if not isinstance(w, str):
-                    raise TypeError(f"word {j} of item {i} must be a string, got {type(w).__name__}: {w!r:.60}")
-                _check_encodable(w, f"word {j} of item {i}")
+                    raise TypeError(f"word {j} of item {n} must be a string, got {type(w).__name__}: {w!r:.60}")
+                if type(w) is not str:
+                    item[j] = w = str(w)
+                _check_encodable(w, f"word {j} of item {n}")
         elif not isinstance(item, str):
-            raise TypeError(f"text {i} must be a string, got {type(item).__name__}: {item!r:.60}")
+            raise TypeError(f"text {n} must be a string, got {type(item).__name__}: {item!r:.60}")
         else:
-            _check_encodable(item, f"text {i}")
-    return list(texts)
+            if type(item) is not str:
+                items[i] = item = str(item)
+            _check_encodable(item, f"text {n}")
+    return items
 
 
 def _check_encodable(text: str, what: str) -> None:
