@@ -148,3 +148,19 @@ def test_stream_tokenises_the_next_chunk_in_a_thread(tiny_extractors, monkeypatc
     stream.close()  # abandoning the stream stops the thread
     with pytest.raises(TypeError, match="text 7 must be a string, got NoneType"):
         list(ex.stream(iter(texts[:7] + [None] + texts[8:]), spec))
+
+
+def test_hidden_states_return_tensors(default_extractor):
+    """hidden_states takes return_tensors as encode does; its default stays torch (issue 41, item 8)."""
+    pt = default_extractor.hidden_states(["I love Paris", "Hi"], layers=[0, 3, 5])
+    np_stack = default_extractor.hidden_states(["I love Paris", "Hi"], layers=[0, 3, 5], return_tensors="np")
+    assert isinstance(pt.tensor, torch.Tensor)  # the default stays torch, as before
+    assert isinstance(np_stack.tensor, np.ndarray) and np_stack.tensor.dtype == np.float32
+    assert isinstance(np_stack.attention_mask, np.ndarray)
+    assert np_stack.attention_mask.tolist() == pt.attention_mask.tolist()
+    assert np.abs(np_stack.tensor - pt.numpy()).max() <= 1e-6 and np_stack.shape == tuple(pt.shape)
+    assert isinstance(np_stack[-1], np.ndarray) and np.array_equal(np_stack.layer(3), pt.layer(3).numpy())
+    assert [h.shape for h in np_stack] == [(2, 5, 384)] * 3 and np_stack.norms() == pytest.approx(pt.norms())
+    assert "LayerStack" in np_stack._repr_html_()
+    with pytest.raises(ValueError, match=r"unknown return_tensors 'tf'. Valid values are: np, pt"):
+        default_extractor.hidden_states(["x"], return_tensors="tf")

@@ -251,6 +251,13 @@ class Extractor:
         return self.backend.model_sites
 
     @property
+    def causal(self) -> bool:
+        """Whether the model is a decoder (causal attention: a token sees only the tokens before it), where
+        ``pool="cls"`` is refused in favour of ``pool="last"`` (see :attr:`LoadedModel.causal`)."""
+        loaded = getattr(self.backend, "loaded", None)
+        return bool(loaded is not None and loaded.causal)
+
+    @property
     def has_pooler(self) -> bool:
         """Whether the model has a BERT-style pooler (``pool="pooler"``)."""
         return self.backend.pooler() is not None

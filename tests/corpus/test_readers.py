@@ -83,12 +83,12 @@ def write_input(fmt: str, tmp_path):
         p = tmp_path / "in.csv"
         with open(p, "w", encoding="utf-8", newline="") as fh:  # quoting: a text holds a comma and quotes
             csv.writer(fh).writerows([["id", "review", "label"], *zip(ids, TEXTS, LABELS)])
-        return p, {"text_field": "review", "keep": ["id", "label"]}, {"id": [str(i) for i in ids], "label": LABELS}
+        return p, {"text_field": "review", "keep": ["id", "label"]}, {"id": ids, "label": LABELS}  # numbers, as JSON
     if fmt == "tsv":  # quotes are literal in TSV
         p = tmp_path / "in.tsv"
         rows = ["id\treview\tlabel", *[f"{i}\t{t}\t{lab}" for i, t, lab in zip(ids, TEXTS, LABELS)]]
         p.write_text("\n".join(rows) + "\n", encoding="utf-8")
-        return p, {"text_field": "review", "keep": ["id", "label"]}, {"id": [str(i) for i in ids], "label": LABELS}
+        return p, {"text_field": "review", "keep": ["id", "label"]}, {"id": ids, "label": LABELS}  # numbers, as JSON
     if fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -347,3 +347,22 @@ def test_cli_extract_stdin_and_csv(bert, tiny_dirs, tmp_path):
     ref = reference(bert, "word", TEXTS, 1, subword="max")
     for i, want in enumerate(ref):
         np.testing.assert_allclose(st[i].astype(np.float32), want, rtol=1e-3, atol=1e-3)
+
+
+def test_kept_values_follow_one_rule_in_tsv_csv_and_jsonl(tmp_path):
+    """A kept value is what JSON reads: numbers are numbers in TSV/CSV as in JSONL, other cells their text (issue 41,
+    item 8)."""
+    from layerwise.corpus.readers import kept_value, read_records
+
+    rows = [("a", 1, "x1"), ("b", 0, "007"), ("c", -3, "pos"), ("d", 2.5, ""), ("e", 1e-3, "+1"), ("f", 0.0, "true")]
+    (tmp_path / "t.tsv").write_text("text\tlabel\tid\n" + "".join(f"{t}\t{json.dumps(v)}\t{i}\n" for t, v, i in rows))
+    (tmp_path / "t.csv").write_text("text,label,id\n" + "".join(f"{t},{json.dumps(v)},{i}\n" for t, v, i in rows))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"text": t, "label": v, "id": i}) + "\n" for t, v, i in rows))
+    got = {}
+    for name in ("t.tsv", "t.csv", "t.jsonl"):
+        got[name] = [r.fields for r in read_records(tmp_path / name, keep=["label", "id"])]
+    assert got["t.tsv"] == got["t.csv"] == got["t.jsonl"]
+    assert [type(f["label"]) for f in got["t.tsv"]] == [int, int, int, float, float, float]
+    assert [f["id"] for f in got["t.tsv"]] == ["x1", "007", "pos", "", "+1", "true"]
+    assert kept_value("12") == 12 and kept_value("1.50") == 1.5 and kept_value("1e999") == "1e999"
+    assert kept_value("٣") == "٣" and kept_value(" 1") == " 1" and kept_value("NaN") == "NaN"

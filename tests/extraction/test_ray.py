@@ -113,9 +113,9 @@ def test_a_store_of_parts_reads_exports_and_compacts_like_one(cluster, data, tmp
     np.testing.assert_allclose(st[10:2000:7], plain[10:2000:7], atol=1e-5)
     np.testing.assert_allclose(np.concatenate(list(st.iter_chunks(333))), plain.to_numpy(), atol=1e-5)
     assert st.to_arrow().column("line").to_pylist() == plain.lines.tolist()
-    export(st, tmp_path / "f.npy", to="npy")
-    np.testing.assert_allclose(np.load(tmp_path / "f.npy" / "features.npy"), plain.to_numpy(), atol=1e-5)
-    assert np.load(tmp_path / "f.npy" / "lines.npy").tolist() == plain.lines.tolist()
+    export(st, tmp_path / "f-npy", to="npy")
+    np.testing.assert_allclose(np.load(tmp_path / "f-npy" / "features.npy"), plain.to_numpy(), atol=1e-5)
+    assert np.load(tmp_path / "f-npy" / "lines.npy").tolist() == plain.lines.tolist()
     summary = merge_stores([root / "auto"], tmp_path / "compact")
     assert summary.records == 2996
     _same(open_store(tmp_path / "compact"), plain)

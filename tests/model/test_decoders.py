@@ -116,3 +116,74 @@ def test_prompt_is_put_before_every_text(llama):
         lw.EncodeSpec(level="word", prompt="query: ")
     with pytest.raises(ValueError, match="add_eos must be True or False, got 'yes'"):
         lw.EncodeSpec(add_eos="yes")
+
+
+def test_cls_pool_on_a_decoder_is_refused_naming_last(arch_extractors):
+    """A decoder's first token sees no other token: pool='cls' is refused with 'last' named (issue 41, item 8); an
+    encoder still pools its [CLS]. Every architecture of tests/archs.py says which it is."""
+    from archs import kind
+
+    for name, ex in arch_extractors.items():
+        assert ex.causal == (kind(name) == "decoder"), name
+    for name in ("gpt2", "llama", "qwen2", "opt"):
+        ex = arch_extractors[name]
+        with pytest.raises(lw.SpecError, match=r"pool='cls' reads the first token, but this model is a decoder "
+                                               r"\(causal attention\).*Use pool='last'"):
+            ex.encode(TEXTS, pool="cls")
+        with pytest.raises(lw.SpecError, match="Use pool='last'"):
+            lw.EncodeSpec(pool="cls").resolve(ex)
+        assert ex.encode(TEXTS, pool="last").shape == (len(TEXTS), ex.hidden_size)
+    for name in ("bert", "t5", "modernbert"):
+        assert arch_extractors[name].encode(TEXTS, pool="cls").shape[0] == len(TEXTS)
+
+
+def test_loading_a_causal_lm_checkpoint_prints_no_load_report(arch_dirs, tmp_path):
+    """A Llama saved with its language-model head: the head is left out by design, so transformers' LOAD REPORT
+    ('lm_head.weight UNEXPECTED') is not printed (issue 41, item 8). Run as a user runs it, in a fresh process."""
+    import shutil
+    import subprocess
+    import sys
+
+    import transformers
+
+    src = arch_dirs["llama"]
+    config = transformers.AutoConfig.from_pretrained(src)
+    config.tie_word_embeddings = False
+    config.num_hidden_layers = 1  # loaded whole (one layer: nothing to load by depth), as a hub id is
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama-lm")
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tmp_path / "llama-lm" / f.name)
+    code = ("import layerwise as lw; ex = lw.Extractor({!r}, device='cpu', backend='torch'); "
+            "print(ex.encode(['Peter Blackburn'], pool='last').shape)")
+    plain = ("from transformers import AutoModel; AutoModel.from_pretrained({!r})")
+    run = [subprocess.run([sys.executable, "-c", c.format(str(tmp_path / "llama-lm"))], capture_output=True, text=True,
+                          timeout=300) for c in (code, plain)]
+    assert run[0].returncode == 0 and run[0].stdout.strip() == f"(1, {config.hidden_size})", run[0].stderr
+    assert "LOAD REPORT" not in run[0].stderr and "lm_head" not in run[0].stderr, run[0].stderr
+    assert "LOAD REPORT" in run[1].stderr and "lm_head.weight" in run[1].stderr  # what plain transformers prints
+
+
+def test_a_load_report_of_missing_weights_is_still_shown():
+    """The filter is narrow: only a report of unexpected (unused) weights is dropped, and only during a load."""
+    import logging
+
+    from layerwise.model.loading import quiet_transformers
+
+    report = logging.getLogger("transformers.modeling_utils")
+    seen: list[str] = []
+    collect = logging.Handler()
+    collect.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    report.addHandler(collect)
+    try:
+        with quiet_transformers():
+            report.warning("LlamaModel LOAD REPORT from: x\nlm_head.weight | UNEXPECTED")
+            report.warning("LlamaModel LOAD REPORT from: y\nlayers.0.mlp.up_proj.weight | MISSING")
+            report.warning("an unrelated warning")
+        report.warning("LlamaModel LOAD REPORT from: z\nlm_head.weight | UNEXPECTED")  # outside layerwise's load
+    finally:
+        report.removeHandler(collect)
+    assert [m.split("\n")[0] for m in seen] == ["LlamaModel LOAD REPORT from: y", "an unrelated warning",
+                                                 "LlamaModel LOAD REPORT from: z"]
+    assert report.filters == []

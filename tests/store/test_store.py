@@ -343,8 +343,8 @@ def test_cli_inspect_export_and_errors(bert, tiny_dirs, tmp_path, corpus):
     assert json.loads(res.stdout) == st.manifest
 
     res = runner.invoke(app, ["export", str(store), "--to", "npy"])
-    assert res.exit_code == 0 and f"wrote {store}.npy" in res.stderr
-    recs, lines, cols = read_export(tmp_path / "s.npy", "npy", "token")
+    assert res.exit_code == 0 and f"wrote {store}-npy" in res.stderr
+    recs, lines, cols = read_export(tmp_path / "s-npy", "npy", "token")
     assert all(np.array_equal(a, b) for a, b in zip(recs, st)) and cols["id"] == st.column("id")
     res = runner.invoke(app, ["export", str(store), "--to", "parquet", "-o", str(tmp_path / "x.parquet")])
     assert res.exit_code == 0 and read_export(tmp_path / "x.parquet", "parquet", "token")[1] == st.lines.tolist()

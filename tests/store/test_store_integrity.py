@@ -258,7 +258,7 @@ def test_damage_is_refused_naming_the_file_or_read_correctly(clean, tmp_path, le
         assert names(named, res.output), res.output
 
     # export: refused naming the file (every hash is checked first), or the clean data exported
-    out = tmp_path / "out.npy"
+    out = tmp_path / "out-npy"
     res = runner.invoke(app, ["export", str(store), "--to", "npy", "-o", str(out)])
     assert "bug in layerwise" not in res.output and "Traceback" not in res.output
     if outcome == "refuse":

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import io
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -133,10 +134,10 @@ def test_exports_keep_token_ids_and_words(stores, tmp_path):
     ids = np.concatenate([tok.token_ids(i) for i in range(len(tok))])
     words = [word.words(i) for i in range(len(word))]
     assert len(ids) == tok.num_rows and sum(map(len, words)) == word.num_rows
-    export(tok, tmp_path / "t.npy", to="npy")
-    assert np.array_equal(np.load(tmp_path / "t.npy" / "token_ids.npy"), ids)
-    export(word, tmp_path / "w.npy", to="npy")
-    assert json.loads((tmp_path / "w.npy" / "words.json").read_text()) == words
+    export(tok, tmp_path / "t-npy", to="npy")
+    assert np.array_equal(np.load(tmp_path / "t-npy" / "token_ids.npy"), ids)
+    export(word, tmp_path / "w-npy", to="npy")
+    assert json.loads((tmp_path / "w-npy" / "words.json").read_text()) == words
     export(tok, tmp_path / "t.h5", to="hdf5")
     export(word, tmp_path / "w.h5", to="hdf5")
     with h5py.File(tmp_path / "t.h5") as f:
@@ -159,14 +160,14 @@ def test_export_refuses_a_kept_column_named_like_its_own_files(bert, tmp_path):
     p.write_text("".join(json.dumps({"text": t, "lines": i}) + "\n" for i, t in enumerate(TEXTS[:3])))
     extract(p, tmp_path / "s", model=bert, keep=("lines",))
     with pytest.raises(ValueError, match=r"kept a column named 'lines', which would collide with lines.npy"):
-        export(tmp_path / "s", tmp_path / "o.npy", to="npy")
-    assert not (tmp_path / "o.npy").exists()
+        export(tmp_path / "s", tmp_path / "o-npy", to="npy")
+    assert not (tmp_path / "o-npy").exists()
     with h5py.File(export(tmp_path / "s", tmp_path / "o.h5", to="hdf5")) as f:
         assert f["columns/lines"][:].tolist() == [0, 1, 2]
 
 
 # ---- 3. exports never replace what layerwise did not write -----------------------------------------------------
-@pytest.mark.parametrize("to,name", [("npy", "x.npy"), ("hdf5", "x.h5"), ("parquet", "x.parquet")])
+@pytest.mark.parametrize("to,name", [("npy", "x-npy"), ("hdf5", "x.h5"), ("parquet", "x.parquet")])
 def test_export_never_replaces_a_foreign_file_and_asks_before_its_own(stores, tmp_path, to, name):
     out = tmp_path / name
     if to == "npy":
@@ -199,7 +200,7 @@ def test_export_never_replaces_a_foreign_file_and_asks_before_its_own(stores, tm
 
 
 def test_npy_overwrite_replaces_only_its_own_files(stores, tmp_path):
-    out = tmp_path / "x.npy"
+    out = tmp_path / "x-npy"
     export(stores["tok"], out, to="npy")
     (out / "notes.txt").write_text("mine")
     np.save(out / "mine.npy", np.arange(3))
@@ -210,6 +211,28 @@ def test_npy_overwrite_replaces_only_its_own_files(stores, tmp_path):
     (out / "manifest.json").unlink()  # no longer recognisable as layerwise's: never replaced
     with pytest.raises(ValueError, match="is not a layerwise npy export"):
         export(stores["sent"], out, to="npy", overwrite=True)
+
+
+def test_npy_export_is_never_named_like_one_array_and_quiet_says_nothing(stores, tmp_path):
+    """An npy export is a directory: a name ending in .npy (np.load fails on it) is refused, the CLI's default is
+    STORE-npy, and -q silences the 'wrote' line (issue 41, item 8)."""
+    store = stores["sent"].path
+    for name in ("x.npy", "X.NPY"):
+        with pytest.raises(ValueError, match=rf"'{tmp_path / name}' ends in \.npy, but an npy export is a directory "
+                                             rf"of \.npy files .*e\.g\. -o {tmp_path / name[0]}-npy"):
+            export(stores["sent"], tmp_path / name, to="npy")
+        assert not (tmp_path / name).exists()
+    res = CliRunner().invoke(app, ["export", str(store), "--to", "npy", "-o", str(tmp_path / "x.npy")])
+    assert res.exit_code == 2 and "ends in .npy" in res.stderr and not (tmp_path / "x.npy").exists()
+    res = CliRunner().invoke(app, ["export", str(store), "--to", "npy"])
+    out = Path(f"{store}-npy")
+    assert res.exit_code == 0 and f"wrote {out} (a directory: np.load('{out / 'features.npy'}'))" in res.stderr
+    assert np.load(out / "features.npy").shape == (len(stores["sent"]), 32)
+    for to, name in (("npy", "q-npy"), ("hdf5", "q.h5"), ("parquet", "q.parquet")):
+        res = CliRunner().invoke(app, ["export", str(store), "--to", to, "-o", str(tmp_path / name), "-q"])
+        assert res.exit_code == 0 and res.stderr == "" and res.stdout == "" and (tmp_path / name).exists(), to
+    res = CliRunner().invoke(app, ["export", str(store), "--to", "hdf5", "-o", str(tmp_path / "q.h5"), "--quiet"])
+    assert res.exit_code == 2 and "pass --overwrite" in res.stderr  # errors are still said
 
 
 # ---- 5. slicing -------------------------------------------------------------------------------------------------

@@ -19,6 +19,12 @@ format         file                         a record is
                                             (``8.1``) lines are skipped, so words align with the tree
 =============  ===========================  ===========================================================
 
+Kept columns (``keep``, the CLI's ``--keep``) follow one rule in every format: a kept value is what JSON reads. A
+JSONL field is its JSON value; a TSV/CSV cell that is a JSON number (``0``, ``-3``, ``2.5``, ``1e-3``) is kept as that
+number (``int`` or ``float``, as ``json.loads`` reads it), and every other cell as the text written (``"007"``,
+``"+1"``, ``"1,5"``, ``"true"``, ``"pos"`` and an empty cell stay strings). So the label ``1`` is the int ``1``
+whether it comes from ``train.tsv`` or ``train.jsonl``; parquet and tables keep their column types.
+
 Line numbers are 1-based lines of the file (a CoNLL sentence: its first word line; parquet and tables: the row
 number, counted on across a directory's files). :func:`read_table` reads an Arrow table in memory the same way.
 For the CoNLL formats ``Record.words`` holds the words and ``Record.text`` is ``" ".join(words)``; per-word
@@ -37,7 +43,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +64,7 @@ _SUFFIXES = {
     ".parquet": "parquet", ".conll": "conll", ".conll2003": "conll", ".conllu": "conllu",
 }
 TEXT_FIELD_GUESSES = ("text", "sentence")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")  # RFC 8259's number, ASCII digits
 
 
 def is_glob(path: str | os.PathLike) -> bool:
@@ -251,7 +260,17 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
         if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):
             yield BadRecord(start, "invalid UTF-8")
             continue
-        yield Record(start, text, fields={k: row[col[k]] for k in keep})
+        yield Record(start, text, fields={k: kept_value(row[col[k]]) for k in keep})
+
+
+def kept_value(cell: str) -> Any:
+    """A TSV/CSV cell kept with ``keep``: the number JSON reads when the cell is a JSON number (``"1"`` -> ``1``,
+    ``"2.50"`` -> ``2.5``), else the text as written (``"007"``, ``"pos"``, ``""``); see the module docstring."""
+    if _JSON_NUMBER.fullmatch(cell):
+        value = json.loads(cell)
+        if not isinstance(value, float) or math.isfinite(value):
+            return value
+    return cell
 
 
 def _read_batches(batches: Iterator[Any], name: str, keep: Sequence[str]) -> Iterator[Item]:
@@ -458,6 +477,6 @@ def read_stream(fh: Any, fmt: str, reading: "ReadOptions") -> Iterator[Item]:
 
 __all__ = [
     "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "corpus_files",
-    "count_records", "detect_format", "is_glob", "parquet_files", "pick_column", "read_records", "read_row_groups",
-    "read_stream", "read_table", "with_document_context",
+    "count_records", "detect_format", "is_glob", "kept_value", "parquet_files", "pick_column", "read_records",
+    "read_row_groups", "read_stream", "read_table", "with_document_context",
 ]

@@ -239,7 +239,8 @@ class EncodeSpec:
         Raises:
             ValueError: an out-of-range or malformed layer spec (naming the model's range), a site the model or
                 backend lacks, weights of the wrong length, a learned mode where nothing is trained, a pool that
-                does not fit (``pooler`` on widened features or a model without a pooler).
+                does not fit (``pooler`` on widened features or a model without a pooler, ``cls`` on a decoder:
+                ``model.causal``, where the message names ``last``).
         """
         given = list(self.layers) if isinstance(self.layers, tuple) else self.layers  # messages show the user's list
         layers = resolve_layers(given, model.num_layers)
@@ -258,7 +259,8 @@ class EncodeSpec:
             )
         validate_combine(self.combine, len(layers), self.weights, learned=learned)
         if self.level == "sentence" and not (learned and self.pool in LEARNED_POOLS):
-            validate_pool(self.pool, skip_special_tokens=self.skip_special_tokens, has_pooler=model.has_pooler)
+            validate_pool(self.pool, skip_special_tokens=self.skip_special_tokens, has_pooler=model.has_pooler,
+                          causal=bool(getattr(model, "causal", False)))
             if self.pool == "pooler":
                 widens = self.combine == "stack" or (self.combine == "concat" and len(layers) > 1)
                 if widens or site == "intermediate":

@@ -145,8 +145,15 @@ def combined_shape(mode: object, num_layers: int, width: int) -> tuple[int, ...]
     return (width,)
 
 
-def validate_pool(mode: object, *, skip_special_tokens: bool = False, has_pooler: bool = True) -> None:
-    """Check a sentence pooling mode (a name or a module); :class:`SpecError` lists the valid ones."""
+def validate_pool(
+    mode: object, *, skip_special_tokens: bool = False, has_pooler: bool = True, causal: bool = False
+) -> None:
+    """Check a sentence pooling mode (a name or a module); :class:`SpecError` lists the valid ones.
+
+    ``causal``: the model is a decoder (each token sees only the tokens before it), where ``cls`` is refused: its
+    first token has seen nothing of the text after it (and where the tokenizer adds a start token, that token's
+    state is the same for every text); the message names ``last``.
+    """
     if is_module(mode):
         return
     if mode not in POOL_MODES:
@@ -162,6 +169,13 @@ def validate_pool(mode: object, *, skip_special_tokens: bool = False, has_pooler
     if mode in ("cls", "pooler") and skip_special_tokens:
         raise SpecError(
             f"pool={mode!r} reads the first special token; it cannot be used with skip_special_tokens=True"
+        )
+    if mode == "cls" and causal:
+        raise SpecError(
+            "pool='cls' reads the first token, but this model is a decoder (causal attention): its first token sees "
+            "no other token, so the vector would describe that token alone (with a start token such as <s>: the same "
+            "vector for every text). Use pool='last' (the last token has seen the whole text; add_eos=True appends "
+            "the end-of-sequence token decoder embedding models pool) or pool='mean'"
         )
     if mode == "pooler" and not has_pooler:
         raise SpecError(

@@ -50,7 +50,8 @@ def label_text(value: object) -> str | None:
     """A label as a class name; ``None`` for a missing (null) or empty label.
 
     Strings are stripped. A number that is integral becomes its int string, so the JSON labels ``0``, ``0.0`` and
-    ``"0"`` are one class ``"0"`` (a CSV/TSV cell is a string and is kept as written, ``"0.0"`` included); other
+    ``"0"`` are one class ``"0"`` (a CSV/TSV cell that is a JSON number is read as that number, as in JSONL: see
+    :mod:`layerwise.corpus.readers`; so the cell ``0.0`` is the class ``"0"`` too); other
     numbers keep their ``str`` (``1.5`` -> ``"1.5"``); booleans are ``"True"`` / ``"False"``.
     """
     if value is None:

@@ -90,6 +90,12 @@ class LoadedModel:
         return tuple(s for s in SITES if s in self.site_widths)
 
     @property
+    def causal(self) -> bool:
+        """Whether this is a decoder-only model (:func:`decoder_only` of its transformers config): each token attends
+        only to the tokens before it, so its first token is no summary of a text (``pool="cls"`` is refused)."""
+        return decoder_only(getattr(self.model, "config", None))
+
+    @property
     def resident_depth(self) -> int:
         """The deepest layer whose weights are all in memory now (``num_layers`` when the whole model is)."""
         return self.num_layers if self.blocks is None else min(self.num_layers, self.blocks.resident)
@@ -129,4 +135,20 @@ class LoadedModel:
         return self.site_widths[site]
 
 
-__all__ = ["LoadedModel"]
+def decoder_only(config: Any) -> bool:
+    """Whether a transformers ``config`` describes a decoder-only model (GPT-2, Llama, Mistral, Qwen, Gemma, OPT,
+    BLOOM...): its model type has a causal language-model class in transformers and no masked one (BERT-likes have
+    both; an encoder-decoder loads its encoder, which is not causal). ``False`` for anything else (a module that is
+    not from transformers, a config without ``model_type``)."""
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str) or getattr(config, "is_encoder_decoder", False):
+        return False
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+__all__ = ["LoadedModel", "decoder_only"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import logging
 import os
 import re
 import warnings
@@ -107,16 +108,35 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return resolved
 
 
+class ExpectedUnusedWeights(logging.Filter):
+    """Drops transformers' LOAD REPORT when all it reports is UNEXPECTED checkpoint weights: layerwise loads the base
+    model, so a checkpoint's language-model or task head (``lm_head.weight`` of a Llama) is left out by design. A
+    report that also names MISSING (newly initialised), MISMATCH or CONVERSION weights is kept: those change the
+    states."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """``False`` (drop) for a report of unexpected weights only; ``True`` for every other record."""
+        message = record.getMessage()
+        if "LOAD REPORT" not in message:
+            return True
+        return any(kind in message for kind in ("MISSING", "MISMATCH", "CONVERSION"))
+
+
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' weight-loading progress bar for the duration of a load, then restore it."""
+    """For the duration of one load: transformers' weight-loading progress bar off, and its load report of unused
+    weights (the head layerwise leaves out: :class:`ExpectedUnusedWeights`) dropped; both restored after."""
     from transformers.utils import logging as hf_logging
 
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    report = logging.getLogger("transformers.modeling_utils")  # the logger transformers' load report goes to
+    unused = ExpectedUnusedWeights()
+    report.addFilter(unused)
     try:
         yield
     finally:
+        report.removeFilter(unused)
         if was_enabled:
             hf_logging.enable_progress_bar()
 

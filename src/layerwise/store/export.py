@@ -3,11 +3,11 @@
 ==========  ==================================================================================================
 format      what is written
 ==========  ==================================================================================================
-``npy``     a directory: ``features.npy`` (``[records, *F]``, or flat ``[N, *F]`` rows for token/word level),
-            ``offsets.npy`` (token/word level, ``[records + 1]``), ``token_ids.npy`` (token level, ``[N]``, the
-            tokenizer's ids of the rows), ``words.json`` (word level: one word list per record), ``lines.npy``,
-            one ``<column>.npy`` per kept column (numbers, or fixed-width unicode; lists are stored as JSON
-            strings), ``manifest.json``
+``npy``     a directory (never named ``*.npy``, which ``np.load`` would take for one array): ``features.npy``
+            (``[records, *F]``, or flat ``[N, *F]`` rows for token/word level), ``offsets.npy`` (token/word level,
+            ``[records + 1]``), ``token_ids.npy`` (token level, ``[N]``, the tokenizer's ids of the rows),
+            ``words.json`` (word level: one word list per record), ``lines.npy``, one ``<column>.npy`` per kept
+            column (numbers, or fixed-width unicode; lists are stored as JSON strings), ``manifest.json``
 ``hdf5``    one file: datasets ``features``, ``offsets``, ``token_ids`` (token level), ``words`` (word level: flat,
             one per row, delimited by ``offsets``), ``lines``, ``columns/<name>``; the manifest as the JSON
             attribute ``manifest``
@@ -196,6 +196,18 @@ def _export_manifest(out: Path, to: str) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
+def check_npy_name(out: Path, to: str) -> None:
+    """Refuse an npy export named ``*.npy``: it is a directory of ``.npy`` files, which a ``.npy`` name would pass
+    off as one array (``np.load`` fails on it with ``IsADirectoryError``)."""
+    if to == "npy" and out.suffix.lower() == ".npy":
+        other = out.with_name(f"{out.stem}-npy")
+        raise StoreError(
+            f"{str(out)!r} ends in .npy, but an npy export is a directory of .npy files (features.npy, lines.npy, one "
+            f"per kept column, manifest.json) that np.load cannot open as one array; name the directory without the "
+            f"suffix, e.g. -o {other} (then np.load('{other / 'features.npy'}'))"
+        )
+
+
 def check_output(out: Path, to: str, overwrite: bool) -> None:
     """Refuse an output that layerwise did not write, even with ``overwrite``; refuse replacing its own export
     without ``overwrite``. An absent path (or an empty directory for ``npy``) is free."""
@@ -286,12 +298,14 @@ def export(
     by its sha256 too (an export never carries damaged bytes into files that no longer say where they came from).
 
     Raises:
-        StoreError: an unknown format, or an output that is not an earlier layerwise export.
+        StoreError: an unknown format, an npy output named ``*.npy`` (the export is a directory), or an output that
+            is not an earlier layerwise export.
         StoreCorruptError: the store is damaged (naming the file).
     """
     if to not in EXPORT_FORMATS:
         raise StoreError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
+    check_npy_name(out, to)
     check_output(out, to, overwrite)
     if not isinstance(store, FeatureStore):
         store = FeatureStore(store)
