@@ -81,3 +81,25 @@ def test_every_page_is_in_the_site_and_every_readme_link_resolves():
     orphans = [p for p in pages if p not in nav and not any(p in text for other, text in texts.items() if other != p)]
     assert orphans == [], "pages neither in the nav nor linked from a page"
     assert [p for p, text in texts.items() if "<!-- readme" in text] == []  # the guides are the source now
+
+
+def test_the_design_lives_in_the_repository():
+    """The design is a page of the repository, linked from the README, the site's nav and the architecture page, and
+    nothing points at a design outside the repository, which a clone does not have (issue 41, item 10). Its layout
+    names only packages and modules the tree has."""
+    design = ROOT / "docs" / "design.md"
+    assert design.is_file()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "](docs/design.md)" in readme
+    assert "- Design: design.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "](design.md)" in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    texts = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "src").rglob("*.py")]
+    assert [p for p in texts if "shared/DESIGN" in p.read_text(encoding="utf-8")] == []
+    text = design.read_text(encoding="utf-8")
+    layout = text[text.index("src/layerwise/\n") : text.index("\ntests/")]
+    parts = []
+    for line in layout.splitlines()[1:]:
+        if line.startswith("  ") and not line.startswith("   "):  # a name column, not a description's second line
+            parts += [t for t in line.split()[:3] if t.endswith(("/", ".py"))]
+    assert len(parts) >= 14, parts
+    assert [p for p in parts if not (ROOT / "src" / "layerwise" / p.rstrip("/")).exists()] == []
