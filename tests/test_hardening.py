@@ -65,8 +65,10 @@ def test_stack_one_layer_keys_still_work():
     stack = _stack()
     for key, index in [(-1, 3), ("last", 3), ("layer_2", 2), (0, 0), ("embeddings", 0), ("-2", 2), ([1], 1)]:
         assert torch.equal(stack[key], stack.tensor[index]), key
+    sub = stack.select([1, 2])
+    assert torch.equal(sub[0], stack.tensor[1])  # an int is a position in the stack (issue 41, item 1)
     with pytest.raises(KeyError, match="was not captured"):
-        stack.select([1, 2])[0]
+        sub.layer(0)  # model layer 0 is not in it
 
 
 def test_stack_from_extractor_all_layers(tiny_extractors):
