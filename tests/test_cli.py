@@ -173,6 +173,36 @@ def test_bad_options_exit_2_with_message(runner, tiny, extra, expected):
         assert part in err
 
 
+def test_a_text_that_names_a_file_is_refused_and_file_reads_its_lines(runner, tiny, tmp_path, monkeypatch):
+    """``layerwise encode texts.txt`` used to encode the nine characters of the name although the file exists: it is
+    refused naming --file (the lines) and --as-text (the name itself); --file PATH and --file - read one text a
+    line."""
+    model, ex = tiny
+    lines = ["EU rejects German call", "I love Paris", "Peter Blackburn"]
+    (tmp_path / "texts.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    err = _user_error(runner.invoke(app, ["encode", "texts.txt", *model]))
+    assert "TEXT 'texts.txt' is the name of an existing file" in err
+    assert "--file texts.txt" in err and "--as-text" in err
+    want = ex.encode(lines, pool="mean")
+    for args, stdin in ((["--file", "texts.txt"], None), (["--file", "-"], "\n".join(lines) + "\n")):
+        doc = json.loads(_ok(runner.invoke(app, ["encode", *args, *model], input=stdin)).stdout)
+        assert doc["shape"] == [3, 32], args
+        assert np.abs(np.asarray(doc["vectors"], dtype=np.float32) - want).max() <= 1e-5
+    named = json.loads(_ok(runner.invoke(app, ["encode", "texts.txt", "--as-text", *model])).stdout)
+    assert np.abs(np.asarray(named["vectors"], dtype=np.float32) - ex.encode(["texts.txt"], pool="mean")).max() <= 1e-5
+    for args, message in (
+        (["texts.txt", "--file", "texts.txt"], "give TEXT arguments or --file texts.txt, not both"),
+        ([], "nothing to encode: give TEXT arguments, --file PATH"),
+        (["--file", "nope.txt"], "--file 'nope.txt' does not exist"),
+        (["--file", "."], "--file '.' is a directory"),
+    ):
+        assert message in _user_error(runner.invoke(app, ["encode", *args, *model])), args
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\xfe\n")
+    assert "line 2 of 'bad.txt' is not valid UTF-8" in _user_error(
+        runner.invoke(app, ["encode", "--file", "bad.txt", *model]))
+
+
 def test_missing_model_and_pickle_flag(runner, tiny_dirs, tmp_path):
     err = _user_error(runner.invoke(app, ["encode", "x", "--model", str(tmp_path / "nope"), "--device", "cpu"]))
     assert "does not exist" in err and "nope" in err
