@@ -156,8 +156,12 @@ def test_encode_weighted_and_options(runner, tiny, tmp_path):
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        (["--layers", "9"], ["layer 9 in layer spec 9 is out of range", "this model has layers 0..2", 'layers="-2:"']),
-        (["--layers", "0,9"], ["layer 9 in layer spec [0, 9] is out of range"]),
+        (["--layers", "9"], ["layer 9 in layer spec 9 is out of range", "this model has layers 0..2",
+                             "e.g. --layers -1, --layers 0,1, --layers -2:, --layers all"]),
+        (["--layers", "0,9"], ["layer 9 in layer spec '0,9' is out of range"]),
+        (["--layers", "[0,9]"], ["layer 9 in layer spec '0,9' is out of range"]),
+        (["--layers", "0,[9"], ["--layers '0,[9' holds a bracket", "e.g. --layers 0,3"]),
+        (["--layers", "0,0"], ["layer spec '0,0' names layer(s) [0] more than once", "--layers 0,1"]),
         (["--layers", "top4"], ["malformed layer spec 'top4'", "'embeddings', 'last'"]),
         (["--layers", "::0"], ["layer slice '::0' has step 0"]),
         (["--site", "ffn"], ["unknown site 'ffn'. Valid sites are: block, raw, attention, intermediate, pre_ln"]),
@@ -171,6 +175,17 @@ def test_bad_options_exit_2_with_message(runner, tiny, extra, expected):
     err = _user_error(runner.invoke(app, ["encode", *TEXTS, *extra, *model]))
     for part in expected:
         assert part in err
+    assert "layers=" not in err  # the command line's words, not Python's (layers=[0, 3])
+
+
+def test_layers_written_as_a_python_list_are_read(runner, tiny):
+    """``--layers '[0,2]'`` and ``'[0, 2]'`` are the list 0,2 (they used to fail as "malformed layer spec '[0'")."""
+    model, ex = tiny
+    for text in ("[0,2]", "[0, 2]"):
+        doc = json.loads(_ok(runner.invoke(app, ["encode", *TEXTS, "--layers", text, *model])).stdout)
+        assert doc["layers"] == [0, 2]
+        want = ex.encode(TEXTS, layers=[0, 2], pool="mean")
+        assert np.abs(np.asarray(doc["vectors"], dtype=np.float32) - want).max() <= 1e-5
 
 
 def test_a_text_that_names_a_file_is_refused_and_file_reads_its_lines(runner, tiny, tmp_path, monkeypatch):
@@ -261,8 +276,8 @@ def test_error_is_one_line_at_80_columns(runner, tiny):
 
 def test_error_text_is_not_markup(runner, tiny):
     model, _ = tiny
-    err = _user_error(runner.invoke(app, ["encode", "x", "--layers", "[/x]", *model]))
-    assert "malformed layer spec '[/x]'" in err
+    err = _user_error(runner.invoke(app, ["encode", "x", "--layers", "x[/x]", *model]))
+    assert "--layers 'x[/x]' holds a bracket" in err
 
 
 def test_documented_shard_size_is_the_real_one():

@@ -78,8 +78,8 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--task", "parsing"], "Valid tasks are: sentence, tagging"),
-        (["--probe", "svm"], "Valid probes are: linear, mlp, bilstm"),
+        (["--task", "parsing"], "unknown --task 'parsing'. Valid values are: sentence, tagging"),
+        (["--probe", "svm"], "unknown --probe 'svm'. Valid values are: linear, mlp, bilstm"),
         (["--restarts", "0"], "restarts must be a positive int"),
         (["--crf"], "crf=True is the output layer of the bilstm probe; use probe='bilstm' (got 'linear')"),
         (["--probe", "bilstm", "--task", "sentence"], "use it with task='tagging'"),

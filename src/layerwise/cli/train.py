@@ -13,6 +13,7 @@ from .options import (
     LayersOpt,
     SiteOpt,
     WeightsOpt,
+    check_flag,
     err_console,
     model_flags,
     parse_layers,
@@ -102,11 +103,16 @@ def train(
     """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
     from ..heads import HeadConfig, TrainOptions
     from ..heads import train as run_train
+    from ..heads.config import ACTIVATIONS, CLASSIFIERS, MODES
     from ..heads.metrics import format_scores
+    from ..heads.train import METRICS
     from ..notices import set_quiet
 
     set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
     with user_errors():
+        for flag, value, valid in (("--head", head, CLASSIFIERS), ("--mode", mode, MODES),
+                                   ("--activation", activation, ACTIVATIONS), ("--metric", metric, METRICS)):
+            check_flag(flag, value, valid)
         sizes = parse_sizes(hidden, "--hidden") if head == "mlp" else []
         config = HeadConfig(model=model_options, layers=parse_layers(layers), site=site, pool=pool, combine=combine,
                             weights=parse_weights(weights), classifier=head, hidden=sizes or [256],
