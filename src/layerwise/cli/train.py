@@ -38,7 +38,8 @@ def parse_sizes(text: str, option: str) -> list[int]:
 @model_flags
 def train(
     train_file: str = typer.Option(
-        ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with text and label."
+        ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with a text and one label per record "
+                             "(a tag per word, .conll/.conllu: layerwise probe --task tagging)."
     ),
     dev_file: str = typer.Option(..., "--dev", help="Dev file (early stopping and model selection)."),
     test_file: Optional[str] = typer.Option(
@@ -100,7 +101,11 @@ def train(
     *,
     model_options: ModelOptions,
 ) -> None:
-    """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
+    """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores.
+
+    A classifier takes one label per record (a text and its label column). For a tag per word (NER, POS in CoNLL-2003
+    or CoNLL-U files), measure the layers with layerwise probe --task tagging.
+    """
     from ..heads import HeadConfig, TrainOptions
     from ..heads import train as run_train
     from ..heads.config import ACTIVATIONS, CLASSIFIERS, MODES
