@@ -118,8 +118,8 @@ def encode(
         None, metavar="TEXT", help="Texts to encode (a lone '-' reads one text per line from stdin). A file's lines: "
         "--file."),
     file: Optional[str] = typer.Option(
-        None, "--file", metavar="PATH", help="Encode the lines of this UTF-8 text file, one text a line ('-': stdin); for a corpus "
-        "(jsonl, csv, parquet, CoNLL) and a store on disk use layerwise extract."),
+        None, "--file", metavar="PATH", help="Encode the lines of this UTF-8 text file, one text a line ('-': "
+        "stdin); for a corpus (jsonl, csv, parquet, CoNLL) and a store on disk use layerwise extract."),
     as_text: bool = typer.Option(
         False, "--as-text", help="Encode each TEXT as given even where it names an existing file (refused otherwise, "
         "as a forgotten --file)."),
