@@ -38,7 +38,16 @@ class LayerwiseError(ValueError):
 
 
 class SpecError(LayerwiseError):
-    """An :class:`~layerwise.EncodeSpec`, a layer spec or a mode is malformed or does not fit the model."""
+    """An :class:`~layerwise.EncodeSpec`, a layer spec or a mode is malformed or does not fit the model.
+
+    Attributes:
+        flag_message: the same message in the command line's words (``--layers 0,3`` where the message says
+            ``layers=[0, 3]``), where the two differ; ``None`` otherwise. The CLI prints it instead of the message.
+    """
+
+    def __init__(self, message: str, *, flag_message: str | None = None):
+        super().__init__(message)
+        self.flag_message = flag_message
 
 
 class ModelLoadError(LayerwiseError):

@@ -156,8 +156,12 @@ def test_encode_weighted_and_options(runner, tiny, tmp_path):
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        (["--layers", "9"], ["layer 9 in layer spec 9 is out of range", "this model has layers 0..2", 'layers="-2:"']),
-        (["--layers", "0,9"], ["layer 9 in layer spec [0, 9] is out of range"]),
+        (["--layers", "9"], ["layer 9 in layer spec 9 is out of range", "this model has layers 0..2",
+                             "e.g. --layers -1, --layers 0,1, --layers -2:, --layers all"]),
+        (["--layers", "0,9"], ["layer 9 in layer spec '0,9' is out of range"]),
+        (["--layers", "[0,9]"], ["layer 9 in layer spec '0,9' is out of range"]),
+        (["--layers", "0,[9"], ["--layers '0,[9' holds a bracket", "e.g. --layers 0,3"]),
+        (["--layers", "0,0"], ["layer spec '0,0' names layer(s) [0] more than once", "--layers 0,1"]),
         (["--layers", "top4"], ["malformed layer spec 'top4'", "'embeddings', 'last'"]),
         (["--layers", "::0"], ["layer slice '::0' has step 0"]),
         (["--site", "ffn"], ["unknown site 'ffn'. Valid sites are: block, raw, attention, intermediate, pre_ln"]),
@@ -171,6 +175,47 @@ def test_bad_options_exit_2_with_message(runner, tiny, extra, expected):
     err = _user_error(runner.invoke(app, ["encode", *TEXTS, *extra, *model]))
     for part in expected:
         assert part in err
+    assert "layers=" not in err  # the command line's words, not Python's (layers=[0, 3])
+
+
+def test_layers_written_as_a_python_list_are_read(runner, tiny):
+    """``--layers '[0,2]'`` and ``'[0, 2]'`` are the list 0,2 (they used to fail as "malformed layer spec '[0'")."""
+    model, ex = tiny
+    for text in ("[0,2]", "[0, 2]"):
+        doc = json.loads(_ok(runner.invoke(app, ["encode", *TEXTS, "--layers", text, *model])).stdout)
+        assert doc["layers"] == [0, 2]
+        want = ex.encode(TEXTS, layers=[0, 2], pool="mean")
+        assert np.abs(np.asarray(doc["vectors"], dtype=np.float32) - want).max() <= 1e-5
+
+
+def test_a_text_that_names_a_file_is_refused_and_file_reads_its_lines(runner, tiny, tmp_path, monkeypatch):
+    """``layerwise encode texts.txt`` used to encode the nine characters of the name although the file exists: it is
+    refused naming --file (the lines) and --as-text (the name itself); --file PATH and --file - read one text a
+    line."""
+    model, ex = tiny
+    lines = ["EU rejects German call", "I love Paris", "Peter Blackburn"]
+    (tmp_path / "texts.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    err = _user_error(runner.invoke(app, ["encode", "texts.txt", *model]))
+    assert "TEXT 'texts.txt' is the name of an existing file" in err
+    assert "--file texts.txt" in err and "--as-text" in err
+    want = ex.encode(lines, pool="mean")
+    for args, stdin in ((["--file", "texts.txt"], None), (["--file", "-"], "\n".join(lines) + "\n")):
+        doc = json.loads(_ok(runner.invoke(app, ["encode", *args, *model], input=stdin)).stdout)
+        assert doc["shape"] == [3, 32], args
+        assert np.abs(np.asarray(doc["vectors"], dtype=np.float32) - want).max() <= 1e-5
+    named = json.loads(_ok(runner.invoke(app, ["encode", "texts.txt", "--as-text", *model])).stdout)
+    assert np.abs(np.asarray(named["vectors"], dtype=np.float32) - ex.encode(["texts.txt"], pool="mean")).max() <= 1e-5
+    for args, message in (
+        (["texts.txt", "--file", "texts.txt"], "give TEXT arguments or --file texts.txt, not both"),
+        ([], "nothing to encode: give TEXT arguments, --file PATH"),
+        (["--file", "nope.txt"], "--file 'nope.txt' does not exist"),
+        (["--file", "."], "--file '.' is a directory"),
+    ):
+        assert message in _user_error(runner.invoke(app, ["encode", *args, *model])), args
+    (tmp_path / "bad.txt").write_bytes(b"fine\n\xff\xfe\n")
+    assert "line 2 of 'bad.txt' is not valid UTF-8" in _user_error(
+        runner.invoke(app, ["encode", "--file", "bad.txt", *model]))
 
 
 def test_missing_model_and_pickle_flag(runner, tiny_dirs, tmp_path):
@@ -231,8 +276,8 @@ def test_error_is_one_line_at_80_columns(runner, tiny):
 
 def test_error_text_is_not_markup(runner, tiny):
     model, _ = tiny
-    err = _user_error(runner.invoke(app, ["encode", "x", "--layers", "[/x]", *model]))
-    assert "malformed layer spec '[/x]'" in err
+    err = _user_error(runner.invoke(app, ["encode", "x", "--layers", "x[/x]", *model]))
+    assert "--layers 'x[/x]' holds a bracket" in err
 
 
 def test_documented_shard_size_is_the_real_one():

@@ -391,3 +391,32 @@ def test_the_pooler_after_a_weighted_mix_is_layerwise_s(arch_dirs, tmp_path):
         want = torch.tanh(plain(src).pooler.dense((hidden[1] + 3 * hidden[2])[:, 0]))  # no division by 4
     got = SentenceTransformer(str(result.directory), device="cpu").encode(TEXTS)
     assert np.abs(got - want.numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bert"])
+def test_cli_says_when_the_vectors_have_the_final_norm_added(arch, arch_dirs, tmp_path):
+    """``export-model --layers 1`` of a decoder printed "max |diff| 0" while SentenceTransformer(out) differed from
+    ``Extractor.encode(layers=1)``: the cut runs the final norm after layer 1. The terminal says so, and how to get
+    the raw state; a model without a final norm gets no such note."""
+    out = tmp_path / "cut"
+    res = CliRunner().invoke(app, ["export-model", str(arch_dirs[arch]), "-o", str(out), "--layers", "1", "--pool",
+                                   "last" if arch == "gpt2" else "mean"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.stderr.split())
+    if arch == "bert":
+        assert "final norm" not in said
+        return
+    assert "note: these vectors are layer 1 followed by the final norm 'ln_f'" in said, said
+    assert "layerwise encode --layers 1 and Extractor.encode(layers=1) give layer 1 without the norm" in said
+    assert "export --site raw" in said
+    # what the note says is true: the directory's vectors are not layerwise's layer 1, and --site raw's are
+    ex = lw.Extractor(str(arch_dirs[arch]), device="cpu")
+    mine = ex.encode(TEXTS, layers=1, pool="last")
+    st = SentenceTransformer(str(out), device="cpu").encode(TEXTS)
+    assert cosines(st, mine).min() < 0.999
+    raw = tmp_path / "raw"
+    res = CliRunner().invoke(app, ["export-model", str(arch_dirs[arch]), "-o", str(raw), "--layers", "1", "--pool",
+                                   "last", "--site", "raw"])
+    assert res.exit_code == 0, res.output
+    assert "note: these vectors" not in res.stderr
+    assert cosines(SentenceTransformer(str(raw), device="cpu").encode(TEXTS), mine).min() >= 0.99999

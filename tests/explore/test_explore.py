@@ -5,6 +5,7 @@ directories, the JSON API (FastAPI TestClient) and the command line's errors. Th
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -235,3 +236,64 @@ def test_explore_inline_in_a_notebook(tiny_extractors, tmp_path):
         urllib.request.urlopen(shown.url + "explorer/api/info", timeout=5)
     with pytest.raises(lw.LayerwiseError, match="a store directory, a FeatureStore or a list of texts"):
         lw.explore(42, model=ex)
+
+
+def test_export_reports_each_step_in_order(labelled, tmp_path):
+    """``export_page(progress=)`` is told of every view and the scores before each runs, and once when done."""
+    from layerwise.explore.export import export_page
+    from layerwise.explore.projection import available_methods
+
+    _, _, stores, ex = labelled
+    explorer = Explorer(corpus=corpus_from_store(stores["stack"], labels="label"), extractor=ex)
+    seen = []
+    export_page(explorer, tmp_path / "page.html", progress=lambda done, total, what: seen.append((done, total, what)))
+    views = len(available_methods()) * 3  # the tiny BERT: embeddings and 2 layers
+    assert [s[0] for s in seen] == list(range(views + 2)) and {s[1] for s in seen} == {views + 1}
+    assert seen[0][2] == "embeddings (pca)" and seen[-2][2] == "scores" and seen[-1][2] == "done"
+
+
+@pytest.mark.slow
+def test_export_from_the_shell_shows_progress_and_no_third_party_noise(labelled, tmp_path):
+    """``explore --texts FILE --export page.html`` in a real process (TensorFlow's C++ logs bypass Python): stderr says
+    what it computes and where it wrote, and nothing of TensorFlow, absl, UMAP or numba; ``-q`` says only the last
+    line. umap-learn imports TensorFlow where it is installed."""
+    import subprocess
+    import sys
+
+    root, _, _, ex = labelled
+    base = [sys.executable, "-m", "layerwise.cli.main", "explore", "--texts", str(root / "toy.tsv"), "--labels",
+            "label", "--model", ex.options.model, "--device", "cpu", "--sample", "40"]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    for quiet in (False, True):
+        page = tmp_path / f"page-{quiet}.html"
+        done = subprocess.run(base + ["--export", str(page)] + (["-q"] if quiet else []), capture_output=True,
+                              text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert page.is_file() and done.stdout == ""
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        noise = [line for line in lines if re.search(r"tensorflow|absl|oneDNN|cuda|umap|numba|warn|I0000|W0000|E0000",
+                                                     line, re.I)]
+        assert not noise, noise
+        said = " ".join(done.stderr.split())
+        assert "exported the explorer" in said
+        assert ("computing" in said) is (not quiet), said
+        if not quiet:
+            n_views = 2 * (ex.num_layers + 1) if __import__("importlib").util.find_spec("umap") else ex.num_layers + 1
+            assert f"explore: computing {n_views + 1} parts of the page" in said, said
+
+
+def test_the_held_back_lines_are_tensorflow_s_only():
+    """The lines TensorFlow's import writes on its own are held back; anything else written meanwhile is not."""
+    from layerwise.explore.projection import TF_IMPORT_NOISE
+
+    noise = ["WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n",
+             "I0000 00:00:1795693390.045304   18901 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+             "GPU will not be used.\n",
+             "I0000 00:00:1795693390.150613   18901 cpu_feature_guard.cc:227] This TensorFlow binary is optimized to "
+             "use available CPU instructions in performance-critical operations.\n",
+             "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow with the "
+             "appropriate compiler flags.\n"]
+    kept = ["layerwise: exported bert (layers 0..2) to ONNX in 3.1 s\n", "Traceback (most recent call last):\n",
+            "F0000 00:00:1795693390.0 1 x.cc:1] fatal\n"]
+    assert all(TF_IMPORT_NOISE.match(line) for line in noise)
+    assert not any(TF_IMPORT_NOISE.match(line) for line in kept)

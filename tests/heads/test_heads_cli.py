@@ -232,14 +232,14 @@ def test_predict_streams_2000_texts_in_batches(runner, trained, tmp_path, monkey
         (["--pool", "avg"], "unknown pool 'avg'. Valid pool values are: cls, mean, max, mean_max, last, attention"),
         (["--combine", "stack"], "combine='stack' keeps the layer axis, which a classifier cannot read"),
         (["--combine", "avg"], "Valid combine values are: concat, sum, mean, weighted, scalar_mix, attention"),
-        (["--head", "svm"], "Valid classifier values are: linear, mlp, per_layer"),
+        (["--head", "svm"], "unknown --head 'svm'. Valid values are: linear, mlp, per_layer"),
         (["--head", "mlp", "--hidden", "abc"], "--hidden item 'abc' is not a positive int; give layer sizes like"),
         (["--head", "mlp", "--hidden", "64,0"], "--hidden item '0' is not a positive int"),
         (["--combine", "weighted", "--weights", "1,x"], "--weights item 'x' is not a number"),
-        (["--mode", "lora"], "Valid mode values are: frozen, finetune"),
-        (["--activation", "swish"], "Valid activation values are: relu, gelu, tanh"),
+        (["--mode", "lora"], "unknown --mode 'lora'. Valid values are: frozen, finetune"),
+        (["--activation", "swish"], "unknown --activation 'swish'. Valid values are: relu, gelu, tanh"),
         (["--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
-        (["--metric", "f1"], "unknown metric 'f1'. Valid metrics are: accuracy, macro_f1"),
+        (["--metric", "f1"], "unknown --metric 'f1'. Valid values are: accuracy, macro_f1"),
         (["--epochs", "0"], "epochs must be a positive int, got 0"),
         (["--lr", "0"], "lr must be a positive number (e.g. 1e-3), got 0.0"),
         (["--label-column", "sentiment"], "has no column 'sentiment'; its columns are ['text', 'label']"),
@@ -250,6 +250,42 @@ def test_predict_streams_2000_texts_in_batches(runner, trained, tmp_path, monkey
 def test_train_bad_options_are_clean_errors(runner, env, tmp_path, extra, message):
     err = _user_error(runner.invoke(app, train_args(env, tmp_path / "m", *extra)))
     assert message in err and not (tmp_path / "m").exists()
+
+
+CONLLU = "".join(
+    f"# sent_id = {n}\n1\t{a}\t{a}\tPROPN\tNNP\t_\t2\tnsubj\t_\t_\n2\t{b}\t{b}\tVERB\tVBZ\t_\t0\troot\t_\t_\n"
+    f"3\t{c}\t{c}\tNOUN\tNN\t_\t2\tobj\t_\t_\n\n"
+    for n, (a, b, c) in enumerate([("Paris", "loves", "lamb"), ("EU", "rejects", "call"), ("Peter", "writes", "code")]
+                                  * 40)
+)
+
+
+@pytest.mark.parametrize("extra", [[], ["--label-column", "upos"]])
+def test_train_on_word_tags_names_probe_tagging(runner, env, tmp_path, extra):
+    """``train --train ud.conllu --label-column upos`` took each sentence's tag list as one label and printed a 110 KB
+    line; without --label-column it blamed a --keep never passed. Now: refused before the model loads, in one short
+    line naming the file, what it holds and ``layerwise probe --task tagging``."""
+    (tmp_path / "ud.conllu").write_text(CONLLU)
+    args = train_args(env, tmp_path / "m", *extra)
+    args[args.index(str(env["train"]))] = str(tmp_path / "ud.conllu")
+    err = _user_error(runner.invoke(app, args))
+    assert "the training file" in err and "ud.conllu' is CoNLL-U, a tag per word" in err, err
+    assert "one label per record" in err and "layerwise probe --task tagging --column upos" in err
+    assert "--keep" not in err and len(err) < 600
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_list_as_a_label_is_refused_in_one_short_line(runner, env, tmp_path):
+    """A JSONL whose label column holds a list (a tag per word) is refused naming the line, not printed whole."""
+    rows = [{"text": f"word {i} " * 5, "label": ["NOUN"] * 2000 if i == 3 else ["pos", "neg"][i % 2]}
+            for i in range(20)]
+    (tmp_path / "tags.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for mode in ("frozen", "finetune"):
+        args = train_args(env, tmp_path / "m", "--mode", mode, "--epochs", "1")
+        args[args.index(str(env["train"]))] = str(tmp_path / "tags.jsonl")
+        err = _user_error(runner.invoke(app, args))
+        assert "label column 'label' holds a list of 2000 values, not one label" in err, (mode, err)
+        assert "tags.jsonl" in err and "layerwise probe --task tagging" in err and len(err) < 600, mode
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,8 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
     for name in ("embeddings", "layer 1", "layer 2", "concat last 2", "second-to-last"):
         assert name in text, name
     # the table on stdout (Markdown, each column naming its split), the logs and the summary on stderr
-    assert "| layer 1 | [1] | concat |" in result.stdout and "dev entity F1 [95% CI]" in result.stdout
+    assert "| layer 1 | [1] | - |" in result.stdout and "| concat last 2 | [1, 2] | concat |" in result.stdout
+    assert "dev entity F1 [95% CI]" in result.stdout
     assert "features: train" not in result.stdout and "best:" not in result.stdout
     assert "within the noise of the best" in result.stderr or "ahead of every other probe" in result.stderr
     best = " ".join(text[text.index("best:") :].split())  # the console wraps long lines
@@ -78,8 +79,8 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--task", "parsing"], "Valid tasks are: sentence, tagging"),
-        (["--probe", "svm"], "Valid probes are: linear, mlp, bilstm"),
+        (["--task", "parsing"], "unknown --task 'parsing'. Valid values are: sentence, tagging"),
+        (["--probe", "svm"], "unknown --probe 'svm'. Valid values are: linear, mlp, bilstm"),
         (["--restarts", "0"], "restarts must be a positive int"),
         (["--crf"], "crf=True is the output layer of the bilstm probe; use probe='bilstm' (got 'linear')"),
         (["--probe", "bilstm", "--task", "sentence"], "use it with task='tagging'"),
@@ -168,3 +169,35 @@ def test_probe_command_names_dev_labels_train_lacks(tmp_path, conll, tiny_dirs):
     assert text.count("B-EVENT (2), I-EVENT (2)") == 2  # and under the table
     data = json.loads((out / "results.json").read_text())
     assert data["unseen_labels"] == {"dev": {"B-EVENT": 2, "I-EVENT": 2}}
+
+
+@pytest.mark.slow
+def test_results_go_to_stdout_and_progress_to_stderr_in_a_real_shell(tmp_path, conll, tiny_dirs):
+    """``layerwise probe ... > out.txt``: the results table is in the file (it used to be on stderr, the file empty),
+    the progress and notices are not; a single layer's row combines nothing ("-", not "concat")."""
+    import subprocess
+    import sys
+
+    out_txt, err_txt = tmp_path / "out.txt", tmp_path / "err.txt"
+    cmd = [sys.executable, "-m", "layerwise.cli.main", "probe", "--train", str(conll), "--dev", str(conll),
+           "--model", str(tiny_dirs["bert"]), "--device", "cpu", "-o", str(tmp_path / "res"), "--layers-only"]
+    with out_txt.open("w") as out, err_txt.open("w") as err:
+        done = subprocess.run(cmd, stdout=out, stderr=err, timeout=300)
+    stdout, stderr = out_txt.read_text(), err_txt.read_text()
+    assert done.returncode == 0, stderr[-3000:]
+    assert "NER tagging (ner.conll)" in stdout and "| layer 1 | [1] | - |" in stdout and "| embeddings | [0] | - |" \
+        in stdout, stdout
+    assert "best:" in stderr and "best:" not in stdout and "features:" not in stdout
+    assert "concat" not in stdout  # --layers-only: every row is one layer
+
+
+def test_a_table_without_task_suggests_task_sentence(tmp_path, tiny_dirs):
+    """``--task`` defaults to tagging; a .tsv of labelled records is named and ``--task sentence`` suggested."""
+    data = tmp_path / "sst.tsv"
+    data.write_text("sentence\tlabel\na fine film\t1\na dull film\t0\n")
+    result = CliRunner().invoke(app, ["probe", "--train", str(data), "--dev", str(data), "--model",
+                                      str(tiny_dirs["bert"]), "--device", "cpu", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    err = " ".join(result.stderr.split())
+    assert "sst.tsv' is tsv, a label per record" in err and "layerwise probe --task sentence" in err, err
+    assert not (tmp_path / "out").exists()

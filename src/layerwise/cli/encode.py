@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, List, Optional
@@ -56,21 +57,72 @@ def parse_pool(text: str) -> str | None:
     return mode
 
 
-def read_stdin_lines(stream: IO[bytes]) -> list[str]:
-    """One text per line of ``stream``, decoded as strict UTF-8; ``ValueError`` naming the first bad line."""
+def read_stdin_lines(stream: IO[bytes], where: str = "stdin") -> list[str]:
+    """One text per line of ``stream``, decoded as strict UTF-8; ``ValueError`` naming the first bad line of
+    ``where`` (``stdin``, or the file's name)."""
     out = []
     for n, raw in enumerate(stream, 1):
         try:
             out.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as exc:
-            raise LayerwiseError(f"line {n} of stdin is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+            raise LayerwiseError(f"line {n} of {where} is not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                              f"re-encode the input as UTF-8") from None
     return out
 
 
+def read_texts(texts: list[str], file: str | None, as_text: bool) -> list[str]:
+    """The texts of one ``encode`` call: the TEXT arguments, or the lines of ``--file`` (``-`` and a lone TEXT ``-``:
+    stdin).
+
+    A TEXT that names an existing file is refused (unless ``as_text``): ``layerwise encode texts.txt`` would
+    otherwise encode the characters of the name.
+
+    Raises:
+        LayerwiseError: both or neither of TEXT and ``--file``, ``-`` beside other texts, a TEXT that is a file path, a
+            ``--file`` that is missing, a directory or not UTF-8 (naming the line).
+    """
+    if file is not None:
+        if texts:
+            raise LayerwiseError(f"give TEXT arguments or --file {file}, not both")
+        if file == "-":
+            return read_stdin_lines(sys.stdin.buffer)
+        path = Path(file)
+        if path.is_dir():
+            raise LayerwiseError(f"--file {file!r} is a directory; give a text file (one text a line), or use "
+                                 f"layerwise extract for a corpus directory")
+        if not path.is_file():
+            raise LayerwiseError(f"--file {file!r} does not exist; give a text file with one text a line, or - for "
+                                 f"stdin")
+        with path.open("rb") as fh:
+            return read_stdin_lines(fh, repr(file))
+    if not texts:
+        raise LayerwiseError("nothing to encode: give TEXT arguments, --file PATH (one text a line) or --file - "
+                             "(stdin)")
+    if "-" in texts:
+        if texts != ["-"]:
+            raise LayerwiseError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or "
+                                 "'-', not both")
+        return read_stdin_lines(sys.stdin.buffer)
+    if not as_text:
+        for text in texts:
+            if os.path.isfile(text):
+                raise LayerwiseError(
+                    f"TEXT {text!r} is the name of an existing file, and encode takes texts, not files: to encode "
+                    f"its lines give --file {text}; to encode the words {text!r} themselves add --as-text")
+    return texts
+
+
 @model_flags
 def encode(
-    texts: List[str] = typer.Argument(..., help="Texts to encode; a lone '-' reads one text per line from stdin."),
+    texts: Optional[List[str]] = typer.Argument(
+        None, metavar="TEXT", help="Texts to encode (a lone '-' reads one text per line from stdin). A file's lines: "
+        "--file."),
+    file: Optional[str] = typer.Option(
+        None, "--file", metavar="PATH", help="Encode the lines of this UTF-8 text file, one text a line ('-': "
+        "stdin); for a corpus (jsonl, csv, parquet, CoNLL) and a store on disk use layerwise extract."),
+    as_text: bool = typer.Option(
+        False, "--as-text", help="Encode each TEXT as given even where it names an existing file (refused otherwise, "
+        "as a forgotten --file)."),
     layers: str = LayersOpt,
     combine: str = CombineOpt,
     weights: Optional[str] = WeightsOpt,
@@ -101,7 +153,9 @@ def encode(
 ) -> None:
     """Encode TEXTs with the chosen layers, combination and pooling; print JSON / JSON lines or write .npy.
 
-    At token level (--pool none) the JSON formats also give each text's tokens and character offsets.
+    Texts come from the arguments, or one a line from --file PATH (--file - or a lone TEXT -: stdin). A TEXT that names
+    an existing file is refused with the fix (--file, or --as-text to encode the name itself). At token level (--pool
+    none) the JSON formats also give each text's tokens and character offsets.
     """
     from ..notices import set_quiet
 
@@ -109,13 +163,9 @@ def encode(
     with user_errors():
         if fmt not in FORMATS:
             raise LayerwiseError(f"unknown --format {fmt!r}. Valid formats are: {', '.join(FORMATS)}")
-        if "-" in texts and texts != ["-"]:
-            raise LayerwiseError("'-' (read texts from stdin) must be the only TEXT argument; pass texts or "
-                                 "'-', not both")
         if output:
             check_new_file(output, overwrite)
-        if texts == ["-"]:
-            texts = read_stdin_lines(sys.stdin.buffer)
+        texts = read_texts(list(texts or []), file, as_text)
         pool_mode = parse_pool(pool)
         spec = EncodeSpec(layers=parse_layers(layers), site=site, combine=combine, weights=parse_weights(weights),
                           level="token" if pool_mode is None else "sentence", pool=pool_mode,

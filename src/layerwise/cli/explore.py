@@ -2,17 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
+from rich.markup import escape
 
 from ..errors import LayerwiseError
 from ..model.options import ModelOptions
 from .options import err_console, extractor, model_flags, user_errors
 
+if TYPE_CHECKING:
+    from ..explore.export import Progress
+
 SampleOpt = typer.Option(2000, "--sample", help="Show at most this many records (a seeded random sample).")
 LabelsOpt = typer.Option(None, "--labels", help="Column holding the labels to colour by (kept with --keep in a store).")
 ProbeDirOpt = typer.Option(None, "--probe", help="A layerwise probe output directory to open (repeatable).")
+
+
+@contextlib.contextmanager
+def export_progress(quiet: bool) -> Iterator[Progress | None]:
+    """The progress of ``--export`` on stderr: a rich bar on a terminal (gone when done), else one line when the
+    work starts; nothing with ``-q``."""
+    if quiet:
+        yield None
+        return
+    if not err_console.is_terminal:
+        started: list[bool] = []
+
+        def line(done: int, total: int, what: str) -> None:
+            if not started and total:
+                started.append(True)
+                err_console.print(f"explore: computing {total} parts of the page (each layer's projections, the "
+                                  f"scores, the probes)...", highlight=False, soft_wrap=True)
+
+        yield line
+        return
+    from rich import progress as rich_progress
+
+    columns = (rich_progress.TextColumn("export"), rich_progress.BarColumn(), rich_progress.MofNCompleteColumn(),
+               rich_progress.TextColumn("{task.description}"), rich_progress.TimeElapsedColumn())
+    with rich_progress.Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=escape(what))
+
+        yield update
 
 
 @model_flags
@@ -32,6 +68,7 @@ def explore(
         None, "--export", help="Write one self-contained HTML file (data included, opens offline) instead of serving."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --export: replace an existing file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no one-time work lines on stderr."),
     *,
     model_options: ModelOptions,
 ) -> None:
@@ -44,7 +81,9 @@ def explore(
     from ..explore import Explorer, corpus_from_store, create_explorer_app
     from ..explore.corpus import corpus_from_file
     from ..explore.probe_dir import read_probe_dir
+    from ..notices import set_quiet
 
+    set_quiet(quiet)
     with user_errors():
         if not 1 <= port <= 65535:
             raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8765)")
@@ -57,13 +96,15 @@ def explore(
             model_options = model_options.replace(model=corpus.model)
         ex = extractor(model_options)
         if texts:
-            corpus = corpus_from_file(ex, texts, labels=labels, text_field=text_field, sample=sample)
+            working = err_console.status(f"encoding {escape(texts)}, every layer") if not quiet else None
+            with working or contextlib.nullcontext():  # a spinner on a terminal; rich prints nothing elsewhere
+                corpus = corpus_from_file(ex, texts, labels=labels, text_field=text_field, sample=sample)
     explorer = Explorer(corpus=corpus, extractor=ex, probe_dirs=list(probe or []))
     if export:
         from ..explore.export import export_page
 
-        with user_errors():
-            written = export_page(explorer, export, overwrite=overwrite)
+        with user_errors(), export_progress(quiet) as progress:
+            written = export_page(explorer, export, overwrite=overwrite, progress=progress)
         err_console.print(f"exported the explorer ({corpus.note if corpus is not None else 'no corpus'}) to "
                           f"{written}: open it in a browser, offline", highlight=False)
         return

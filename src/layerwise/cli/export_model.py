@@ -11,6 +11,19 @@ from ..model.options import ModelOptions
 from .options import PromptOpt, WeightsOpt, err_console, model_flags, parse_layers, parse_weights, user_errors
 
 
+def final_norm_note(report: dict) -> str | None:
+    """What the vectors are when the cut added the final norm after layer K (``--site block``, K below the last layer
+    of an architecture with one): not layerwise's layer K, and how to get that one; ``None`` otherwise."""
+    export = report["export"]
+    if not export.get("vectors_see_final_norm"):
+        return None
+    k, norm = export["layers"], export["final_norm"]
+    return (f"note: these vectors are layer {k} followed by the final norm {norm!r} (the checks above compare them "
+            f"with layerwise's layer {k} with that norm applied: what a {k}-layer model of this architecture "
+            f"computes). layerwise encode --layers {k} and Extractor.encode(layers={k}) give layer {k} without the "
+            f"norm; for those vectors export --site raw (it keeps layer {k + 1} and reads hidden_states[{k}])")
+
+
 @model_flags
 def export_model(
     source: Optional[str] = typer.Argument(
@@ -50,6 +63,9 @@ def export_model(
         result = run_export(output, options, layers=parse_layers(layers), pool=pool, normalize=normalize, site=site,
                             combine=combine, weights=parse_weights(weights), prompt=prompt, overwrite=overwrite)
         err_console.print(result.summary(), highlight=False, soft_wrap=True)
+        note = final_norm_note(result.report)
+        if note:
+            err_console.print(note, highlight=False, soft_wrap=True, markup=False)
         err_console.print(f"load it: SentenceTransformer({str(result.directory)!r}), "
                           f"AutoModel.from_pretrained({str(result.directory)!r}), or layerwise serve --model "
                           f"{result.directory} --alias export='{result.serve_alias}'", highlight=False,

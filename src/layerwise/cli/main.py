@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from ..version import __version__
 from .options import DEBUG_ENV, set_debug
@@ -44,12 +46,99 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# the value names the help shows for an option's type (click's words, not Python's annotations)
+METAVARS: dict[Any, str] = {str: "TEXT", int: "INTEGER", float: "FLOAT", Path: "PATH"}
+
+
+def metavar(param: Any) -> str:
+    """What ``--help`` shows after an option: nothing for a flag, else its value's kind in click's words (``TEXT``,
+    ``INTEGER``, ``FLOAT``, ``PATH``); an argument's own name in capitals (``TEXT``, ``STORE``)."""
+    if isinstance(param, TyperArgument):
+        return str(param.name).upper()
+    if getattr(param, "is_flag", False):
+        return ""
+    kind = param.type_descriptor.annotation
+    if get_origin(kind) is Union:  # Optional[X]: X
+        kind = next(arg for arg in get_args(kind) if arg is not type(None))
+    if get_origin(kind) is list:  # a repeatable option: one value each time it is given
+        kind = get_args(kind)[0]
+    return METAVARS.get(kind, "TEXT")
+
+
+class NamedArgument(TyperArgument):
+    """An argument whose help row is its name alone (``TEXT...``, ``STORE``): typer would add ``<str>``."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        """Nothing: the argument's name says what it takes."""
+        return None
+
+
+def name_values(params: list[Any]) -> None:
+    """Give each option and argument of ``params`` the value name its help shows (:func:`metavar`), where it has
+    none, and arguments a help row without typer's type."""
+    for param in params:
+        if isinstance(param, (TyperOption, TyperArgument)) and param.metavar is None:
+            param.metavar = metavar(param)
+        if type(param) is TyperArgument:
+            param.__class__ = NamedArgument  # the same argument, its help row without typer's <str>
+
+
+def bare_help_option(option: Any) -> Any:
+    """``--help`` as its help shows it: a flag, without typer's ``<bool>``."""
+    if option is not None and option.metavar is None:
+        option.metavar = ""
+    return option
+
+
+class Command(TyperCommand):
+    """A subcommand whose help reads as written.
+
+    The help is rendered by rich, which would take ``[openvino]`` in "pip install 'layerwise[openvino]'" for a style
+    tag and drop it: every help text is escaped while the help is written. Options show their value's kind
+    (``--layers TEXT``, a flag nothing) rather than a Python annotation, and the usage line names arguments as click
+    does (``PARTS...``, ``[STORE]``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        name_values(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        """The ``--help`` flag (shown without a value)."""
+        return bare_help_option(super().get_help_option(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The help, its texts escaped for rich's markup while it is written (``.help`` keeps the plain text that
+        the docs' CLI reference reads)."""
+        if self.rich_markup_mode != "rich":
+            return super().format_help(ctx, formatter)
+        items: list[Any] = [self, *self.params]
+        texts = [(item, item.help) for item in items if getattr(item, "help", None)]
+        for item, text in texts:
+            item.help = escape(text)
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            for item, text in texts:
+                item.help = text
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """``[OPTIONS]`` and the arguments: ``PARTS...`` (required, repeatable), ``[STORE]`` (optional), ``[TEXT]...``
+        (optional, repeatable)."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.metavar or str(param.name).upper()
+                piece = name if param.required else f"[{name}]"
+                pieces.append(piece + ("..." if param.nargs != 1 else ""))
+        return pieces
+
+
 def command(name: str) -> Any:
     """The click command of subcommand ``name`` (its module imported now)."""
     module, function, _ = COMMANDS[name]
     found = getattr(importlib.import_module(f"{__package__}.{module}"), function)
-    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    one.command(name)(found)
+    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+    one.command(name, cls=Command)(found)
     return typer.main.get_command(one)
 
 
@@ -58,6 +147,14 @@ class Commands(TyperGroup):
     them from the table, importing none."""
 
     listing = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        name_values(self.params)  # the global flags: --debug, not --debug <bool>
+
+    def get_help_option(self, ctx: Any) -> Any:
+        """The ``--help`` flag (shown without a value)."""
+        return bare_help_option(super().get_help_option(ctx))
 
     def list_commands(self, ctx: Any) -> list[str]:
         """Every subcommand's name, in the table's order."""
@@ -69,7 +166,7 @@ class Commands(TyperGroup):
         if cmd_name not in COMMANDS:
             return None
         if self.listing:
-            return TyperCommand(cmd_name, short_help=COMMANDS[cmd_name][2])
+            return TyperCommand(cmd_name, short_help=escape(COMMANDS[cmd_name][2]))
         return command(cmd_name)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
@@ -94,6 +191,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
 )
 
 

@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, get_type_hints
 
 import typer
 from rich.console import Console
@@ -131,9 +131,25 @@ err_console = Console(stderr=True)
 
 
 def parse_layers(text: str) -> int | str:
-    """CLI layer text -> spec: '-1' -> -1; everything else ('0,2,4', '-4:', 'all', '-0') is the library's grammar."""
+    """CLI layer text -> spec: '-1' -> -1; everything else ('0,2,4', '-4:', 'all', '-0') is the library's grammar.
+
+    A list written as Python or JSON writes it, ``[0,3]`` or ``[0, 3]``, is read as ``0,3`` (the brackets dropped); any
+    other bracket is refused with the command line's form."""
     text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1].strip()
+    if "[" in text or "]" in text:
+        raise LayerwiseError(f"--layers {text!r} holds a bracket; write the layers as a comma-separated list without "
+                             f"brackets, e.g. --layers 0,3 (or a slice, --layers -4:)")
     return int(text) if re.fullmatch(r"-?\d+", text) and not re.fullmatch(r"-0+", text) else text
+
+
+def check_flag(flag: str, value: str, valid: Sequence[str]) -> str:
+    """``value`` when it is one of ``valid``, else a :class:`~layerwise.LayerwiseError` naming the flag, the value and
+    the valid values (``unknown --head 'mpl'. Valid values are: linear, mlp, per_layer``)."""
+    if value not in valid:
+        raise LayerwiseError(f"unknown {flag} {value!r}. Valid values are: {', '.join(valid)}")
+    return value
 
 
 def parse_weights(text: Optional[str]) -> Optional[list[float]]:
@@ -191,7 +207,8 @@ def user_errors() -> Iterator[None]:
         _silence_stdout()
         raise typer.Exit(0) from None
     except (LayerwiseError, ValueError, OSError) as exc:
-        _show(exc, f"[red]error:[/red] {escape(str(exc))}")
+        text = getattr(exc, "flag_message", None) or str(exc)  # a SpecError in the command line's words
+        _show(exc, f"[red]error:[/red] {escape(text)}")
         raise typer.Exit(2) from None
     except Exception as exc:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from ..model.options import ModelOptions
-from .options import err_console, model_flags, user_errors
+from .options import check_flag, err_console, model_flags, user_errors
 
 
 @model_flags
@@ -59,8 +59,14 @@ def probe(
     Dev or test labels the training data lacks are named with their counts (a warning, the table, the reports).
     """
     from ..probe import ProbeConfig, run
+    from ..probe.data import TASKS
+    from ..probe.metrics import SCHEMES
+    from ..probe.models import PROBES
 
     with user_errors():
+        for flag, value, valid in (("--task", task, TASKS), ("--probe", probe_kind, PROBES), ("--scheme", scheme,
+                                                                                               SCHEMES)):
+            check_flag(flag, value, valid)
         config = ProbeConfig(task=task, column=column, probe=probe_kind, crf=crf, hidden=hidden, epochs=epochs, lr=lr,
                              restarts=restarts, scheme=scheme, subword=subword, pool=pool,
                              document_context=document_context, layers_only=layers_only, control=control)

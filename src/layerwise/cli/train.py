@@ -13,6 +13,7 @@ from .options import (
     LayersOpt,
     SiteOpt,
     WeightsOpt,
+    check_flag,
     err_console,
     model_flags,
     parse_layers,
@@ -37,7 +38,8 @@ def parse_sizes(text: str, option: str) -> list[int]:
 @model_flags
 def train(
     train_file: str = typer.Option(
-        ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with text and label."
+        ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with a text and one label per record "
+                             "(a tag per word, .conll/.conllu: layerwise probe --task tagging)."
     ),
     dev_file: str = typer.Option(..., "--dev", help="Dev file (early stopping and model selection)."),
     test_file: Optional[str] = typer.Option(
@@ -99,14 +101,23 @@ def train(
     *,
     model_options: ModelOptions,
 ) -> None:
-    """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores."""
+    """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores.
+
+    A classifier takes one label per record (a text and its label column). For a tag per word (NER, POS in CoNLL-2003
+    or CoNLL-U files), measure the layers with layerwise probe --task tagging.
+    """
     from ..heads import HeadConfig, TrainOptions
     from ..heads import train as run_train
+    from ..heads.config import ACTIVATIONS, CLASSIFIERS, MODES
     from ..heads.metrics import format_scores
+    from ..heads.train import METRICS
     from ..notices import set_quiet
 
     set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
     with user_errors():
+        for flag, value, valid in (("--head", head, CLASSIFIERS), ("--mode", mode, MODES),
+                                   ("--activation", activation, ACTIVATIONS), ("--metric", metric, METRICS)):
+            check_flag(flag, value, valid)
         sizes = parse_sizes(hidden, "--hidden") if head == "mlp" else []
         config = HeadConfig(model=model_options, layers=parse_layers(layers), site=site, pool=pool, combine=combine,
                             weights=parse_weights(weights), classifier=head, hidden=sizes or [256],

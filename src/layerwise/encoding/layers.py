@@ -79,6 +79,17 @@ def _example(num_layers: int) -> str:
     return f'e.g. layers=-1, layers=[0, {num_layers // 2}], layers="-{min(4, max(num_layers, 1))}:", layers="all"'
 
 
+def _flag_example(num_layers: int) -> str:
+    """:func:`_example` as the command line writes it (``--layers 0,3``)."""
+    return f"e.g. --layers -1, --layers 0,{num_layers // 2}, --layers -{min(4, max(num_layers, 1))}:, --layers all"
+
+
+def _error(problem: str, num_layers: int) -> SpecError:
+    """A :class:`SpecError` saying ``problem`` and an example of a valid spec, in Python's words and (its
+    ``flag_message``) in the command line's."""
+    return SpecError(f"{problem}; {_example(num_layers)}", flag_message=f"{problem}; {_flag_example(num_layers)}")
+
+
 def _range_text(num_layers: int) -> str:
     return (
         f"this model has layers 0..{num_layers} (0 = embeddings, {num_layers} = last) "
@@ -89,10 +100,7 @@ def _range_text(num_layers: int) -> str:
 def _index(value: int, num_layers: int, spec: object) -> int:
     n = num_layers + 1
     if not -n <= value < n:
-        raise SpecError(
-            f"layer {value} in layer spec {spec!r} is out of range: {_range_text(num_layers)}; "
-            f"{_example(num_layers)}"
-        )
+        raise _error(f"layer {value} in layer spec {spec!r} is out of range: {_range_text(num_layers)}", num_layers)
     return value % n
 
 
@@ -108,10 +116,8 @@ def _one(item: object, num_layers: int, spec: object) -> list[int]:
         )
     text = item.strip().lower()
     if re.search(r"(^|[:\s])-0+(?=$|[:\s])", text):
-        raise SpecError(
-            f"layer spec {item!r} holds -0, which is ambiguous: use 0 for the embeddings or -1 for the last layer; "
-            f"{_example(num_layers)}"
-        )
+        raise _error(f"layer spec {item!r} holds -0, which is ambiguous: use 0 for the embeddings or -1 for the last "
+                     f"layer", num_layers)
     if text == "all":
         return list(range(num_layers + 1))
     if text == "embeddings":
@@ -128,23 +134,17 @@ def _one(item: object, num_layers: int, spec: object) -> list[int]:
     if m:
         start, stop, step = (int(g) if g is not None else None for g in m.groups())
         if step == 0:
-            raise SpecError(f"layer slice {item!r} has step 0; {_example(num_layers)}")
+            raise _error(f"layer slice {item!r} has step 0", num_layers)
         for bound in (start, stop):
             if bound is not None and not -(num_layers + 1) <= bound <= num_layers + 1:
-                raise SpecError(
-                    f"layer slice {item!r} has bound {bound} out of range: {_range_text(num_layers)}; "
-                    f"{_example(num_layers)}"
-                )
+                raise _error(f"layer slice {item!r} has bound {bound} out of range: {_range_text(num_layers)}",
+                             num_layers)
         picked = list(range(num_layers + 1))[slice(start, stop, step)]
         if not picked:
-            raise SpecError(
-                f"layer slice {item!r} selects no layer: {_range_text(num_layers)}; {_example(num_layers)}"
-            )
+            raise _error(f"layer slice {item!r} selects no layer: {_range_text(num_layers)}", num_layers)
         return picked
-    raise SpecError(
-        f"malformed layer spec {item!r}: expected an int, a slice string like '-4:' or '1:5', "
-        f"or one of {', '.join(repr(n) for n in LAYER_NAMES)}; {_range_text(num_layers)}; {_example(num_layers)}"
-    )
+    raise _error(f"malformed layer spec {item!r}: expected an int, a slice string like '-4:' or '1:5', or one of "
+                 f"{', '.join(repr(n) for n in LAYER_NAMES)}; {_range_text(num_layers)}", num_layers)
 
 
 def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
@@ -165,28 +165,29 @@ def resolve_layers(spec: LayerSpec, num_layers: int) -> tuple[int, ...]:
     _check_size(spec)
     if isinstance(spec, range):  # range(3) is the list [0, 1, 2]
         spec = list(spec)
+    given = spec  # messages name the spec as the user wrote it ('0,9', not [0, 9])
     if isinstance(spec, str) and "," in spec:  # "0,2,4,6" or "0,-4:": the CLI grammar, accepted everywhere
         parts = [p.strip() for p in spec.split(",")]
         if not all(parts):
-            raise SpecError(f"layer spec {spec!r} has an empty item between commas; {_example(num_layers)}")
+            raise _error(f"layer spec {spec!r} has an empty item between commas", num_layers)
         _check_size(parts, spec)
         spec = [int(p) if _INT_RE.match(p) and p.strip() != "-0" else p for p in parts]
     if isinstance(spec, (list, tuple)):
         if len(spec) == 0:
-            raise SpecError(f"layer spec is an empty list; {_example(num_layers)}")
+            raise _error("layer spec is an empty list", num_layers)
         out: list[int] = []
         for item in spec:
             if isinstance(item, (list, tuple)):
                 raise TypeError(f"layer spec {spec!r} is nested; give a flat list, {_example(num_layers)}")
             _check_size(item)
-            out.extend(_one(item, num_layers, spec))
+            out.extend(_one(item, num_layers, given))
     elif spec is None:
         raise TypeError(f"layer spec is None; {_example(num_layers)}")
     else:
         out = _one(spec, num_layers, spec)
     if len(set(out)) != len(out):
         dup = sorted(i for i, n in Counter(out).items() if n > 1)
-        raise SpecError(f"layer spec {_short(spec, 300)} names layer(s) {dup} more than once; {_example(num_layers)}")
+        raise _error(f"layer spec {_short(given, 300)} names layer(s) {dup} more than once", num_layers)
     return tuple(out)
 
 
@@ -202,18 +203,17 @@ def _check_size(spec: object, given: object = None) -> None:
     """:class:`SpecError` for a spec string over :data:`MAX_SPEC_CHARS` characters or a list (or comma-separated
     string, ``given``) over :data:`MAX_SPEC_ITEMS` items; such a spec is never parsed."""
     if isinstance(spec, str) and len(spec) > MAX_SPEC_CHARS:
-        raise SpecError(
-            f"layer spec string {_short(spec)} is {len(spec):,} characters long; the limit is {MAX_SPEC_CHARS:,} "
-            f"characters. A layer spec names each layer at most once: use a slice or a name for many layers, "
-            f'e.g. layers="all", layers="-4:" or layers="::2"'
-        )
+        problem = (f"layer spec string {_short(spec)} is {len(spec):,} characters long; the limit is "
+                   f"{MAX_SPEC_CHARS:,} characters. A layer spec names each layer at most once: use a slice or a name "
+                   f"for many layers")
+        raise SpecError(f'{problem}, e.g. layers="all", layers="-4:" or layers="::2"',
+                        flag_message=f"{problem}, e.g. --layers all, --layers -4: or --layers ::2")
     if isinstance(spec, (list, tuple, range)) and len(spec) > MAX_SPEC_ITEMS:
         what = f"string {_short(given)}" if isinstance(given, str) else f"list {_short(spec)}"
-        raise SpecError(
-            f"layer spec {what} has {len(spec):,} items; the limit is {MAX_SPEC_ITEMS:,} items. A layer spec names "
-            f'each layer at most once: use a slice or a name for many layers, e.g. layers="all", layers="-4:" or '
-            f'layers="::2"'
-        )
+        problem = (f"layer spec {what} has {len(spec):,} items; the limit is {MAX_SPEC_ITEMS:,} items. A layer spec "
+                   f"names each layer at most once: use a slice or a name for many layers")
+        raise SpecError(f'{problem}, e.g. layers="all", layers="-4:" or layers="::2"',
+                        flag_message=f"{problem}, e.g. --layers all, --layers -4: or --layers ::2")
 
 
 def validate_site(site: object, layers: Sequence[int] | None = None) -> str:
@@ -225,10 +225,9 @@ def validate_site(site: object, layers: Sequence[int] | None = None) -> str:
     if not isinstance(site, str) or site not in SITES:
         raise SpecError(f"unknown site {site!r}. Valid sites are: {', '.join(SITES)} (default 'block')")
     if site not in ("block", "raw") and layers is not None and 0 in layers:
-        raise SpecError(
-            f"site {site!r} exists only in encoder layers 1..L, but the layer spec includes 0 (the embeddings); "
-            f"drop layer 0 (e.g. layers='1:') or use site='block' or 'raw'"
-        )
+        problem = f"site {site!r} exists only in encoder layers 1..L, but the layer spec includes 0 (the embeddings)"
+        raise SpecError(f"{problem}; drop layer 0 (e.g. layers='1:') or use site='block' or 'raw'",
+                        flag_message=f"{problem}; drop layer 0 (e.g. --layers 1:) or use --site block or raw")
     return site
 
 

@@ -12,34 +12,49 @@ The JSON is embedded with ``<``, ``>`` and ``&`` written as ``\\u003c``, ``\\u00
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import LayerwiseError
 from .app import Explorer
 from .projection import available_methods
 
+# told of each step of a snapshot before it runs: (steps done, steps in all, what the next step computes)
+Progress = Callable[[int, int, str], None]
+
 SNAPSHOT = "LAYERWISE_SNAPSHOT"  # the global the page's api() reads
 
 
-def snapshot(explorer: Explorer) -> dict[str, Any]:
+def snapshot(explorer: Explorer, progress: Progress | None = None) -> dict[str, Any]:
     """Every answer the page can ask for without a model: ``{"info", "layers": {"layer/K?method=M": view},
-    "scores", "probes": {"I": probe}}``."""
+    "scores", "probes": {"I": probe}}``.
+
+    ``progress`` is told of each step before it runs (a layer view per projection method, the scores, each probe
+    directory; a UMAP view of a few hundred records takes seconds) and once more when all are done."""
     info = explorer.info()
     info["exported"] = True  # the page shows what it can from the embedded answers
     out: dict[str, Any] = {"info": info, "layers": {}, "scores": None, "probes": {}}
     corpus = explorer.corpus
+    steps: list[tuple[str, dict[str, Any], str, Callable[[], Any]]] = []  # (what, into, key, compute)
     if corpus is not None:
         for method in available_methods():
-            for k in range(len(corpus.layer_names)):
-                out["layers"][f"layer/{k}?method={method}"] = explorer.layer(k, method)
+            for k, name in enumerate(corpus.layer_names):
+                steps.append((f"{name} ({method})", out["layers"], f"layer/{k}?method={method}",
+                              functools.partial(explorer.layer, k, method)))
         if corpus.labels is not None:
-            out["scores"] = explorer.scores()
+            steps.append(("scores", out, "scores", explorer.scores))
     for i in range(len(explorer.probe_dirs)):
-        out["probes"][str(i)] = explorer.probe(i)
+        steps.append((f"probe {i + 1}", out["probes"], str(i), functools.partial(explorer.probe, i)))
+    for done, (what, into, key, compute) in enumerate(steps):
+        if progress is not None:
+            progress(done, len(steps), what)
+        into[key] = compute()
+    if progress is not None:
+        progress(len(steps), len(steps), "done")
     return out
 
 
@@ -49,8 +64,10 @@ def _script_json(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool = False,
+                progress: Progress | None = None) -> Path:
     """Write ``explorer`` as one offline HTML file at ``path`` (see the module docstring); returns the path.
+    ``progress`` is told of each step of the snapshot (see :func:`snapshot`).
 
     Raises:
         LayerwiseError: ``path`` exists (``overwrite`` replaces a file) or is a directory; nothing to show.
@@ -70,7 +87,7 @@ def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool 
     script = '<script src="/explorer/static/explorer.js"></script>'
     if link not in page or script not in page:
         raise LayerwiseError("the explorer page does not reference its CSS and script as expected; reinstall layerwise")
-    data = f"<script>window.{SNAPSHOT} = {_script_json(snapshot(explorer))};</script>"
+    data = f"<script>window.{SNAPSHOT} = {_script_json(snapshot(explorer, progress))};</script>"
     page = page.replace(link, f"<style>\n{css}\n</style>").replace(script, f"{data}\n<script>\n{js}\n</script>")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp.write_text(page, encoding="utf-8")
@@ -78,4 +95,4 @@ def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool 
     return out
 
 
-__all__ = ["SNAPSHOT", "export_page", "snapshot"]
+__all__ = ["SNAPSHOT", "Progress", "export_page", "snapshot"]

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..corpus.readers import BadRecord, ReadOptions, read_records
+from ..corpus.readers import BadRecord, ReadOptions, detect_format, read_records
 from ..encoding.padding import pad_rows
 from ..encoding.spec import EncodeSpec
 from ..errors import InputError
@@ -44,6 +44,49 @@ class Labelled:
     lines: list[int]
     skipped: int = 0
     skipped_lines: list[int] | None = None
+
+
+# files that hold a tag per word, not a label per record, and the tag columns the probe reads from each
+WORD_TAG_FORMATS = {"conll": ("CoNLL-2003", ("ner", "chunk", "pos")), "conllu": ("CoNLL-U", ("upos", "xpos"))}
+
+
+def check_record_file(path: str | os.PathLike, format: str | None = None, what: str = "the file") -> None:
+    """Refuse a file of per-word tags (CoNLL-2003, CoNLL-U) before any work: a head classifies whole records.
+
+    Raises:
+        InputError: naming the file, what it holds, and the command that reads it (``layerwise probe --task tagging``).
+    """
+    fmt = detect_format(path, format)
+    if fmt in WORD_TAG_FORMATS:
+        name, columns = WORD_TAG_FORMATS[fmt]
+        raise InputError(
+            f"{what} {os.fspath(path)!r} is {name}, a tag per word; a classifier head takes one label per record "
+            f"(a tsv, csv, jsonl or parquet file with text and label columns). To measure which layer knows the tags, "
+            f"run layerwise probe --task tagging --column {columns[0]} (tag columns: {', '.join(columns)}), or "
+            f"lw.probe.run(..., ProbeConfig(task='tagging')) in Python"
+        )
+
+
+def few(values: Sequence[object], keep: int = 10, width: int = 40) -> str:
+    """``values`` for a message: at most ``keep`` of them, each ``repr`` cut to ``width`` characters, and how many
+    there are in all when some were left out (a label list may be long, a label may be a whole sentence's tags)."""
+    shown = []
+    for value in list(values)[:keep]:
+        text = repr(value)
+        shown.append(text if len(text) <= width else text[: width - 3] + "...")
+    more = f", ... ({len(values)} in all)" if len(values) > keep else ""
+    return "[" + ", ".join(shown) + more + "]"
+
+
+def _one_label(value: object, column: str, where: str) -> str | None:
+    """:func:`label_text` of one record's label, refusing a list or a mapping (a tag per word is not a label)."""
+    if isinstance(value, (list, tuple, dict, np.ndarray)):
+        kind = "a mapping" if isinstance(value, dict) else f"a list of {len(value)} values"
+        raise InputError(
+            f"{where}: label column {column!r} holds {kind}, not one label; a classifier head takes one label per "
+            f"record. For a tag per word use layerwise probe --task tagging (CoNLL-2003 or CoNLL-U files)"
+        )
+    return label_text(value)
 
 
 def label_text(value: object) -> str | None:
@@ -79,7 +122,8 @@ def read_labelled(
     lines: list[int] = []
     skipped: list[int] = []
     for item in read_records(path, format, text_field=text_field, keep=[label_field]):
-        label = None if isinstance(item, BadRecord) else label_text(item.fields.get(label_field))
+        label = None if isinstance(item, BadRecord) else _one_label(
+            item.fields.get(label_field), label_field, f"line {item.line} of {os.fspath(path)!r}")
         if isinstance(item, BadRecord) or label is None:
             skipped.append(item.line)
             continue
@@ -97,7 +141,8 @@ def label_map(labels: Sequence[str]) -> list[str]:
         set(labels), key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s)
     )
     if len(names) < 2:
-        raise InputError(f"the training data has a single class ({names[0]!r}); a classifier needs at least two")
+        raise InputError(f"the training data has a single class ({few(names)[1:-1]}); a classifier needs at least "
+                         f"two")
     return names
 
 
@@ -107,7 +152,7 @@ def encode_labels(labels: Sequence[str], names: Sequence[str], where: str) -> to
     unknown = sorted(set(labels) - set(index))
     if unknown:
         raise InputError(
-            f"{where} has label(s) {unknown[:10]} that the model was not trained on; known labels are: {list(names)}"
+            f"{where} has label(s) {few(unknown)} that the model was not trained on; known labels are: {few(names, 30)}"
         )
     return torch.tensor([index[label] for label in labels], dtype=torch.long)
 
@@ -174,12 +219,15 @@ class FrozenFeatures:
         return pad_rows([self.x[s:e] for s, e in zip(starts, ends)])
 
 
-def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str) -> FrozenFeatures:
+def frozen_features(store: FeatureStore, layers: Sequence[int], label_field: str,
+                    source: str | os.PathLike | None = None) -> FrozenFeatures:
     """Load a cached store into memory, keeping the layers ``layers`` (resolved indices) in that order.
 
-    Records without a label (empty or null) are left out, as :func:`read_labelled` does.
+    Records without a label (empty or null) are left out, as :func:`read_labelled` does; a list or mapping as a label
+    is refused naming ``source`` (the input file the store was extracted from; default the store).
     """
-    raw = [label_text(v) for v in store.column(label_field)]
+    where = os.fspath(source if source is not None else store.path)
+    raw = [_one_label(v, label_field, f"record {i + 1} of {where!r}") for i, v in enumerate(store.column(label_field))]
     keep = [i for i, v in enumerate(raw) if v is not None]
     labels = [str(raw[i]) for i in keep]
     stored = list(store.spec.layer_indices)

@@ -34,7 +34,15 @@ from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .classifier import SequenceClassifier, is_model_dir
 from .config import HeadConfig
-from .data import FrozenFeatures, cached_store, encode_labels, frozen_features, label_map, read_labelled
+from .data import (
+    FrozenFeatures,
+    cached_store,
+    check_record_file,
+    encode_labels,
+    frozen_features,
+    label_map,
+    read_labelled,
+)
 from .metrics import classification_scores
 
 METRICS = ("accuracy", "macro_f1")
@@ -177,7 +185,7 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
                     f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad); the bad "
                     f"records ({len(store.errors)}) are listed in {store.path / 'errors.jsonl'}: fix them and run again"
                 )
-            feats = frozen_features(store, layers, kw["label_field"])
+            feats = frozen_features(store, layers, kw["label_field"], source=path)
             if not len(feats):
                 raise LayerwiseError(f"{os.fspath(path)!r} holds no record with a label in column "
                                      f"{kw['label_field']!r}; name the label column with --label-column "
@@ -291,6 +299,9 @@ def train(
         A :class:`TrainResult`.
     """
     opts = options or TrainOptions()
+    for split, path in (("training", train_path), ("dev", dev_path), ("test", test_path)):
+        if path is not None:  # a file of per-word tags is said before the model loads
+            check_record_file(path, format, f"the {split} file")
     if output is not None:
         check_output(output, overwrite)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))

@@ -84,7 +84,9 @@ def check_task(task: str, path: str | os.PathLike, column: str | None, fmt: str 
     if task == "tagging":
         if fmt not in TAG_COLUMNS:
             raise InputError(
-                f"task 'tagging' reads CoNLL-2003 (.conll) or CoNLL-U (.conllu) files; {os.fspath(path)!r} is {fmt}"
+                f"task 'tagging' (the default) reads a tag per word from CoNLL-2003 (.conll) or CoNLL-U (.conllu) "
+                f"files; {os.fspath(path)!r} is {fmt}, a label per record: probe it with task='sentence' "
+                f"(layerwise probe --task sentence, --column naming the label column, default label)"
             )
         column = column or TAG_COLUMNS[fmt][0]
         if column not in TAG_COLUMNS[fmt]:
@@ -94,7 +96,8 @@ def check_task(task: str, path: str | os.PathLike, column: str | None, fmt: str 
     else:
         if fmt in TAG_COLUMNS:
             raise InputError(
-                f"task 'sentence' reads text+label files (tsv, csv, jsonl, parquet); {os.fspath(path)!r} is {fmt}"
+                f"task 'sentence' reads text+label files (tsv, csv, jsonl, parquet); {os.fspath(path)!r} is {fmt}, a "
+                f"tag per word: probe it with task='tagging' (layerwise probe --task tagging)"
             )
         column = column or "label"
     return fmt, column

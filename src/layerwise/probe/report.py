@@ -62,13 +62,14 @@ def _fmt(mean: float | None, std: float | None, restarts: int, ci: list[float] |
 
 
 def table_rows(results) -> list[dict]:
-    """One flat dict per probe: name, kind, layers, combine, dev/test mean, std and bootstrap 95% interval of the
-    main metric, the split reported, whether it is inside the noise of the best, selectivity (``--control``),
-    weights."""
+    """One flat dict per probe: name, kind, layers, combine (``-`` for a single layer), dev/test mean, std and
+    bootstrap 95% interval of the main metric, the split reported, whether it is inside the noise of the best,
+    selectivity (``--control``), weights."""
     rows = []
     for r in results.rows:
         rows.append({
-            "probe": r["name"], "kind": r["kind"], "layers": r["layers"], "combine": r["combine"],
+            "probe": r["name"], "kind": r["kind"], "layers": r["layers"],
+            "combine": r["combine"] if len(r["layers"]) > 1 else "-",  # one layer: nothing is combined
             "dev": r["dev_mean"], "dev_std": r["dev_std"], "dev_ci": r.get("dev_ci"), "test": r.get("test_mean"),
             "test_std": r.get("test_std"), "test_ci": r.get("test_ci"), "reported": r.get("reported", "dev"),
             "within_noise_of_best": r.get("within_noise_of_best"), "selectivity": r.get("selectivity"),
