@@ -258,16 +258,19 @@ def test_a_killed_driver_ends_its_cluster_and_resumes_with_the_same_command(data
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not (out / "writer.lock").exists():
+            time.sleep(0.05)
+        # the first driver holds the output (Ray and its parts still to come): a second one is refused, naming it
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        said = " ".join(second.stderr.split())
+        assert second.returncode == 2 and "is being written by another run" in said, second.stderr[-3000:]
+        assert f"pid {proc.pid}" in said
         while time.monotonic() < deadline and proc.poll() is None:
             if len(list(out.glob("part-*"))) >= 2:  # some parts written, the run not finished
                 break
             time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
         assert _ray_processes(str(temp)), "the driver's cluster was not found by its temp dir"
-        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-        said = " ".join(second.stderr.split())
-        assert second.returncode == 2 and "is being written by another run" in said, second.stderr[-3000:]
-        assert f"pid {proc.pid}" in said
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as the out-of-memory killer would
         proc.wait(timeout=30)
         killed = time.monotonic()

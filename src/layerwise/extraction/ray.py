@@ -356,6 +356,8 @@ def extract(
     Path(out).mkdir(parents=True, exist_ok=True)
     try:
         with StoreLock(out) as lock:  # one driver per output (a second is refused naming this one)
+            if lock.took_over:  # a killed driver's lock, said in one line
+                notice(lock.took_over)
             parts = _part_headers(plan_splits(source, source.files(), part_records))
             why = uncut_reason(source, source.files(), part_records)
             if why is not None:
