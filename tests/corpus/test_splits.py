@@ -14,7 +14,7 @@ import pytest
 import layerwise as lw
 from layerwise.corpus.readers import ReadOptions
 from layerwise.corpus.sources import open_source
-from layerwise.corpus.splits import plan_splits, read_split
+from layerwise.corpus.splits import plan_splits, read_split, uncut_reason
 
 
 def _by_splits(src, reading, records):
@@ -90,8 +90,46 @@ def test_formats_split_per_file(tmp_path, fmt):
         reading = ReadOptions(keep=("upos",))
     src = open_source(path, reading)
     got, splits = _by_splits(src, reading, 3)
-    assert len(splits) == 1  # a quoted field or a document is never cut
+    # csv/tsv: cut every 3 rows where the csv reader ends a row; CoNLL: a document is never cut
+    assert len(splits) == (17 if fmt in ("csv", "tsv") else 1)
     assert _key(got) == _key(src.records(reading))
+    why = uncut_reason(src, src.files(), 3)
+    assert (why is None) if fmt in ("csv", "tsv") else (f"{fmt} files are read whole" in why)
+
+
+def test_csv_is_cut_where_the_csv_reader_ends_a_row(tmp_path):
+    """Quoted newlines (LF and CRLF), a BOM, quoted quotes and commas, a malformed row and a blank line: every split
+    holds exactly ``records`` rows of the reader (the last fewer), each read after the header, and together they are
+    one sequential read, line numbers included."""
+    import csv as csvmod
+
+    path = tmp_path / "q.csv"
+    with open(path, "w", newline="", encoding="utf-8-sig") as fh:
+        w = csvmod.writer(fh, lineterminator="\r\n")
+        w.writerow(["text", "label"])
+        for i in range(200):
+            text = f'row {i} "quoted", and\nmore\r\nlines' if i % 3 == 0 else f"row {i}"
+            w.writerow([text, i % 2])
+            if i == 50:
+                fh.write("\r\n")  # a blank line
+            if i == 120:
+                fh.write('"unterminated,1\r\nstill, in it\r\n"x"y,0\r\n')  # a malformed row
+    reading = ReadOptions(keep=("label",))
+    src = open_source(path, reading)
+    got, splits = _by_splits(src, reading, 40)
+    whole = list(src.records(reading))
+    assert _key(got) == _key(whole) and len(whole) > 200
+    counts = [sum(1 for _ in read_split(src, s, reading).items()) for s in splits]
+    assert len(splits) == 6 and all(c <= 40 for c in counts) and sum(counts) == len(whole), counts
+    assert splits[0].start == 0 and splits[-1].end == path.stat().st_size
+    assert all(a.end == b.start for a, b in zip(splits, splits[1:]))
+
+
+def test_parquet_row_groups_larger_than_a_part_are_said(tmp_path):
+    pq.write_table(pa.table({"text": [f"row {i}" for i in range(100)]}), tmp_path / "one.parquet", row_group_size=50)
+    src = open_source(tmp_path / "one.parquet")
+    assert uncut_reason(src, src.files(), 50) is None
+    assert "row groups of up to 50 rows make parts larger than part_records=20" in uncut_reason(src, src.files(), 20)
 
 
 def test_parquet_row_groups_and_tables(tmp_path):

@@ -191,7 +191,11 @@ def test_an_exported_page_opens_from_disk_with_no_request(site, tmp_path, tiny_d
                                   "--probe", str(probe_dir), "--export", str(page)])
         assert res.exit_code == 0, res.output
     again = runner.invoke(app, ["explore", str(root / "store"), "--export", str(tmp_path / "page.html")])
-    assert again.exit_code == 2 and "exists" in again.stderr  # never replaced unless --overwrite
+    assert again.exit_code == 2 and "holds an earlier layerwise explorer page; pass --overwrite" in again.stderr
+    (tmp_path / "mine.html").write_text("<p>my notes</p>")  # a file layerwise did not write: never replaced
+    mine = runner.invoke(app, ["explore", str(root / "store"), "--export", str(tmp_path / "mine.html"), "--overwrite"])
+    assert mine.exit_code == 2 and "is not a layerwise explorer page" in mine.stderr
+    assert (tmp_path / "mine.html").read_text() == "<p>my notes</p>"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
         context = browser.new_context(viewport={"width": 1280, "height": 900})

@@ -208,16 +208,34 @@ def test_a_directory_of_files_is_read_in_parallel(cluster, data, tmp_path, tiny_
 
 
 def _ray_processes(tag: str) -> list[int]:
-    """Processes whose command line names ``tag`` (the temp dir of a killed driver's own Ray cluster)."""
+    """Processes that name ``tag`` (the temp dir of a driver's own Ray cluster) on their command line or in their
+    environment (``RAY_TMPDIR``, which every process of that cluster inherits; a Ray worker's command line is its
+    title, ``ray::IDLE``)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if tag.encode() in fh.read():
-                    found.append(int(pid))
+                cmdline = fh.read()
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                zombie = fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
         except OSError:
             continue
+        if not zombie and (tag.encode() in cmdline or f"RAY_TMPDIR={tag}".encode() in environ):
+            found.append(int(pid))
     return found
+
+
+def _names(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                names.append(fh.read().replace(b"\0", b" ").decode(errors="replace")[:80])
+        except OSError:
+            pass
+    return names
 
 
 def _summary(stderr: str) -> tuple[int, int]:
@@ -226,26 +244,44 @@ def _summary(stderr: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def test_a_killed_driver_resumes_with_the_same_command(data, tmp_path):
+def test_a_killed_driver_ends_its_cluster_and_resumes_with_the_same_command(data, tmp_path):
+    """A second driver on the same output is refused naming the first; ``kill -9`` of the first (the driver alone)
+    leaves no process of its Ray cluster behind (its guard ends them); the same command resumes, keeping every part
+    written before the kill."""
     root, src, model = data
     out = tmp_path / "driver"
-    # the driver's own local cluster lives here, so what it leaves can be found and stopped (short: socket paths)
+    # the driver's own local cluster lives here, so what it leaves can be found (short: socket paths)
     temp = Path(tempfile.mkdtemp(prefix="lwray", dir="/tmp"))
     env = {**ENV, "RAY_TMPDIR": str(temp)}
     # small parts and one-text batches: a run of some seconds, so the kill lands mid-run
     cmd = _cli(src, out, model, "--part-records", "100", "--batch-tokens", "16")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if len(list(out.glob("part-*"))) >= 2:  # some parts written, the run not finished
-            break
-        time.sleep(0.05)
     try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not (out / "writer.lock").exists():
+            time.sleep(0.05)
+        # the first driver holds the output (Ray and its parts still to come): a second one is refused, naming it
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        said = " ".join(second.stderr.split())
+        assert second.returncode == 2 and "is being written by another run" in said, second.stderr[-3000:]
+        assert f"pid {proc.pid}" in said
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list(out.glob("part-*"))) >= 2:  # some parts written, the run not finished
+                break
+            time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
-        os.killpg(proc.pid, signal.SIGKILL)
+        assert _ray_processes(str(temp)), "the driver's cluster was not found by its temp dir"
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as the out-of-memory killer would
         proc.wait(timeout=30)
+        killed = time.monotonic()
+        left = _ray_processes(str(temp))
+        while left and time.monotonic() - killed < 30:
+            time.sleep(0.2)
+            left = _ray_processes(str(temp))
+        print(f"the killed driver's Ray processes were gone {time.monotonic() - killed:.1f} s after the kill")
+        assert left == [], f"left running after the driver's kill -9: {_names(left)}"
     finally:
-        for pid in _ray_processes(str(temp)):  # the killed driver's raylet and workers
+        for pid in _ray_processes(str(temp)):  # only if the assertion above failed: this test's own cluster
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -254,7 +290,12 @@ def test_a_killed_driver_resumes_with_the_same_command(data, tmp_path):
     assert len(written) >= 2 and not (out / "manifest.json").exists()
     again = [c for c in cmd if c != "--quiet"]  # the same command (with its summary line)
     done = subprocess.run(again, capture_output=True, text=True, timeout=300, env=env)
-    for pid in _ray_processes(str(temp)):
+    ended = time.monotonic()
+    left = _ray_processes(str(temp))
+    while left and time.monotonic() - ended < 20:  # Ray's shutdown, then the guard's look for stragglers
+        time.sleep(0.2)
+        left = _ray_processes(str(temp))
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
     shutil.rmtree(temp, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -264,6 +305,45 @@ def test_a_killed_driver_resumes_with_the_same_command(data, tmp_path):
     # orphaned writer completing its atomic rename) is kept too, never written twice
     assert len(written) <= complete < parts
     assert "2,996 records, 4 skipped" in done.stderr
+    assert left == [], f"left running after a finished run: {_names(left)}"
+    assert not (out / "writer.lock").exists()
+
+
+def _csv(path, n):
+    """``n`` csv rows (header ``text,id``); every 5th text holds a quoted newline and a quoted comma."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "id"])
+        for i in range(n):
+            w.writerow([f"row {i}, with a comma\nand a second line" if i % 5 == 0 else f"plain row {i}", i])
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_csv_and_tsv_parts_hold_part_records(cluster, data, tmp_path, tiny_extractors, fmt):
+    """A csv/tsv input is cut where the csv reader ends a row (quoted newlines included): 1,200 rows with
+    ``part_records=300`` are 4 parts (they were 1), and the store equals a local run."""
+    _, _, model = data
+    src = _csv(tmp_path / "c.csv", 1200)
+    if fmt == "tsv":
+        import csv
+
+        with open(src, newline="", encoding="utf-8") as fh:
+            rows = [[c.replace("\n", " ") for c in r] for r in csv.reader(fh)]
+        src = tmp_path / "c.tsv"
+        src.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    extract(src, tmp_path / "local", model=tiny_extractors["bert"], layers="-2:", keep=("id",))
+    summary = lw.ray.extract(src, tmp_path / "ray", lw.EncodeSpec(layers="-2:"),
+                             model=lw.ModelOptions(model, device="cpu"), reading=lw.ReadOptions(keep=("id",)),
+                             part_records=300)
+    assert summary.parts == 4 and summary.records == 1200
+    got = open_store(tmp_path / "ray")
+    assert [open_store(part_path(tmp_path / "ray", p)).manifest["counts"]["records"] for p in range(4)] == [300] * 4
+    _same(got, open_store(tmp_path / "local"))
+    if fmt == "csv":
+        assert got.lines[-1] == 1200 + 1200 // 5 + 1  # header, rows, and the second line of every 5th
 
 
 def test_cli_engine_ray(data, tmp_path):

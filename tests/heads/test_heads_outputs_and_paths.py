@@ -63,7 +63,7 @@ def test_train_never_replaces_what_it_did_not_write(env, tmp_path):
     foreign = tmp_path / "notes"
     foreign.mkdir()
     (foreign / "mine.txt").write_text("keep")
-    with pytest.raises(ValueError, match="non-empty directory that is not a layerwise model; layerwise never replaces"):
+    with pytest.raises(ValueError, match="exists and is not a layerwise model directory .*; layerwise never replaces"):
         lw.heads.train(
             HeadConfig(model=env["model"]),
             env["root"] / "train.tsv",
@@ -99,7 +99,7 @@ def test_save_replaces_only_its_own_files(trained, env, tmp_path):
     hf = tmp_path / "hf-model"
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "bert"}')  # someone else's config.json is never replaced
-    with pytest.raises(ValueError, match="not a layerwise model directory; layerwise never replaces what it did not"):
+    with pytest.raises(ValueError, match="not a layerwise model directory .*; layerwise never replaces what it"):
         clf.save(hf)
     assert (hf / "config.json").read_text() == '{"model_type": "bert"}' and os.listdir(hf) == ["config.json"]
     fake = tmp_path / "fake"
@@ -137,7 +137,8 @@ def test_train_replaces_its_own_model_only_with_overwrite(env, trained, tmp_path
         str(env["root"] / "cache"),
     ]
     res = CliRunner().invoke(app, args)
-    assert res.exit_code == 2 and "holds a layerwise model already; pass --overwrite" in res.stderr
+    said = " ".join(res.stderr.split())
+    assert res.exit_code == 2 and "holds an earlier layerwise model directory; pass --overwrite" in said
     res = CliRunner().invoke(app, [*args, "--overwrite"])
     assert res.exit_code == 0, res.stderr
     assert json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])["epoch"] == 1

@@ -560,7 +560,7 @@ def test_probe_output_marker_is_required(env, tmp_path):
         _sentence_run(env, out, overwrite=True)
     assert _snapshot(out) == before
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(LayerwiseError, match="is a file; give a directory for the probe's results"):
+    with pytest.raises(LayerwiseError, match="is a file; give a directory for the layerwise probe output"):
         _sentence_run(env, tmp_path / "a-file", overwrite=True)
 
 

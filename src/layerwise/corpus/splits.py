@@ -8,9 +8,13 @@ input                               splits
 ==================================  ===============================================================================
 one ``txt`` / ``jsonl`` file        byte ranges of about ``records`` records each (the record size estimated from
                                     the first 64 KiB), each starting at the first line start at or after its offset
-several files (a directory, a       each file on its own (and a large ``txt`` / ``jsonl`` file cut in byte ranges);
-glob)                               ``csv``, CoNLL-2003 and CoNLL-U files whole, so a quoted field or a document is
-                                    never cut
+one ``csv`` / ``tsv`` file          byte ranges of ``records`` rows each, cut where the csv reader ends a row (a
+                                    quoted field holding newlines is never cut): the one format planned by reading
+                                    it, one pass of the csv reader (:func:`csv_row_starts`); every split after the
+                                    first is read after the file's header row
+several files (a directory, a       each file on its own (and each large ``txt`` / ``jsonl`` / ``csv`` / ``tsv``
+glob)                               file cut as above); CoNLL-2003 and CoNLL-U files whole, so a document is never
+                                    cut
 parquet files                       runs of row groups of about ``records`` rows (row counts from the footers)
 a table in memory                   row slices of ``records`` rows
 ==================================  ===============================================================================
@@ -20,23 +24,26 @@ lines (or rows) it covers. A record's line in the whole input is the line count 
 its line in the split, the numbering a sequential read of the same input gives (lines counted on across files);
 the count of the splits before is known only after they are read, so the store that holds the parts adds it when
 it is opened (:mod:`layerwise.store.reader`). Planning reads one footer per parquet file and 64 KiB of the first
-text file: a directory of 1,000 files or one 10 GB file plans in well under a second.
+text file: a directory of 1,000 files or one 10 GB txt file plans in well under a second. A csv/tsv file is read
+once by the planner (the csv reader's speed, tens of MB/s), since only that reader knows where a row ends.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import math
 import os
-from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from dataclasses import asdict, dataclass, replace
+from typing import IO, Any, Iterator
 
 from ..errors import InputError
 from .records import Item, RangeStream
 
 SAMPLE_BYTES = 64 << 10
 BYTE_RANGE_FORMATS = ("txt", "jsonl")  # formats whose records never span a line break
+ROW_FORMATS = ("csv", "tsv")  # formats cut where the csv reader ends a row, each split read after the header
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,72 @@ def _byte_splits(file: int, path: str, size: int, target: int) -> list[Split]:
     return [Split(file, path, "bytes", a, b) for a, b in zip(bounds, bounds[1:])]
 
 
+def _byte_lines(fh: IO[bytes], counter: list[int]) -> Iterator[str]:
+    """The lines of a binary file decoded as the csv readers decode them, adding each line's bytes to ``counter[0]``
+    as it is handed out (so after a row, ``counter[0]`` is the offset of the next row's first byte)."""
+    first = True
+    for raw in fh:
+        counter[0] += len(raw)
+        line = raw.decode("utf-8", "surrogateescape")
+        if first:
+            line, first = line.lstrip("\ufeff"), False
+        yield line
+
+
+def _csv_reader(lines: Iterator[str], fmt: str) -> Any:
+    """The csv reader the ``csv``/``tsv`` format reads rows with (:mod:`layerwise.corpus.readers`), over ``lines``."""
+    return csv.reader(lines, delimiter="\t" if fmt == "tsv" else ",",
+                      quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL, strict=True)
+
+
+def csv_row_starts(path: str, fmt: str, every: int) -> tuple[int, list[int]]:
+    """One pass of the csv reader over a ``csv``/``tsv`` file: the byte offset where its header row ends, and the
+    offsets where every ``every``-th row after it starts (rows the reader ends, so a quoted field holding newlines
+    is never cut; a malformed row counts as one). The reader asks for one line at a time and returns a row only
+    at the end of a line outside quotes, so the bytes handed out when it returns are exactly the rows read."""
+    counter = [0]
+    with open(path, "rb") as fh:
+        reader = _csv_reader(_byte_lines(fh, counter), fmt)
+        starts: list[int] = []
+        try:
+            next(reader)
+        except StopIteration:
+            return counter[0], starts
+        except csv.Error:
+            pass  # a malformed header: the reader of the first split names it
+        header_end, rows = counter[0], 0
+        while True:
+            try:
+                next(reader)
+            except StopIteration:
+                break
+            except csv.Error:
+                pass  # a malformed row is a bad record of its split; it still ends where the reader stopped
+            rows += 1
+            if rows % every == 0:
+                starts.append(counter[0])
+    size = os.path.getsize(path)
+    return header_end, [s for s in starts if s < size]
+
+
+def csv_header(path: str, fmt: str) -> bytes:
+    """The bytes of a ``csv``/``tsv`` file's header row (its first row, as the csv reader ends it)."""
+    counter = [0]
+    with open(path, "rb") as fh:
+        try:
+            next(_csv_reader(_byte_lines(fh, counter), fmt))
+        except (StopIteration, csv.Error):
+            pass
+        fh.seek(0)
+        return fh.read(counter[0])
+
+
+def _row_splits(file: int, path: str, fmt: str, records: int) -> list[Split]:
+    header_end, starts = csv_row_starts(path, fmt, records)
+    bounds = [0, *starts, os.path.getsize(path)]
+    return [Split(file, path, "bytes", a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 def plan_splits(source: Any, files: list[str], records: int) -> list[Split]:
     """The splits of ``source`` (its ``files``, from :func:`~layerwise.corpus.readers.corpus_files`) of about
     ``records`` records each, in input order (see the module docstring)."""
@@ -107,6 +180,8 @@ def plan_splits(source: Any, files: list[str], records: int) -> list[Split]:
             if start < meta.num_row_groups or meta.num_row_groups == 0:
                 out.append(Split(i, path, "row_groups", start, meta.num_row_groups))
         return out
+    if source.fmt in ROW_FORMATS:
+        return [split for i, path in enumerate(files) for split in _row_splits(i, path, source.fmt, records)]
     if source.fmt not in BYTE_RANGE_FORMATS:
         return [Split(i, path, "bytes", 0, os.path.getsize(path)) for i, path in enumerate(files)]
     target = int(records / _records_per_byte(files[0], source.fmt))
@@ -114,6 +189,24 @@ def plan_splits(source: Any, files: list[str], records: int) -> list[Split]:
     for i, path in enumerate(files):
         out.extend(_byte_splits(i, path, os.path.getsize(path), target))
     return out
+
+
+def uncut_reason(source: Any, files: list[str], records: int) -> str | None:
+    """Why some parts of :func:`plan_splits` may hold more than ``records`` records, in one line, or ``None``: CoNLL
+    files are read whole (a document is never cut), and a parquet row group is never split."""
+    if source.fmt in ("conll", "conllu"):
+        return (f"{source.fmt} files are read whole, so a document is never cut: each of the {len(files):,} files is "
+                f"one part, whatever its size (part_records={records:,} applies to txt, jsonl, csv, tsv and parquet)")
+    if source.fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        metas = [pq.read_metadata(path) for path in files]
+        largest = max((m.row_group(g).num_rows for m in metas for g in range(m.num_row_groups)), default=0)
+        if largest > records:
+            return (f"a parquet row group is never split: row groups of up to {largest:,} rows make parts larger "
+                    f"than part_records={records:,} (write the files with smaller row groups, e.g. "
+                    f"pyarrow.parquet.write_table(..., row_group_size={records:,}), to cut them finer)")
+    return None
 
 
 class _CountingRaw(io.RawIOBase):
@@ -175,7 +268,10 @@ class SplitReader:
             self.lines = sum(pf.metadata.row_group(g).num_rows for g in groups)
             yield from read_row_groups(pf, groups, reading.text_field, reading.keep, str(s.path))
             return
-        if self.source.fmt not in BYTE_RANGE_FORMATS:  # a whole file (csv needs a real file object)
+        if self.source.fmt in ROW_FORMATS:
+            yield from self._rows(s)
+            return
+        if self.source.fmt not in BYTE_RANGE_FORMATS:  # a whole file (CoNLL: documents are never cut)
             raw = _CountingRaw(str(s.path))
             try:
                 yield from read_stream(io.BufferedReader(raw), self.source.fmt, reading)
@@ -191,9 +287,54 @@ class SplitReader:
         self.lines, self.sha256 = stream.lines, stream.sha256()
 
 
+    def _rows(self, s: Split) -> Iterator[Item]:
+        """A ``csv``/``tsv`` split: its rows read after the file's header row (the split's lines numbered without
+        the header's, which belongs to the first split)."""
+        from .readers import read_stream
+
+        header = b""
+        if s.start > 0:
+            header = csv_header(str(s.path), self.source.fmt)
+        skip = header.count(b"\n")
+        raw = _PrefixedRange(header, RangeStream(str(s.path), s.start, s.end))
+        try:
+            for item in read_stream(io.BufferedReader(raw), self.source.fmt, self.reading):
+                yield replace(item, line=item.line - skip) if skip else item
+        finally:
+            raw.close()
+        self.lines, self.sha256 = raw.range.lines, raw.range.sha256()
+
+
+class _PrefixedRange(io.RawIOBase):
+    """``prefix`` (a header row, not counted) then the lines of a :class:`RangeStream`, as a raw binary file (the csv
+    reader needs a real file object)."""
+
+    def __init__(self, prefix: bytes, rng: RangeStream):
+        self.pending, self.range, self.lines_iter = prefix, rng, iter(rng)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            line = next(self.lines_iter, None)
+            if line is None:
+                return 0
+            self.pending = line
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.range.close()
+        super().close()
+
+
 def read_split(source: Any, split: Split, reading: Any) -> SplitReader:
     """A :class:`SplitReader` for ``split`` of ``source`` read with ``reading`` (:class:`ReadOptions`)."""
     return SplitReader(source, split, reading)
 
 
-__all__ = ["BYTE_RANGE_FORMATS", "Split", "SplitReader", "plan_splits", "read_split"]
+__all__ = ["BYTE_RANGE_FORMATS", "ROW_FORMATS", "Split", "SplitReader", "csv_header", "csv_row_starts", "plan_splits",
+           "read_split", "uncut_reason"]

@@ -38,6 +38,7 @@ from ..encoding.layers import LayerSpec
 from ..encoding.spec import EncodeSpec
 from ..errors import ExportError
 from ..model.options import ModelOptions
+from ..outputs import OwnedOutput
 from ..version import __version__
 from .plan import ExportPlan, ModelFacts, plan_export, serve_alias
 
@@ -124,22 +125,29 @@ def _source_options(model: ModelOptions | str | os.PathLike | None, options: dic
     return opts.replace(backend="torch")
 
 
+def owned_output(output: Path) -> OwnedOutput:
+    """The export directory as an :class:`~layerwise.outputs.OwnedOutput` (its marker: ``layerwise-export.json``;
+    its own entries: the files that report lists, and the report)."""
+    return OwnedOutput(output, "directory", "layerwise export", owned=is_export,
+                       marker=f"{REPORT_NAME} of a layerwise export", own_entries=_own_entries, error=ExportError)
+
+
+def _listed(output: Path) -> set[str]:
+    return set(json.loads((output / REPORT_NAME).read_text(encoding="utf-8"))["export"].get("files", []))
+
+
+def _own_entries(output: Path) -> list[str]:
+    """The top-level entries of an earlier export (the files its report lists, and the report)."""
+    return sorted({name.split("/", 1)[0] for name in _listed(output)} | {REPORT_NAME})
+
+
 def check_output(output: Path, overwrite: bool) -> None:
     """Refuse an output that is a file, or a non-empty directory that is not an earlier layerwise export (or is one
-    and ``overwrite`` is not set)."""
-    if not output.exists():
+    and ``overwrite`` is not set, or holds files the export did not write)."""
+    owned_output(output).check(overwrite)
+    if not output.is_dir() or not any(output.iterdir()):
         return
-    if not output.is_dir():
-        raise ExportError(f"{output} is a file; an export writes a directory. Choose another output (-o)")
-    if not any(output.iterdir()):
-        return
-    if not is_export(output):
-        raise ExportError(f"{output} holds files that layerwise did not write (no {REPORT_NAME}); it is never "
-                          f"replaced. Choose another output (-o) or an empty directory")
-    if not overwrite:
-        raise ExportError(f"{output} holds an earlier layerwise export; pass overwrite=True (CLI --overwrite) to "
-                          f"replace it, or choose another output (-o)")
-    listed = set(json.loads((output / REPORT_NAME).read_text(encoding="utf-8"))["export"].get("files", []))
+    listed = _listed(output)
     added = sorted(str(p.relative_to(output)) for p in output.rglob("*")
                    if p.is_file() and str(p.relative_to(output)) not in listed | {REPORT_NAME})
     if added:
@@ -159,21 +167,10 @@ def is_export(directory: Path) -> bool:
 
 def _place(built: Path, output: Path, overwrite: bool) -> None:
     """Move the checked ``built`` directory to ``output``, checking the output again first (it may have changed
-    while the export ran); an earlier export there is removed only once the new one is in place, and put back if
-    the move fails."""
+    while the export ran); an earlier export's entries are replaced only once the new ones are there
+    (:meth:`OwnedOutput.place <layerwise.outputs.OwnedOutput.place>`)."""
     check_output(output, overwrite)
-    old = None
-    if output.exists():
-        old = output.parent / f".{output.name}.replaced-{os.getpid()}"
-        os.replace(output, old)
-    try:
-        os.replace(built, output)
-    except OSError:
-        if old is not None:
-            os.replace(old, output)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    owned_output(output).place(built, overwrite=overwrite)
 
 
 def _remove_stale(output: Path) -> None:

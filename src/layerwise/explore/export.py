@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import LayerwiseError
+from ..outputs import OwnedOutput
 from .app import Explorer
 from .projection import available_methods
 
@@ -69,14 +70,15 @@ def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool 
     """Write ``explorer`` as one offline HTML file at ``path`` (see the module docstring); returns the path.
     ``progress`` is told of each step of the snapshot (see :func:`snapshot`).
 
+    The page carries its marker (the ``window.LAYERWISE_SNAPSHOT`` its data is in): an earlier exported page is
+    replaced only with ``overwrite``, any other file never (:class:`~layerwise.outputs.OwnedOutput`).
+
     Raises:
-        LayerwiseError: ``path`` exists (``overwrite`` replaces a file) or is a directory; nothing to show.
+        LayerwiseError: ``path`` is a directory, a file that is not an exported page, or an earlier page without
+            ``overwrite``; nothing to show.
     """
-    out = Path(path)
-    if out.is_dir():
-        raise LayerwiseError(f"--export {os.fspath(path)!r} is a directory; give a file name such as page.html")
-    if out.exists() and not overwrite:
-        raise LayerwiseError(f"--export {os.fspath(path)!r} exists; give another file name, or --overwrite")
+    output = owned_page(Path(path))
+    output.check(overwrite)
     if explorer.corpus is None and not explorer.probe_dirs:
         raise LayerwiseError("nothing to export: give a STORE, --texts FILE or --probe DIR")
     static = resources.files("layerwise.explore").joinpath("static")
@@ -89,10 +91,22 @@ def export_page(explorer: Explorer, path: str | os.PathLike, *, overwrite: bool 
         raise LayerwiseError("the explorer page does not reference its CSS and script as expected; reinstall layerwise")
     data = f"<script>window.{SNAPSHOT} = {_script_json(snapshot(explorer, progress))};</script>"
     page = page.replace(link, f"<style>\n{css}\n</style>").replace(script, f"{data}\n<script>\n{js}\n</script>")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return output.write(lambda staged: staged.write_text(page, encoding="utf-8"), overwrite=overwrite)
 
 
-__all__ = ["SNAPSHOT", "Progress", "export_page", "snapshot"]
+def _is_page(path: Path) -> bool:
+    """Whether ``path`` is a page this module exported (its data script names :data:`SNAPSHOT`)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return any(f"<script>window.{SNAPSHOT} = " in line for line in fh)
+    except OSError:
+        return False
+
+
+def owned_page(path: Path) -> OwnedOutput:
+    """An exported page at ``path`` as an :class:`~layerwise.outputs.OwnedOutput` (its marker: the data script)."""
+    return OwnedOutput(path, "file", "layerwise explorer page", owned=_is_page,
+                       marker=f"window.{SNAPSHOT} data script of an exported explorer page")
+
+
+__all__ = ["SNAPSHOT", "Progress", "export_page", "owned_page", "snapshot"]

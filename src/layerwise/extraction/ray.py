@@ -19,25 +19,30 @@
    writes the top-level manifest that lists them (:mod:`layerwise.store.parts`). There is no merge:
    :func:`~layerwise.store.open_store` reads the parts as one store, in input order.
 
-A stall watchdog ends a run in which no part finished for ``stall_timeout`` seconds, with what each stage has done
-and the cluster's free resources in the message; the finished parts stay and the same call resumes. Faults: a dead
-encode actor is restarted by Ray and its part retried; a part written twice by a retried write is the same part
-(the rename keeps one). A driver that dies leaves finished parts on disk: the same call (or command) skips them.
-The part stores are the source of truth for what is done; Ray's own checkpointing is not used.
+One run at a time: the driver holds the output's lock (:mod:`layerwise.store.lock`, ``OUTPUT/writer.lock``) from
+before the first part to the top-level manifest, so a second driver on the same output is refused naming the first.
+A stall watchdog (:mod:`layerwise.extraction.stall`) ends a run in which no part finished for ``stall_timeout``
+seconds, with what each stage has done and the cluster's free resources in the message; the finished parts stay
+and the same call resumes. Faults: a dead encode actor is restarted by Ray and its part retried; a part written
+twice by a retried write is the same part (the rename keeps one, :mod:`layerwise.store.part_store`). A driver that
+dies leaves finished parts on disk: the same call (or command) skips them. A local cluster the run started is its
+own (:mod:`layerwise.extraction.cluster`): shut down when the run ends, and ended by a guard process when the
+driver dies (``kill -9`` included). The part stores are the source of truth for what is done; Ray's own
+checkpointing is not used.
+
+What a run needs in its tasks and actors travels as one frozen :class:`RayJob`.
 
 Needs ``pip install 'layerwise[ray]'``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
+import contextlib
 import math
 import os
 import pickle
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -48,22 +53,26 @@ from typing import Any, Callable
 
 from ..corpus.readers import BadRecord, ReadOptions
 from ..corpus.sources import Source, open_source
-from ..corpus.splits import Split, plan_splits, read_split
+from ..corpus.splits import Split, plan_splits, read_split, uncut_reason
 from ..encoding.spec import EncodeSpec
 from ..errors import ExtractError, StoreError
 from ..extras import require
 from ..model.options import ModelOptions
+from ..notices import notice
 from ..store import STORE_DTYPES, StoreWriter
-from ..store.layout import MANIFEST, PART_RE
+from ..store.layout import MANIFEST
+from ..store.lock import StoreLock
 from ..store.manifest import is_store_manifest, read_manifest
+from ..store.part_store import finished_parts, part_path, write_part
 from ..store.parts import is_parted, part_name, write_parts_manifest
 from ..store.writer import identity
+from .cluster import RayCluster
 from .options import ExtractOptions
 from .pool import IO_CPUS, TOKENIZE_CPUS, check_object_store, cluster_resources, local_resources, size_pool
+from .stall import PROGRESS, StallWatchdog, mark
 
 DEFAULT_PART_RECORDS = 10_000
 DEFAULT_STALL_TIMEOUT = 600.0
-PROGRESS = ".layerwise-progress"  # the stages' progress marks, inside the output while a run goes on
 
 
 def require_ray() -> Any:
@@ -83,9 +92,41 @@ class RaySummary:
     workers: int = 0
 
 
-def part_path(output: str | os.PathLike, part: int) -> Path:
-    """Where part ``part`` of a Ray extraction into ``output`` is written: ``OUTPUT/part-NNNNN``."""
-    return Path(output) / part_name(part)
+@dataclass(frozen=True)
+class RayJob:
+    """What the stages of one Ray run need, sent once to each task and actor (the input itself, which may be a
+    table in memory, goes only to the read stage: :func:`prepare_parts`).
+
+    Attributes:
+        reading: how the input is read. spec: what to compute (layers resolved). options: the run's
+            :class:`ExtractOptions` (``batch_tokens``, ``strict`` and ``overwrite`` apply). model: the
+            :class:`~layerwise.ModelOptions` each encode actor loads. header: the store header every part records.
+        parts: each part's header entry (its index, the count, its split), in input order.
+        output: the store directory. progress: the stages' progress directory. cancel: the file whose appearance
+            ends the encode actors (a run that stopped).
+        workers, cpus_per_worker, gpus_per_worker, tokenize_cpus: the pool. stall_timeout: seconds without a
+            finished part before the run ends. on_part: called in the encode actor after each part (tests).
+    """
+
+    reading: ReadOptions
+    spec: EncodeSpec
+    options: ExtractOptions
+    model: ModelOptions
+    header: dict[str, Any]
+    parts: tuple[dict[str, Any], ...]
+    output: str
+    progress: str
+    cancel: str
+    workers: int
+    cpus_per_worker: int
+    gpus_per_worker: float
+    tokenize_cpus: float
+    stall_timeout: float
+    on_part: Callable[[int], None] | None = None
+
+    def split(self, part: int) -> Split:
+        """The split part ``part`` reads."""
+        return Split.from_dict(self.parts[part])
 
 
 def _pack(obj: Any) -> bytes:
@@ -96,39 +137,28 @@ def _unpack(data: Any) -> Any:
     return pickle.loads(bytes(data))
 
 
-def _mark(progress: str | None, stage: str, part: int) -> None:
-    """Note that ``stage`` finished ``part`` (one line in this process's own file: no two writers share one)."""
-    if progress is None:
-        return
-    try:
-        with open(os.path.join(progress, f"{stage}-{socket.gethostname()}-{os.getpid()}"), "a") as fh:
-            fh.write(f"{part}\n")
-    except OSError:
-        pass  # progress marks only feed the stall message
-
-
 # ---- the stages (each runs in a Ray task or actor; rows are {"part": int, "data": pickled bytes}) ----------------
-def prepare_parts(batch: dict[str, Any], source: Source, reading: ReadOptions, tokenizer: Any, spec: EncodeSpec,
-                  strict: bool, progress: str | None) -> dict[str, list[Any]]:
+def prepare_parts(batch: dict[str, Any], job: RayJob, source: Source, tokenizer: Any) -> dict[str, list[Any]]:
     """Stage ``prepare``: read each part's split (no other part's bytes) and tokenise its good records."""
+    from .shards import tokenize_records
+
     out: dict[str, list[Any]] = {"part": [], "data": []}
-    for part, split in zip(batch["part"], batch["split"]):
+    for part in batch["part"]:
+        part = int(part)
         t0 = time.perf_counter()
-        reader = read_split(source, Split.from_dict(json.loads(split)), reading)
+        reader = read_split(source, job.split(part), job.reading)
         items = list(reader.items())
         bad = next((i for i in items if isinstance(i, BadRecord)), None)
-        if strict and bad is not None:
-            raise ExtractError(f"bad record at line {bad.line} of part {int(part)} of {source.name}: {bad.reason} "
+        if job.options.strict and bad is not None:
+            raise ExtractError(f"bad record at line {bad.line} of part {part} of {source.name}: {bad.reason} "
                                f"(--strict; lines are counted from the part's first line)")
         t1 = time.perf_counter()
         records = [i for i in items if not isinstance(i, BadRecord)]
-        from .shards import tokenize_records
-
-        toks = tokenize_records(tokenizer, spec, records)
+        toks = tokenize_records(tokenizer, job.spec, records)
         facts = {"lines": reader.lines, "sha256": reader.sha256, "records": len(items),
                  "read_seconds": t1 - t0, "tokenize_seconds": time.perf_counter() - t1}
-        _mark(progress, "prepared", int(part))
-        out["part"].append(int(part))
+        mark(job.progress, "prepared", part)
+        out["part"].append(part)
         out["data"].append(_pack((items, toks, facts)))
     return out
 
@@ -143,61 +173,37 @@ def _exit_when(marker: str, poll: float = 0.5) -> None:
 class EncodeWorker:
     """Stage ``encode`` (a Ray actor): loads the model once, then turns tokenised parts into shard tensors."""
 
-    def __init__(self, job: dict[str, Any]):
+    def __init__(self, job: RayJob):
         import torch
 
         from ..extractor import Extractor
 
-        torch.set_num_threads(max(1, int(job["cpus_per_worker"])))
+        torch.set_num_threads(max(1, int(job.cpus_per_worker)))
         self.job = job
-        if job.get("cancel"):  # a run that ends (a stall, an interrupt) frees this actor's CPUs and GPUs at once
-            threading.Thread(target=_exit_when, args=(job["cancel"],), daemon=True).start()
-        self.ex = Extractor.from_options(ModelOptions.from_dict(job["model"]))
+        # a run that ends (a stall, an interrupt) frees this actor's CPUs and GPUs at once
+        threading.Thread(target=_exit_when, args=(job.cancel,), daemon=True).start()
+        self.ex = Extractor.from_options(job.model)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        from .shards import shard_tensors
+
         job = self.job
         out: dict[str, list[Any]] = {"part": [], "data": []}
         for part, data in zip(batch["part"], batch["data"]):
             items, toks, facts = _unpack(data)
             t0 = time.perf_counter()
             records = [i for i in items if not isinstance(i, BadRecord)]
-            from .shards import shard_tensors
-
-            budget = job["batch_tokens"] or self.ex.batch_tokens  # default: this worker's device's budget
-            shard = shard_tensors(self.ex, job["spec"], records, job["keep"], budget, toks=toks) if records else None
+            budget = job.options.batch_tokens or self.ex.batch_tokens  # default: this worker's device's budget
+            shard = (shard_tensors(self.ex, job.spec, records, job.reading.keep, budget, toks=toks)
+                     if records else None)
             errors = [(i.line, i.reason) for i in items if isinstance(i, BadRecord)]
             facts["encode_seconds"] = time.perf_counter() - t0
-            _mark(job["progress"], "encoded", int(part))
-            if job.get("on_part") is not None:
-                job["on_part"](int(part))
+            mark(job.progress, "encoded", int(part))
+            if job.on_part is not None:
+                job.on_part(int(part))
             out["part"].append(int(part))
             out["data"].append(_pack((shard, errors, facts)))
         return out
-
-
-def write_part(path: Path, header: dict[str, Any], shard: Any, errors: list[tuple[int, str]],
-               facts: dict[str, Any] | None = None) -> None:
-    """One part store at ``path``, written beside it and renamed into place (a part is absent or complete); its
-    manifest records its split's ``facts`` (``split``: lines, sha256 of its bytes, each stage's seconds)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    t0 = time.perf_counter()
-    with StoreWriter(tmp, header) as writer:  # its lock goes (and its file) before the rename
-        writer.open()
-        if shard is not None:
-            tensors, meta, tokens = shard
-            writer.write_shard(tensors, meta, tokens=tokens)
-        for line, reason in errors:
-            writer.log_error(line, reason)
-        writer.manifest["split"] = {**(facts or {}), "write_seconds": time.perf_counter() - t0}
-        writer.write_manifest("complete", len(errors))
-    try:
-        os.replace(tmp, path)  # an empty directory left by an interrupted run is replaced
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # our own temporary directory
-        if not (path / MANIFEST).exists():
-            raise StoreError(f"{str(path)!r} holds files that are not a layerwise part store: move them away and "
-                             f"rerun (layerwise never deletes files it did not write)") from None
-        # else: a retried write found the same part already there
 
 
 def _datasink_base() -> type:
@@ -212,31 +218,31 @@ class StoreSink:
     Built by :func:`store_sink` (the class derives from ``ray.data.Datasink`` only when Ray is imported).
     """
 
-    def __init__(self, output: str, header: dict[str, Any], parts: list[dict[str, Any]], progress: str | None):
-        self.output, self.header, self.parts, self.progress = output, header, parts, progress
+    def __init__(self, job: RayJob):
+        self.job = job
 
     def write(self, blocks: Any, ctx: Any) -> int:
         """Write the parts in ``blocks`` (one row each); returns how many."""
         import pyarrow as pa
 
-        n = 0
+        job, n = self.job, 0
         for block in blocks:
             table = block if isinstance(block, pa.Table) else pa.Table.from_pandas(block)
             if table.num_rows == 0:
                 continue
             for part, data in zip(table.column("part").to_pylist(), table.column("data").to_pylist()):
                 shard, errors, facts = _unpack(data)
-                header = {**self.header, "part": self.parts[int(part)]}
-                write_part(part_path(self.output, int(part)), header, shard, errors, facts)
-                _mark(self.progress, "written", int(part))
+                header = {**job.header, "part": job.parts[int(part)]}
+                write_part(part_path(job.output, int(part)), header, shard, errors, facts)
+                mark(job.progress, "written", int(part))
                 n += 1
         return n
 
 
-def store_sink(output: str, header: dict[str, Any], parts: list[dict[str, Any]], progress: str | None) -> Any:
+def store_sink(job: RayJob) -> Any:
     """A :class:`StoreSink` that is a ``ray.data.Datasink``."""
     cls = type("LayerwiseStoreDatasink", (StoreSink, _datasink_base()), {})
-    return cls(output, header, parts, progress)
+    return cls(job)
 
 
 # ---- the driver ---------------------------------------------------------------------------------------------------
@@ -247,25 +253,17 @@ def _part_headers(splits: list[Split]) -> list[dict[str, Any]]:
 
 def _finished_parts(output: str, header: dict[str, Any], parts: list[dict[str, Any]], overwrite: bool) -> set[int]:
     """The parts already complete on disk; a part made with other options is refused unless ``overwrite``."""
-    done = set()
-    for p, part in enumerate(parts):
-        path = part_path(output, p)
-        if not (path / MANIFEST).exists():
-            continue
-        try:
-            with StoreWriter(path, {**header, "part": part}) as writer:
-                state = writer.open(overwrite=overwrite)
-        except StoreError as exc:
-            raise ExtractError(f"{exc} (a part of an earlier Ray run into {output!r}; --overwrite redoes them)") \
-                from exc
-        if state == "complete":
-            done.add(p)
-    return done
+    try:
+        return finished_parts(output, header, parts, overwrite)
+    except StoreError as exc:
+        raise ExtractError(f"{exc} (a part of an earlier Ray run into {output!r}; --overwrite redoes them)") \
+            from exc
 
 
-def _open_output(out: str, header: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+def _open_output(out: str, header: dict[str, Any], overwrite: bool, lock: StoreLock) -> dict[str, Any] | None:
     """The output's top-level manifest when it is this run's, finished (then there is nothing to do); refuses a
-    directory holding another store unless ``overwrite`` (then only layerwise's own manifest goes)."""
+    directory holding another store unless ``overwrite`` (then only layerwise's own manifest goes). ``lock`` is
+    the output's lock, held by this driver."""
     mfile = Path(out) / MANIFEST
     if not mfile.exists():
         return None
@@ -283,77 +281,12 @@ def _open_output(out: str, header: dict[str, Any], overwrite: bool) -> dict[str,
         raise ExtractError(f"{out!r} holds {what} (its manifest differs from this run's); choose another output "
                            f"directory, or pass --overwrite (overwrite=True) to redo it")
     if m is not None and not is_parted(m) and m["shards"]:
-        with StoreWriter(out, header) as writer:  # a plain store's own files go
+        lock.release()  # the writer takes the same lock to remove a plain store's own files; ours again after
+        with StoreWriter(out, header) as writer:
             writer.open(overwrite=True)
+        lock.acquire()
     mfile.unlink(missing_ok=True)
     return None
-
-
-def _progress_counts(progress: str) -> dict[str, int]:
-    counts: dict[str, set[int]] = {}
-    try:
-        names = os.listdir(progress)
-    except OSError:
-        return {}
-    for name in names:
-        stage = name.split("-", 1)[0]
-        try:
-            with open(os.path.join(progress, name)) as fh:
-                counts.setdefault(stage, set()).update(int(x) for x in fh.read().split())
-        except (OSError, ValueError):
-            continue
-    return {k: len(v) for k, v in counts.items()}
-
-
-def _count_done(out: str) -> int:
-    try:
-        return sum(1 for e in os.scandir(out) if PART_RE.match(e.name))
-    except OSError:
-        return 0
-
-
-class StallWatchdog(threading.Thread):
-    """Ends a run (an exception in the driver's thread) when no part has finished for ``timeout`` seconds; the
-    message (``message``) says what each stage has done and what the cluster has free."""
-
-    def __init__(self, ray: Any, out: str, progress: str, parts: int, workers: int, timeout: float):
-        super().__init__(daemon=True, name="layerwise-stall-watchdog")
-        self.ray, self.out, self.progress, self.parts, self.workers = ray, out, progress, parts, workers
-        self.timeout, self.driver = timeout, threading.get_ident()
-        self.done = threading.Event()
-        self.message: str | None = None
-
-    def run(self) -> None:
-        poll = max(0.05, min(5.0, self.timeout / 4))
-        seen, since = _count_done(self.out), time.monotonic()
-        while not self.done.wait(poll):
-            n = _count_done(self.out)
-            if n != seen:
-                seen, since = n, time.monotonic()
-            elif time.monotonic() - since > self.timeout:
-                self.message = self.describe(n)
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.driver),
-                                                           ctypes.py_object(KeyboardInterrupt))
-                return
-
-    def describe(self, finished: int) -> str:
-        """The stall message: stages, pool, free resources, what to do."""
-        stages = _progress_counts(self.progress)
-        try:
-            free = self.ray.available_resources()
-            total = self.ray.cluster_resources()
-            room = (f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs free"
-                    + (f", {free.get('GPU', 0):g} of {total.get('GPU', 0):g} GPUs" if total.get("GPU") else ""))
-        except Exception:  # noqa: BLE001 - the message is built even when Ray cannot answer
-            room = "Ray did not say what is free"
-        return (
-            f"no part finished for {self.timeout:g} s (stall_timeout, --stall-timeout): {finished:,} of "
-            f"{self.parts:,} parts are on disk. Stages: read and tokenised {stages.get('prepared', 0):,} parts, "
-            f"encoded {stages.get('encoded', 0):,} (pool of {self.workers}), written {stages.get('written', 0):,}; "
-            f"cluster: {room}. The finished parts are kept: rerun the same command to resume. If a stage holds no "
-            f"resources, run `ray status` (or open the Ray dashboard) to see what waits; give fewer --num-workers "
-            f"or a longer --stall-timeout for parts that take longer"
-        )
 
 
 def extract(
@@ -389,9 +322,10 @@ def extract(
         num_workers: encode actors, or ``"auto"`` (from the cluster: GPUs // gpus_per_worker, else the CPUs the
             stages leave; see :mod:`layerwise.extraction.pool`). cpus_per_worker: CPUs (and torch threads) per
             actor. gpus_per_worker: GPUs per actor. tokenize_cpus: CPUs per read-and-tokenise task.
-        part_records: about this many records per part, the unit of work and of resume (keep it across reruns).
+        part_records: about this many records per part, the unit of work and of resume (keep it across reruns);
+            csv/tsv files are cut where the csv reader ends a row, so a part holds that many rows exactly.
         address: a running Ray cluster (``ray.init(address=...)``); default: the one already initialised, else a
-            local one.
+            local one, started for this run and shut down when it ends (and when this process dies).
         stall_timeout: seconds without a finished part after which the run ends with the stages' states.
         on_part: called in the encode actor after each part it encodes (tests).
 
@@ -401,7 +335,8 @@ def extract(
     Raises:
         ExtractError: a pool the cluster cannot run (the message gives the numbers and the fix), bad counts or
             options, an Extractor instead of a model path (workers load their own), stdin (Ray reads files), parts
-            made with other options, a stall; MissingExtraError: Ray missing.
+            made with other options, a stall; StoreError: another run writing ``output`` (naming it);
+            MissingExtraError: Ray missing.
     """
     source = _check(input, model, spec, options, reading, cpus_per_worker, part_records, stall_timeout)
     options_of_model = ModelOptions.of(model)
@@ -416,27 +351,45 @@ def extract(
     from .shards import store_header
 
     started = time.perf_counter()
-    parts = _part_headers(plan_splits(source, source.files(), part_records))
-    ex = Extractor.from_options(options_of_model.replace(device="cpu"))
-    spec = spec.resolve(ex)
-    header = store_header(ex, spec, source, reading, quick_input=True)
-    header["model_options"] = options_of_model.replace(backend=ex.options.backend).to_dict()  # the workers'
     out = os.fspath(output)
-    top = _open_output(out, header, options.overwrite)
-    if top is not None:
-        return _summary(top, len(top["parts"]), started, workers=0)
-    done = _finished_parts(out, header, parts, options.overwrite)
+    created = not os.path.lexists(out)
     Path(out).mkdir(parents=True, exist_ok=True)
-    workers = _start_cluster(ray, address, num_workers, pool, spec, header, part_records)
-    todo = [p for p in range(len(parts)) if p not in done]
-    progress = os.path.join(out, PROGRESS)
-    os.makedirs(progress, exist_ok=True)
-    if todo:
-        _run(ray, source, reading, ex, spec, options, options_of_model, header, parts, todo, out, progress, workers,
-             dict(pool, stall_timeout=stall_timeout), on_part)
-    shutil.rmtree(progress, ignore_errors=True)  # our own marks
-    top = write_parts_manifest(out, header, [part_name(p) for p in range(len(parts))])
-    return _summary(top, len(done), started, workers)
+    try:
+        with StoreLock(out) as lock:  # one driver per output (a second is refused naming this one)
+            if lock.took_over:  # a killed driver's lock, said in one line
+                notice(lock.took_over)
+            parts = _part_headers(plan_splits(source, source.files(), part_records))
+            why = uncut_reason(source, source.files(), part_records)
+            if why is not None:
+                notice(f"--part-records: {why}")
+            ex = Extractor.from_options(options_of_model.replace(device="cpu"))
+            spec = spec.resolve(ex)
+            header = store_header(ex, spec, source, reading, quick_input=True)
+            header["model_options"] = options_of_model.replace(backend=ex.options.backend).to_dict()  # the workers'
+            top = _open_output(out, header, options.overwrite, lock)
+            if top is not None:
+                return _summary(top, len(top["parts"]), started, workers=0)
+            done = _finished_parts(out, header, parts, options.overwrite)
+            progress = os.path.join(out, PROGRESS)
+            with RayCluster(ray, address):
+                workers = _size_cluster(ray, address, num_workers, pool, spec, header, part_records)
+                todo = [p for p in range(len(parts)) if p not in done]
+                os.makedirs(progress, exist_ok=True)
+                if todo:
+                    job = RayJob(reading=reading, spec=spec, options=options,
+                                 model=options_of_model, header=header, parts=tuple(parts),
+                                 output=out, progress=progress,
+                                 cancel=os.path.join(progress, f"cancel-{uuid.uuid4().hex[:12]}"), workers=workers,
+                                 stall_timeout=stall_timeout, on_part=on_part, **pool)  # type: ignore[arg-type]
+                    _run(ray, job, todo, source, ex.text_tokenizer())
+            shutil.rmtree(progress, ignore_errors=True)  # our own marks
+            top = write_parts_manifest(out, header, [part_name(p) for p in range(len(parts))])
+            return _summary(top, len(done), started, workers)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(out)  # the directory this call made, when nothing was written into it
+        raise
 
 
 def _check(input: Any, model: Any, spec: EncodeSpec | None, options: ExtractOptions | None,
@@ -460,14 +413,12 @@ def _check(input: Any, model: Any, spec: EncodeSpec | None, options: ExtractOpti
     return source
 
 
-def _start_cluster(ray: Any, address: str | None, num_workers: int | str, pool: dict[str, Any], spec: EncodeSpec,
-                   header: dict[str, Any], part_records: int) -> int:
-    """Connect to (or start) the cluster and size the pool on its real resources; a part too big for its object
-    store is refused. Returns the number of encode workers."""
+def _size_cluster(ray: Any, address: str | None, num_workers: int | str, pool: dict[str, Any], spec: EncodeSpec,
+                  header: dict[str, Any], part_records: int) -> int:
+    """Size the pool on the cluster's real resources; a part too big for its object store is refused. Returns the
+    number of encode workers."""
     from .engine import TOKENS_PER_RECORD
 
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
     resources = cluster_resources(ray, address)
     workers = size_pool(num_workers, resources, **pool)
     rows = 1 if spec.level == "sentence" else TOKENS_PER_RECORD  # features of one part travel between the stages
@@ -483,29 +434,21 @@ def _summary(top: dict[str, Any], already_complete: int, started: float, workers
                       skipped=c.get("skipped", 0), seconds=time.perf_counter() - started, workers=workers)
 
 
-def _run(ray: Any, source: Source, reading: ReadOptions, ex: Any, spec: EncodeSpec, options: ExtractOptions,
-         model: ModelOptions, header: dict[str, Any], parts: list[dict[str, Any]], todo: list[int], out: str,
-         progress: str, workers: int, pool: dict[str, Any], on_part: Callable[[int], None] | None) -> None:
+def _run(ray: Any, job: RayJob, todo: list[int], source: Source, tokenizer: Any) -> None:
     """The Ray Data pipeline over the parts in ``todo``, watched for stalls."""
-    cancel = os.path.join(progress, f"cancel-{uuid.uuid4().hex[:12]}")
-    job = {"model": model.to_dict(), "cpus_per_worker": pool["cpus_per_worker"], "spec": spec, "keep": reading.keep,
-           "batch_tokens": options.batch_tokens, "on_part": on_part, "progress": progress, "cancel": cancel}
-    sink = store_sink(out, header, parts, progress)
+    sink = store_sink(job)
     context = ray.data.DataContext.get_current()  # (a dataset copies the context when it is made)
     block_size = context.target_max_block_size
     context.target_max_block_size = 1  # one part per block: each part is a task of its own for the actor pool
-    rows = [{"part": p, "split": json.dumps({k: parts[p][k] for k in ("file", "path", "unit", "start", "end")})}
-            for p in todo]
-    ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-        prepare_parts, fn_kwargs={"source": source, "reading": reading, "tokenizer": ex.text_tokenizer(),
-                                  "spec": spec, "strict": options.strict, "progress": progress},
-        batch_size=1, num_cpus=pool["tokenize_cpus"],
+    ds = ray.data.from_items([{"part": p} for p in todo], override_num_blocks=len(todo)).map_batches(
+        prepare_parts, fn_kwargs={"job": job, "source": source, "tokenizer": tokenizer}, batch_size=1,
+        num_cpus=job.tokenize_cpus,
     ).map_batches(
         EncodeWorker, fn_constructor_kwargs={"job": job}, batch_size=1,
-        compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=pool["cpus_per_worker"],
-        num_gpus=pool["gpus_per_worker"],
+        compute=ray.data.ActorPoolStrategy(size=job.workers), num_cpus=job.cpus_per_worker,
+        num_gpus=job.gpus_per_worker,
     )  # Ray Data restarts a dead pool actor and retries its task by default (tested by killing one)
-    watchdog = StallWatchdog(ray, out, progress, len(parts), workers, pool["stall_timeout"])
+    watchdog = StallWatchdog(ray, job.output, job.progress, len(job.parts), job.workers, job.stall_timeout)
     watchdog.start()
     finished = False
     try:
@@ -526,8 +469,8 @@ def _run(ray: Any, source: Source, reading: ReadOptions, ex: Any, spec: EncodeSp
         watchdog.done.set()
         context.target_max_block_size = block_size
         if not finished:  # the pool's actors end themselves (a stalled one may never return to Ray)
-            Path(cancel).touch()
+            Path(job.cancel).touch()
 
 
-__all__ = ["DEFAULT_PART_RECORDS", "DEFAULT_STALL_TIMEOUT", "EncodeWorker", "RaySummary", "StallWatchdog",
-           "StoreSink", "extract", "part_path", "prepare_parts", "require_ray", "store_sink", "write_part"]
+__all__ = ["DEFAULT_PART_RECORDS", "DEFAULT_STALL_TIMEOUT", "EncodeWorker", "RayJob", "RaySummary", "StoreSink",
+           "extract", "part_path", "prepare_parts", "require_ray", "store_sink", "write_part"]

@@ -45,6 +45,7 @@ from ..extractor import Extractor
 from ..model.capture import capture
 from ..model.loading import quiet_transformers
 from ..model.options import ModelOptions
+from ..outputs import OwnedOutput
 from ..provenance import tensors_fingerprint
 from ..version import __version__
 from .config import HeadConfig
@@ -128,22 +129,19 @@ class SequenceClassifier:
     def save(self, directory: str | os.PathLike, *, log: list[dict] | None = None, metrics: dict | None = None) -> Path:
         """Write the model directory (see the module docstring); returns its path.
 
-        Only this class's own files are written (an earlier layerwise model there is replaced file by file).
+        Only this class's own files are written: into a temporary directory beside ``directory``, then put in
+        place (:class:`~layerwise.outputs.OwnedOutput`; an earlier layerwise model there is replaced entry by entry,
+        nothing else in it is touched).
 
         Raises:
             ValueError: ``directory`` is a file, or a non-empty directory that is not a layerwise model directory.
         """
+        return owned_model_dir(directory).write(lambda staged: self._write(staged, log, metrics), overwrite=True)
+
+    def _write(self, out: Path, log: list[dict] | None, metrics: dict | None) -> None:
+        """The model directory's files, written into ``out`` (a fresh directory)."""
         from safetensors.torch import save_file
 
-        out = Path(directory)
-        if out.exists() and not out.is_dir():
-            raise LayerwiseError(f"cannot save the model to {os.fspath(directory)!r}: it is a file; give a directory")
-        if out.is_dir() and any(out.iterdir()) and not is_model_dir(out):
-            raise LayerwiseError(
-                f"cannot save the model to {os.fspath(directory)!r}: a non-empty directory that is not a layerwise "
-                f"model directory; layerwise never replaces what it did not write: choose a new or empty directory"
-            )
-        out.mkdir(parents=True, exist_ok=True)
         self.config.to_json(out / "config.json")
         (out / "labels.json").write_text(json.dumps({n: i for i, n in enumerate(self.labels)}, indent=2) + "\n")
         state = {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
@@ -163,7 +161,17 @@ class SequenceClassifier:
             (out / "train_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
         if metrics is not None:
             (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        return out
+
+
+MODEL_ENTRIES = ("config.json", "labels.json", "head.safetensors", "encoder", "train_log.jsonl", "metrics.json")
+
+
+def owned_model_dir(directory: str | os.PathLike) -> OwnedOutput:
+    """A model directory as an :class:`~layerwise.outputs.OwnedOutput`: its marker is :func:`is_model_dir`; the
+    entries an earlier model wrote (:data:`MODEL_ENTRIES`) are replaced or removed, nothing else is touched."""
+    return OwnedOutput(Path(directory), "directory", "layerwise model directory", owned=is_model_dir,
+                       marker="config.json and a head.safetensors written by layerwise",
+                       own_entries=lambda d: [n for n in MODEL_ENTRIES if (d / n).exists()])
 
 
 FORMAT = "layerwise-head"  # the ``format`` metadata of every head.safetensors layerwise writes

@@ -32,7 +32,7 @@ from ..model.options import ModelOptions
 from ..training.budget import MIN_HELD_OUT, held_out_count, patience_for, steps_by_data
 from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
-from .classifier import SequenceClassifier, is_model_dir
+from .classifier import SequenceClassifier, owned_model_dir
 from .config import HeadConfig
 from .data import (
     FrozenFeatures,
@@ -218,21 +218,10 @@ def check_output(output: str | os.PathLike, overwrite: bool) -> None:
     """Before any work: refuse an output that is a file or a directory layerwise did not write as a model.
 
     An absent path or an empty directory is free; an earlier layerwise model directory (:func:`is_model_dir`) is
-    replaced only with ``overwrite``; anything else is refused, ``overwrite`` or not.
+    replaced only with ``overwrite``; anything else is refused, ``overwrite`` or not
+    (:meth:`OwnedOutput.check <layerwise.outputs.OwnedOutput.check>`).
     """
-    out = Path(output)
-    if out.exists() and not out.is_dir():
-        raise LayerwiseError(f"output {os.fspath(output)!r} is a file; give a directory for the model (-o)")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not is_model_dir(out):
-        raise LayerwiseError(
-            f"output {os.fspath(output)!r} is a non-empty directory that is not a layerwise model; layerwise never "
-            f"replaces what it did not write: choose a new or empty directory (-o)"
-        )
-    if not overwrite:
-        raise LayerwiseError(f"output {os.fspath(output)!r} holds a layerwise model already; pass --overwrite "
-                         f"(overwrite=True) to replace it, or choose another directory (-o)")
+    owned_model_dir(output).check(overwrite)
 
 
 def _batches(clf: SequenceClassifier, split: _Split, index: torch.Tensor, train: bool):

@@ -13,14 +13,12 @@ import csv
 import html
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from ..errors import LayerwiseError
+from ..outputs import OwnedOutput
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -192,41 +190,40 @@ def _names(names: list[str]) -> str:
     return ", ".join(names)
 
 
+def _listed(directory: Path) -> set[str] | None:
+    """The file names ``directory``'s marked ``results.json`` lists as the probe's own (``None``: no marker)."""
+    marker = probe_marker(directory)
+    if marker is None:
+        return None
+    listed = marker.get("files")
+    return set(listed) if isinstance(listed, list) else set(OUTPUT_FILES)
+
+
+def owned_output(output: str | os.PathLike) -> OwnedOutput:
+    """The probe's result files in ``output`` as an :class:`~layerwise.outputs.OwnedOutput` (``kind="files"``:
+    other files of the directory, and ``features/``, are never touched)."""
+    return OwnedOutput(
+        Path(output), "files", "layerwise probe output", owned=lambda d: _listed(d) is not None,
+        marker='results.json with "format": "layerwise-probe", the marker every probe output carries (an output of '
+               'a layerwise older than the marker has none either)',
+        names=tuple(OUTPUT_FILES), marker_file="results.json", listed=_listed,
+        maker="layerwise probe",
+    )
+
+
 def check_output(output: str | os.PathLike, overwrite: bool) -> None:
     """Before any work: refuse an output directory whose result files this run may not replace.
 
     ``output`` is free when absent or when it holds none of :data:`OUTPUT_FILES` (other files, and ``features/``, the
     feature cache with the store's own rules, are never touched). Files of those names are the probe's own only when
     ``results.json`` carries the marker (``"format": "layerwise-probe"``) and lists them: such an earlier output is
-    replaced only with ``overwrite``; any other file of those names is refused, ``overwrite`` or not.
+    replaced only with ``overwrite``; any other file of those names is refused, ``overwrite`` or not
+    (:meth:`OwnedOutput.check <layerwise.outputs.OwnedOutput.check>`).
 
     Raises:
         LayerwiseError: naming the files, and the way out (``--overwrite``, another directory, or moving them away).
     """
-    out, where = Path(output), os.fspath(output)
-    if (out.exists() or out.is_symlink()) and not out.is_dir():
-        raise LayerwiseError(f"output {where!r} is a file; give a directory for the probe's results (-o)")
-    present = [name for name in OUTPUT_FILES if (out / name).exists() or (out / name).is_symlink()]
-    if not present:
-        return
-    marker = probe_marker(out)
-    listed = marker.get("files") if marker is not None else None
-    ours = set(listed) if isinstance(listed, list) else set(OUTPUT_FILES) if marker is not None else set()
-    foreign = [name for name in present if name not in ours]
-    if foreign:
-        why = ("its results.json does not list them" if marker is not None else
-               "it has no results.json with \"format\": \"layerwise-probe\", the marker every probe output carries "
-               "(an output of a layerwise older than the marker has none either)")
-        raise LayerwiseError(
-            f"output {where!r} holds {_names(foreign)}, which layerwise probe did not write ({why}); layerwise never "
-            f"replaces files it did not write, even with --overwrite: choose another directory (-o), or move "
-            f"{'that file' if len(foreign) == 1 else 'those files'} away yourself"
-        )
-    if not overwrite:
-        raise LayerwiseError(
-            f"output {where!r} holds an earlier layerwise probe output ({_names(present)}); pass --overwrite "
-            f"(overwrite=True) to replace it, or choose another directory (-o)"
-        )
+    owned_output(output).check(overwrite)
 
 
 def _label(label: str) -> str:
@@ -264,19 +261,12 @@ def write_all(results, out: Path) -> dict[str, Path]:
     """Write :data:`OUTPUT_FILES` (results.md/.csv/.json, layers.png, similarity.png, report.html) into ``out``.
 
     ``results.json`` carries the marker (``"format": "layerwise-probe"``, ``"files"``). The files are written into a
-    temporary directory inside ``out`` and moved into place, ``results.json`` first, so a failure leaves an earlier
-    output as it was; only these files are replaced, nothing else in ``out`` is touched. Check ``out`` first with
-    :func:`check_output`.
+    temporary directory beside them and moved into place, ``results.json`` first, so a failure leaves an earlier
+    output as it was; only these files are replaced, nothing else in ``out`` is touched
+    (:class:`~layerwise.outputs.OwnedOutput`). Check ``out`` first with :func:`check_output`: the rule is checked
+    again here, as replacing the earlier output that check allowed.
     """
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir()
-    try:
-        staged = _write_files(results, tmp)
-        for name in ("results.json", *(n for n in OUTPUT_FILES if n != "results.json")):  # the marker first
-            os.replace(staged[name], out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    owned_output(out).write(lambda staged: _write_files(results, staged), overwrite=True)  # checked before the run
     return {name: out / name for name in OUTPUT_FILES}
 
 

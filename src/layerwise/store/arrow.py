@@ -22,6 +22,7 @@ at a time, so writing a parquet file or an Arrow file never holds the whole stor
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import numpy as np
@@ -158,12 +159,23 @@ def to_arrow(store: FeatureStore, size: int = 4096) -> Any:
     return pa.Table.from_batches(list(batches), schema=sch)
 
 
+_TEMPORARY: list[str] = []  # the temporary directories of to_dataset() without a path, removed at exit
+
+
+def _remove_temporaries() -> None:
+    import shutil
+
+    for directory in _TEMPORARY:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def to_dataset(store: FeatureStore, path: str | None = None, size: int = 4096) -> Any:
     """The store as a Hugging Face ``datasets.Dataset`` (features as nested fixed-size lists).
 
-    With ``path`` the rows are streamed to an Arrow file there and the dataset is memory-mapped from it (a store
-    larger than memory); without, the table is built in memory. ``ds.with_format("numpy")[:]["features"]`` is
-    ``[records, *D]`` at sentence level.
+    The rows are streamed ``size`` records at a time to an Arrow file and the dataset is memory-mapped from it, so
+    memory stays bounded (a chunk at a time) whatever the store's size: at ``path``, or without it a file in a
+    temporary directory (under ``TMPDIR``; the dataset's own cache files go there too) removed when the process
+    exits. ``ds.with_format("numpy")[:]["features"]`` is ``[records, *D]`` at sentence level.
 
     Raises:
         MissingExtraError: ``datasets`` is not installed (``pip install 'layerwise[hf]'``).
@@ -174,9 +186,16 @@ def to_dataset(store: FeatureStore, path: str | None = None, size: int = 4096) -
         raise MissingExtraError("store.to_dataset()", "hf", "Hugging Face datasets") from exc
     import pyarrow as pa
 
-    sch, batches = record_batches(store, "lists", size)
     if path is None:
-        return datasets.Dataset(pa.Table.from_batches(list(batches), schema=sch))
+        import atexit
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix="layerwise-dataset-")
+        if not _TEMPORARY:
+            atexit.register(_remove_temporaries)
+        _TEMPORARY.append(directory)
+        path = os.path.join(directory, "data.arrow")
+    sch, batches = record_batches(store, "lists", size)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, sch) as writer:
         for batch in batches:
             writer.write_batch(batch)

@@ -28,7 +28,8 @@ the same format (a file of yours, a non-empty directory, an export whose manifes
 the hdf5 attribute ``manifest``, the parquet schema metadata ``layerwise_manifest``) is replaced only with
 ``overwrite=True`` (CLI ``--overwrite``), and in an npy directory only the files that export wrote are replaced.
 Both are checked before any work. Files are written under a temporary name and renamed into place, so a failed
-export leaves no half-written output behind.
+export leaves no half-written output behind (the rule and the placement are :class:`~layerwise.outputs.OwnedOutput`'s,
+shared by every output layerwise writes).
 
 Example::
 
@@ -40,14 +41,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from ..errors import StoreError
+from ..outputs import OwnedOutput
 from .arrow import OWN_COLUMNS, record_batches
 from .layout import FORMAT
 from .reader import FeatureStore
@@ -208,28 +208,22 @@ def check_npy_name(out: Path, to: str) -> None:
         )
 
 
+def owned_output(out: Path, to: str) -> OwnedOutput:
+    """The export at ``out`` as an :class:`~layerwise.outputs.OwnedOutput`: its marker is the store manifest it
+    carries; an npy directory's own entries are the files that export wrote."""
+    return OwnedOutput(
+        out, "directory" if to == "npy" else "file", f"layerwise {to} export",
+        owned=lambda path: _export_manifest(path, to) is not None,
+        marker={"npy": "manifest.json of a layerwise export", "hdf5": "layerwise manifest attribute",
+                "parquet": "layerwise_manifest schema metadata"}[to],
+        own_entries=lambda path: _npy_files(_export_manifest(path, "npy") or {}), error=StoreError,
+    )
+
+
 def check_output(out: Path, to: str, overwrite: bool) -> None:
     """Refuse an output that layerwise did not write, even with ``overwrite``; refuse replacing its own export
     without ``overwrite``. An absent path (or an empty directory for ``npy``) is free."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if to == "npy" and out.is_dir() and not any(out.iterdir()):
-        return
-    if _export_manifest(out, to) is None:
-        if to == "npy":
-            kind = "a file" if not out.is_dir() else "a non-empty directory"
-        else:
-            kind = "a directory" if out.is_dir() else "a file"
-        raise StoreError(
-            f"{str(out)!r} exists and is not a layerwise {to} export ({kind} not written by layerwise export; "
-            f"layerwise never replaces what it did not write, even with --overwrite): choose another output path "
-            f"(-o), or move that {kind.split()[-1]} away yourself"
-        )
-    if not overwrite:
-        raise StoreError(
-            f"{str(out)!r} holds an earlier layerwise {to} export; pass --overwrite (overwrite=True) to replace "
-            f"it, or choose another output path (-o)"
-        )
+    owned_output(out, to).check(overwrite)
 
 
 def _check_columns(store: FeatureStore, to: str) -> None:
@@ -248,44 +242,6 @@ def _npy_files(manifest: dict[str, Any]) -> list[str]:
     """The files an npy export of the store with ``manifest`` wrote."""
     keep = (manifest.get("input") or {}).get("keep") or []
     return [f"{n}.npy" for n in ("features", "offsets", "token_ids", "lines", *keep)] + ["words.json", "manifest.json"]
-
-
-def _tmp_beside(out: Path) -> Path:
-    """A fresh temporary name beside ``out`` (created by the writer, so the user's umask sets its permissions)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return out.with_name(f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def _write_dir(out: Path, write: Callable[[Path], None]) -> None:
-    """Write an npy export into a fresh sibling directory, then move it to ``out`` (new, empty, or an earlier
-    layerwise export, of which only the files it wrote are replaced)."""
-    tmp = _tmp_beside(out)
-    try:
-        tmp.mkdir()
-        write(tmp)
-        if out.is_dir():
-            old = _export_manifest(out, "npy")
-            for name in _npy_files(old) if old is not None else []:
-                (out / name).unlink(missing_ok=True)
-            for p in tmp.iterdir():
-                os.replace(p, out / p.name)
-            tmp.rmdir()
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _write_file(out: Path, write: Callable[[Path], None]) -> None:
-    """Write a one-file export under a temporary name beside ``out``, then rename it into place."""
-    tmp = _tmp_beside(out)
-    try:
-        write(tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def export(
@@ -311,9 +267,5 @@ def export(
         store = FeatureStore(store)
     store.verify(raise_on_damage=True)
     _check_columns(store, to)
-    if to == "npy":
-        _write_dir(out, lambda tmp: _to_npy(store, tmp))
-    else:
-        writer = _to_hdf5 if to == "hdf5" else _to_parquet
-        _write_file(out, lambda tmp: writer(store, tmp))
-    return out
+    writer = {"npy": _to_npy, "hdf5": _to_hdf5, "parquet": _to_parquet}[to]
+    return owned_output(out, to).write(lambda staged: writer(store, staged), overwrite=overwrite)

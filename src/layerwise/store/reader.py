@@ -6,7 +6,7 @@ Example::
     >>> store = lw.open_store("feats")                       # doctest: +SKIP
     >>> len(store), store.level, store.feature_shape          # doctest: +SKIP
     (20000, 'sentence', (1536,))
-    >>> X = store.to_numpy()                                  # [records, D]            # doctest: +SKIP
+    >>> X = store.to_numpy()                                  # [records, D]; one shard: a memory map  # doctest: +SKIP
     >>> y = store.column("label")                             # kept with --keep label  # doctest: +SKIP
     >>> store[3].shape                                        # token/word level: [n_tokens_3, D]  # doctest: +SKIP
     >>> store[0:10].shape                                     # a slice: [10, D]        # doctest: +SKIP
@@ -304,17 +304,53 @@ class FeatureStore:
                 feats = shard.array("features")
                 yield [feats[off[r] : off[r + 1]].reshape((-1,) + self.feature_shape) for r in range(lo, hi)]
 
-    def to_numpy(self) -> np.ndarray:
-        """All sentence vectors as one in-memory array ``[records, *F]`` (sentence level only)."""
+    def to_numpy(self, *, mmap: bool | None = None) -> np.ndarray:
+        """All sentence vectors as one array ``[records, *F]`` (sentence level only).
+
+        Where the store's layout allows, the array is a read-only memory map of the features on disk (no copy, no
+        memory taken until rows are read): a store whose records are all in one shard file, in order (a store of
+        up to ``shard_records`` records, or one compacted into one shard). A store of several shard files cannot be
+        one map of them: its rows are copied into one in-memory array (the store's size in memory).
+
+        Args:
+            mmap: ``None`` (default): a map where the layout allows, else a copy. ``True``: a map, or
+                :class:`~layerwise.StoreError` saying why not and what to do instead. ``False``: always a writable
+                in-memory copy.
+
+        Raises:
+            StoreError: a token/word-level store (ragged; use :meth:`ragged`), or ``mmap=True`` on a store of
+                several shards.
+        """
         if self.level != "sentence":
             raise StoreError(
                 f"to_numpy() gives one row per record, but this store is {self.level}-level (ragged); use "
                 f"store[i], iter_chunks(), or ragged() for (flat rows [N, *F], offsets [records + 1])"
             )
+        if mmap not in (None, True, False):
+            raise StoreError(f"to_numpy(mmap=...) takes None, True or False, got {mmap!r}")
         if not self._entries:
             return np.zeros((0,) + self.feature_shape, dtype=self.dtype)
-        flat = np.concatenate([self._rows(s, 0, int(s.shape("lines")[0])) for s in self._all_shards()])
-        return flat if self._order is None else flat[self._order]
+        mappable = len(self._entries) == 1 and self._order is None
+        if mmap is True and not mappable:
+            raise StoreError(
+                f"to_numpy(mmap=True): store {str(self.path)!r} holds its {len(self):,} records in "
+                f"{len(self._entries)} shard files, and one array over several files cannot be a memory map. Export "
+                f"it once to one file and map that (layerwise export {str(self.path)} -o feats --format npy; then "
+                f"np.load('feats/features.npy', mmap_mode='r')), read it in chunks (iter_chunks()), or take a copy "
+                f"(to_numpy())"
+            )
+        if mappable and mmap is not False:
+            shard = self._shard(0)
+            return self._rows(shard, 0, int(shard.shape("lines")[0]))  # read-only np.memmap, no copy
+        out = np.empty((len(self),) + self.feature_shape, dtype=self.dtype)
+        at = 0
+        for s in range(len(self._entries)):  # straight into the result: the store's size in memory, once
+            shard = self._shard(s)
+            n = int(shard.shape("lines")[0])
+            out[at : at + n] = self._rows(shard, 0, n)
+            at += n
+            self._open.pop(s, None)  # its pages leave with it
+        return out if self._order is None else out[self._order]
 
     def to_arrow(self) -> Any:
         """The store as a ``pyarrow.Table``, one row per record: ``line``, kept columns, ``token_ids``/``words``,
@@ -326,8 +362,9 @@ class FeatureStore:
 
     def to_dataset(self, path: str | os.PathLike | None = None) -> Any:
         """The store as a Hugging Face ``datasets.Dataset`` (columns as :meth:`to_arrow`, features as nested
-        fixed-size lists; ``ds.with_format("numpy")``); with ``path``, streamed to an Arrow file there and
-        memory-mapped. Needs ``pip install 'layerwise[hf]'``."""
+        fixed-size lists; ``ds.with_format("numpy")``), streamed in chunks to an Arrow file and memory-mapped from
+        it, so memory stays bounded whatever the store's size: at ``path``, or without it a temporary file removed
+        when the process exits. Needs ``pip install 'layerwise[hf]'``."""
         from .arrow import to_dataset
 
         return to_dataset(self, None if path is None else os.fspath(path))
@@ -433,13 +470,18 @@ class FeatureStore:
             yield lo, min(len(self), lo + size)
 
     def _chunk_ranges(self, size: int) -> Iterator[tuple[ShardFile, int, int]]:
-        """``(shard, lo, hi)``: the record ranges of :meth:`iter_chunks`, shard by shard."""
+        """``(shard, lo, hi)``: the record ranges of :meth:`iter_chunks`, shard by shard. Each shard is let go
+        once its records are passed, so its mapped pages leave memory with the last chunk that
+        holds them (a pass over the store holds about one shard's pages, not the whole store's); the next read of
+        it opens it again (its header checked again: a small read)."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise StoreError(f"chunk size must be a positive int, got {size!r}")
-        for shard in self._all_shards():
+        for s in range(len(self._entries)):
+            shard = self._shard(s)
             n = int(shard.shape("lines")[0])
             for lo in range(0, n, size):
                 yield shard, lo, min(n, lo + size)
+            self._open.pop(s, None)
 
     @property
     def errors(self) -> list[dict]:
