@@ -67,7 +67,9 @@ def explore(
     export: Optional[str] = typer.Option(
         None, "--export", help="Write one self-contained HTML file (data included, opens offline) instead of serving."
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="With --export: replace a page layerwise exported earlier (never any other file)."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="With --export: replace a page layerwise exported earlier (never any other "
+                                        "file)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no one-time work lines on stderr."),
     *,
     model_options: ModelOptions,
