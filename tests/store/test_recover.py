@@ -17,6 +17,7 @@ import layerwise as lw
 from layerwise.cli.main import app
 from layerwise.store import StoreWarning, open_store, verify_store
 from layerwise.store.layout import ShardFile
+from layerwise.store.lock import StoreLock
 from layerwise.store.recover import recover_store
 
 from tiny import extract
@@ -164,3 +165,21 @@ def test_recover_refuses_what_is_not_its_to_rebuild(clean, tmp_path):
     empty.mkdir()
     with pytest.raises(lw.StoreError, match="no shard of .* can rebuild its manifest: it holds no shard files"):
         recover_store(empty)
+
+
+def test_a_directory_without_a_manifest_says_what_it_is(tmp_path):
+    # a run on Ray killed before its first top manifest: its parts are there, and the same command finishes it
+    ray_out = tmp_path / "ray-out"
+    for part in ("part-00000", "part-00001"):
+        (ray_out / part).mkdir(parents=True)
+    with pytest.raises(lw.StoreError, match=r"holds 2 finished or started part\(s\) of a run on Ray \(part-00000, "
+                                            r"part-00001\).*rerun the same layerwise extract --engine ray command"):
+        verify_store(ray_out)
+    # a run writing it now (before its first manifest): said, with who, and not "create one with layerwise extract"
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with StoreLock(busy):
+        with pytest.raises(lw.StoreError, match=r"\(no manifest.json\); a run is writing it now: pid \d+ on host"):
+            verify_store(busy)
+    with pytest.raises(lw.StoreError, match="create one with layerwise extract"):
+        verify_store(busy)

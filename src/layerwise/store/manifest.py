@@ -25,6 +25,7 @@ from typing import Any
 from ..encoding.spec import EncodeSpec
 from ..errors import LayerwiseError, StoreCorruptError, StoreError
 from .layout import FORMAT, MANIFEST, PART_RE, READABLE_VERSIONS, SHARD_RE, read_json
+from .lock import lock_state
 
 STATUSES = ("running", "partial", "complete")
 PART_ORDERS = ("parts", "lines")  # a store of parts: parts one after another (a Ray run), or interleaved by line
@@ -48,12 +49,23 @@ def read_manifest(store: str | os.PathLike) -> dict[str, Any]:
 
 
 def without_manifest(store: str | os.PathLike) -> str:
-    """What to do with a directory that has no manifest: rebuild it from the shard files it holds (``layerwise
-    recover``), or create a store with ``layerwise extract``."""
+    """What to do with a directory that has no manifest: wait for the run writing it (its lock names it), finish a
+    run on Ray whose parts are there (``part-NNNNN``: the same command resumes it), rebuild it from the shard files it
+    holds (``layerwise recover``), or create a store with ``layerwise extract``."""
     try:
-        shards = sum(1 for p in Path(store).iterdir() if SHARD_RE.match(p.name))
+        names = [p.name for p in Path(store).iterdir()]
     except OSError:
-        shards = 0
+        names = []
+    shards = sum(1 for name in names if SHARD_RE.match(name))
+    parts = sorted(name for name in names if PART_RE.match(name))
+    lock = lock_state(store)
+    if lock is not None and lock.live:
+        return f"{lock.describe()}; look again once it is done"
+    if parts:
+        shown = ", ".join(parts[:3]) + (" ..." if len(parts) > 3 else "")
+        return (f"it holds {len(parts)} finished or started part(s) of a run on Ray ({shown}) and the run stopped "
+                f"before writing the store's manifest: rerun the same layerwise extract --engine ray command to finish "
+                f"it (finished parts are kept)")
     if shards:
         return (f"it holds {shards} shard file(s): layerwise recover {os.fspath(store)} rebuilds the manifest from "
                 f"them")
