@@ -445,7 +445,7 @@ def test_bilstm_crf_probe(env):
         (dict(scheme="BIO"), "Valid schemes are: auto, none, IOB1, IOB2, IOBES"),
         (dict(column="lemma"), "Valid columns are: ner, chunk, pos"),
         (dict(train="ud", column="ner"), "Valid columns are: upos, xpos"),
-        (dict(train="tsv"), "reads CoNLL-2003 (.conll) or CoNLL-U (.conllu)"),
+        (dict(train="tsv"), "from CoNLL-2003 (.conll) or CoNLL-U (.conllu) files"),
         (dict(task="sentence"), "reads text+label files (tsv, csv, jsonl, parquet)"),
         (dict(restarts=0), "restarts must be a positive int, got 0"),
         (dict(probe="bilstm", task="sentence", train="tsv"), "use it with task='tagging'"),
