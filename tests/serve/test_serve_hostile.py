@@ -101,7 +101,7 @@ def test_a_full_queue_is_429_with_retry_after_and_a_gone_clients_work_is_never_c
     release = threading.Event()
     seen: list[list] = []
 
-    def run(jobs, segments):
+    def run(jobs, segments, ragged):
         items = [item for job in jobs for item in job.items]
         seen.append(items)
         release.wait(10)
@@ -111,7 +111,9 @@ def test_a_full_queue_is_429_with_retry_after_and_a_gone_clients_work_is_never_c
 
     async def scenario():
         first = asyncio.ensure_future(batcher.submit("g", 1, ["running"], "s", 10))
+        deadline = time.monotonic() + 30
         while not seen:  # the worker has taken the first job and blocks in run
+            assert time.monotonic() < deadline, "the worker never ran the first job"
             await asyncio.sleep(0.01)
         gone = asyncio.ensure_future(batcher.submit("g", 1, ["abandoned"], "s", 60))
         waiting = asyncio.ensure_future(batcher.submit("g", 1, ["waits"], "s", 30))
