@@ -457,11 +457,9 @@ class Extractor:
         unions = [tuple(sorted({i for p in g for i in specs[p].layer_indices})) for g in groups]
         width = self.site_width(site)
         makers = [make_rows(spec, width, self.backend.pooler() if spec.pool == "pooler" else None) for spec in specs]
-        picks = [_picks(unions[segment_of[p]], spec.layer_indices, self.backend.device) for p, spec in enumerate(specs)]
         toks = [t for part, _ in parts for t in part]
         owner = [(p, i) for p, (part, _) in enumerate(parts) for i in range(len(part))]
         everything = tuple(sorted({i for union in unions for i in union}))
-        of_text = [segment_of[p] for p, _ in owner]
         depths = None
         several = len({max(spec.layer_indices) for spec in specs}) > 1
         if several and ragged is None:
@@ -470,8 +468,9 @@ class Extractor:
         if several and ragged:
             # every row leaves its batch at its own part's depth: one segment, the batches as large as they come
             depths = [max(specs[p].layer_indices) for p, _ in owner]
-            of_text, unions = [0] * len(toks), [everything]
-            picks = [_picks(everything, spec.layer_indices, self.backend.device) for spec in specs]
+            segment_of, unions = dict.fromkeys(segment_of, 0), [everything]
+        of_text = [segment_of[p] for p, _ in owner]
+        picks = [_picks(unions[segment_of[p]], spec.layer_indices, self.backend.device) for p, spec in enumerate(specs)]
         for group in self._forward(toks, everything, site, budget, idle=True, segments=(of_text, unions),
                                    depths=depths):
             step: list[tuple[int, Encoded]] = []
