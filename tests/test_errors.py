@@ -210,7 +210,8 @@ def test_pickle_only_checkpoint_needs_opt_in(tmp_path, tiny_dirs, tiny_extractor
     texts = ["EU rejects German call", "I love Paris"]
     got = ex.hidden_states(texts, layers="all").tensor
     want = tiny_extractors["bert"].hidden_states(texts, layers="all").tensor
-    assert got.shape == want.shape and (got - want).abs().max() <= 1e-6
+    # the same weights in another Extractor (its backend may be another runtime): float32 rounding only
+    assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
 
 
 def test_architecture_outside_the_table_loads_and_unknown_one_is_refused(tmp_path, tiny_dirs):

@@ -140,7 +140,8 @@ def test_stream_tokenises_the_next_chunk_in_a_thread(tiny_extractors, monkeypatc
     spec = lw.EncodeSpec(layers=-1)
     got = [r for r in ex.stream(iter(texts), spec)]
     assert [r.index for r in got] == list(range(11))
-    np.testing.assert_array_equal(np.stack([r.features.numpy() for r in got]), want)
+    # chunks of 3 pad to other lengths than one batch of 11: float32 rounding differs, nothing else
+    np.testing.assert_allclose(np.stack([r.features.numpy() for r in got]), want, rtol=1e-5, atol=1e-5)
     assert seen[0] == threading.current_thread().name  # the first chunk: nothing to overlap with yet
     assert len(seen) == 4 and all(name.startswith("layerwise-tokenize") for name in seen[1:])
     stream = ex.stream(iter(texts), spec)

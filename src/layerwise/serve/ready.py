@@ -4,8 +4,10 @@
 ``/health`` answers as soon as the process serves HTTP. ``/ready`` answers 200 only once the default request's depth
 (the last layer) and every ``--warm`` depth are prepared: their blocks loaded and, under ``backend="auto"``, their
 runtime decided (the compiled graph exported, checked and raced in the background; PyTorch answers requests
-meanwhile, so nothing waits for it). Until then it answers 503 with what is still being prepared, which is what a
-load balancer's readiness probe expects.
+meanwhile, so nothing waits for it). A server that warms several depths will batch requests of different depths
+together, so it also prepares what lets each row leave a batch at its own depth (under ``auto`` on OpenVINO, the
+one-layer graphs of :mod:`~layerwise.model.backends.openvino_stages`). Until then it answers 503 with what is still
+being prepared, which is what a load balancer's readiness probe expects.
 
 Example::
 
@@ -59,6 +61,8 @@ class Readiness:
         try:
             for depth in self.depths:
                 self.ex.backend.warm(list(range(depth + 1)))
+            if len(self.depths) > 1:  # requests of several depths will share batches: rows leave at their own
+                self.ex.backend.ragged_price(max(self.depths), "block")  # (auto's OpenVINO stages: prepared now)
         except Exception as exc:  # said by /ready; requests still run (and say their own errors)
             self.error = f"{type(exc).__name__}: {exc}"
         finally:

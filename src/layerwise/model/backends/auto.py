@@ -42,6 +42,7 @@ import atexit
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -65,6 +66,8 @@ from .offload import Stopped
 from .openvino import OpenVinoBackend, openvino_available, openvino_version
 from .ort import OnnxBackend, check_quantize, ort_available
 from .pytorch import TorchBackend
+
+log = logging.getLogger("layerwise")
 
 EXACT = 1e-5  # max abs difference to PyTorch, relative to max(1, largest state): "the same states"
 BF16_AGREE = 0.999  # min per-token cosine of two bf16 runtimes' states: the same up to bf16 rounding
@@ -193,6 +196,10 @@ class AutoBackend(TorchBackend):
         self._race_times: dict[str, float] | None = None  # seconds a batch on the race's batches, per runtime
         self._decided = threading.Condition()  # guards _serving/_why/_preparing; notified as each depth is decided
         self._preparing: list[int] = []  # depths waiting for (or in) the background preparation, in order
+        # depths whose rows of mixed depths were asked for (ragged_price), and those of them whose one-layer OpenVINO
+        # graphs wait for (or are in) the background preparation: the chain is built only where it is asked for
+        self._ragged_asked: set[int] = set()
+        self._staging: list[int] = []
         self._worker: threading.Thread | None = None
         self.prepared: dict[int, float] = {}  # depth -> seconds its background preparation took
         self._stopping = threading.Event()
@@ -411,12 +418,17 @@ class AutoBackend(TorchBackend):
         self._quiet_moment()
         while True:
             with self._decided:
-                if not self._preparing or self._stopping.is_set():
+                if (not self._preparing and not self._staging) or self._stopping.is_set():
                     self._preparing.clear()
+                    self._staging.clear()
                     self._worker = None
                     self._decided.notify_all()
                     return
-                depth = self._preparing[0]
+                staging = not self._preparing  # the depths' runtimes first, then the stages asked for
+                depth = self._staging[0] if staging else self._preparing[0]
+            if staging:
+                self._prepare_stages(depth)
+                continue
             t0 = time.perf_counter()
             try:
                 with self._deciding:
@@ -436,6 +448,37 @@ class AutoBackend(TorchBackend):
             if use is not None:
                 notice(f"{LABELS[use]} serves layers 0..{depth} from now on ({self._why[depth]}; prepared in the "
                        f"background in {self.prepared[depth]:.1f} s while PyTorch served)")
+            if use == "openvino" and depth in self._ragged_asked:
+                self._queue_stages(depth)
+
+    def _queue_stages(self, depth: int) -> None:
+        """Queue the one-layer OpenVINO graphs up to ``depth`` for the background thread (once per depth)."""
+        if self.openvino is None or self.openvino.stages.prepared(depth):
+            return
+        with self._decided:
+            if depth in self._staging or self._stopping.is_set():
+                return
+            self._staging.append(depth)
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._prepare_all, name="layerwise-auto", daemon=True)
+                _PREPARING.add(self)
+                self._worker.start()
+
+    def _prepare_stages(self, depth: int) -> None:
+        """Build, check and time the one-layer OpenVINO graphs up to ``depth`` (:meth:`OpenVinoBackend.
+        prepare_ragged`); a failure leaves mixed depths on PyTorch or in segments, and is logged."""
+        try:
+            if self.openvino is not None:
+                self.openvino.prepare_ragged(depth)
+        except Stopped:
+            pass
+        except Exception as exc:  # a stage that fails to build is not a reason to fail the caller's job
+            log.warning("the one-layer OpenVINO graphs up to layer %d failed to build: %s: %s", depth,
+                        type(exc).__name__, exc)
+        with self._decided:
+            if depth in self._staging:
+                self._staging.remove(depth)
+            self._decided.notify_all()
 
     def _time_int8(self, depth: int) -> None:
         """Once per model: time the int8 runtimes against each other and against float32 in the background (at a
@@ -500,7 +543,7 @@ class AutoBackend(TorchBackend):
         ``True`` when none is left. For servers that warm depths before they report ready, benchmarks and tests."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._decided:
-            while self._preparing:
+            while self._preparing or self._staging:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -511,9 +554,10 @@ class AutoBackend(TorchBackend):
         return True
 
     def pending(self) -> list[int]:
-        """The depths being prepared in the background (PyTorch serves them meanwhile)."""
+        """The depths being prepared in the background (PyTorch serves them meanwhile), and those whose one-layer
+        OpenVINO graphs are (their rows of mixed depths run on PyTorch or in segments meanwhile)."""
         with self._decided:
-            return list(self._preparing)
+            return list(dict.fromkeys([*self._preparing, *self._staging]))
 
     def warm(self, layers: Sequence[int], site: str = "block") -> None:
         """Load the blocks ``layers`` need and decide their runtime: under ``fastest`` the background preparation
@@ -601,7 +645,9 @@ class AutoBackend(TorchBackend):
             for d in depths:
                 parts.append(f"{versions[name]} {'for the block site ' if name != 'torch' else ''}at depths [{d}] "
                              f"({why[d]})")
-        for d in self.pending():
+        with self._decided:
+            preparing = list(self._preparing)
+        for d in preparing:
             parts.append(f"torch at depths [{d}] (while the compiled runtimes are prepared in the background)")
         candidates = " or ".join(versions[n] for n in (*self.compiled_runtimes, "torch"))
         return "; ".join(parts or [f"{candidates} for the block site (decided at first use of each depth)"]) \
@@ -618,13 +664,21 @@ class AutoBackend(TorchBackend):
             return super().start(input_ids, attention_mask, layers, site)
 
     def ragged_price(self, depth: int, site: str) -> float | None:
-        """:meth:`Backend.ragged_price`: rows leave a batch early on PyTorch only (a compiled graph runs every row
-        to its depth). Where PyTorch serves ``depth``: ``1.0``; where a compiled runtime won the race: PyTorch's
-        time over the winner's on the race's batches (a token-layer on PyTorch costs that much more); where a
-        runtime was named by ``$LAYERWISE_AUTO_RUNTIME`` (no race): ``None``."""
+        """:meth:`Backend.ragged_price`. Where OpenVINO serves ``depth`` and its one-layer graphs are prepared: their
+        measured price (:mod:`~layerwise.model.backends.openvino_stages`); the first ask queues their preparation
+        in the background. Otherwise rows leave a batch early on PyTorch: where PyTorch serves ``depth``, ``1.0``;
+        where a compiled runtime won the race, PyTorch's time over the winner's on the race's batches (a
+        token-layer on PyTorch costs that much more); where a runtime was named by ``$LAYERWISE_AUTO_RUNTIME`` (no
+        race): ``None``."""
+        self._ragged_asked.add(depth)
+        serving = self.runtime_for((depth,), site)
+        if serving == "openvino" and self.openvino is not None:
+            price = self.openvino.ragged_price(depth, site)
+            if price is not None:
+                return price
+            self._queue_stages(depth)
         if not self.can_leave_early(depth, site):
             return None
-        serving = self.runtime_for((depth,), site)
         if serving == "torch":
             return 1.0
         times = self._race_times or {}
@@ -636,8 +690,13 @@ class AutoBackend(TorchBackend):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
         depths: Sequence[int],
     ) -> Callable[[], torch.Tensor]:
-        """:meth:`Backend.start_ragged` on PyTorch (the caller weighed :meth:`ragged_price`)."""
+        """:meth:`Backend.start_ragged` on OpenVINO's one-layer graphs where they serve ``max(layers)``, else on
+        PyTorch (the caller weighed :meth:`ragged_price`)."""
         with self._calling():
+            ov = self.openvino
+            if (self.runtime_for(layers, site) == "openvino" and ov is not None
+                    and ov.ragged_price(max(layers), site) is not None):
+                return ov.start_ragged(input_ids, attention_mask, layers, site, depths)
             return super().start_ragged(input_ids, attention_mask, layers, site, depths)
 
     @contextlib.contextmanager

@@ -61,6 +61,7 @@ from . import offload
 from .base import LOADING_FIELDS, Backend, refuse_options
 from .cache import GraphCache
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
+from .openvino_stages import OpenVinoStages
 from .ort import BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity, weights_bytes
 
 IR_FORMAT = 1  # bump when the converted graph changes
@@ -176,6 +177,7 @@ class OpenVinoBackend(Backend):
         # the background while the caller runs another)
         self._holding: dict[tuple[int, int], _Pending] = {}
         self._next = 0  # the slot the next started batch takes
+        self.stages = OpenVinoStages(self)  # one-layer graphs, built only when rows of mixed depths are run
 
     @staticmethod
     def unsupported(loaded: LoadedModel) -> str | None:
@@ -246,24 +248,30 @@ class OpenVinoBackend(Backend):
         with BUILD_LOCK:
             return self._compile(depth)
 
+    def compile_path(self, path: Path, what: str) -> tuple[Any, list[Any]]:
+        """Compile the IR at ``path`` (``what`` it runs, for the error: ``"layers 0..6"``) with this backend's
+        settings (throughput hint, threads, precision hint, blob cache); returns it and one infer request per
+        stream. A compiled precision other than the hint is refused (``ModelLoadError``), never recorded."""
+        core = self.ov.Core()
+        core.set_property({"CACHE_DIR": str(self.root / "openvino-blobs")})
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": self.threads,
+                                  "INFERENCE_PRECISION_HINT": PRECISION_HINTS[self.compute]}
+        if self.quantize == "int8":
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
+        compiled = core.compile_model(str(path), "CPU", config)
+        ran = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+        if ran != config["INFERENCE_PRECISION_HINT"]:  # never a precision other than the one recorded
+            raise ModelLoadError(f"OpenVINO compiled {what} in {ran}, not the {config['INFERENCE_PRECISION_HINT']} "
+                                 f"asked for (compute_dtype={self.compute!r}) on this CPU ({cpu_model()}); leave "
+                                 f"compute_dtype out")
+        streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        return compiled, [compiled.create_infer_request() for _ in range(streams)]
+
     def _compile(self, depth: int) -> tuple[Any, list[Any]]:
         if depth not in self._compiled:
-            core = self.ov.Core()
-            core.set_property({"CACHE_DIR": str(self.root / "openvino-blobs")})
-            config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": self.threads,
-                                      "INFERENCE_PRECISION_HINT": PRECISION_HINTS[self.compute]}
-            if self.quantize == "int8":
-                config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
             path = self.build(depth)
             GraphCache.touch(path, path.with_suffix(".bin"))  # used: the last to be evicted
-            compiled = core.compile_model(str(path), "CPU", config)
-            ran = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
-            if ran != config["INFERENCE_PRECISION_HINT"]:  # never a precision other than the one recorded
-                raise ModelLoadError(f"OpenVINO compiled layers 0..{depth} in {ran}, not the "
-                                     f"{config['INFERENCE_PRECISION_HINT']} asked for (compute_dtype="
-                                     f"{self.compute!r}) on this CPU ({cpu_model()}); leave compute_dtype out")
-            streams = max(1, int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
-            self._compiled[depth] = (compiled, [compiled.create_infer_request() for _ in range(streams)])
+            self._compiled[depth] = self.compile_path(path, f"layers 0..{depth}")
             if self.precision != "float32" and self.loaded.dtype == torch.float32:  # once per depth, warned if low
                 self.fidelity[depth] = measure_fidelity(self, depth)
                 if self.quantize == "int8-full":  # what calibration measured and kept in float
@@ -284,6 +292,30 @@ class OpenVinoBackend(Backend):
     def ahead(self, layers: Sequence[int], site: str) -> int:
         """As many batches as there are infer requests (one per stream) run at once."""
         return len(self.compiled(layers)[1])
+
+    # ---- rows leaving the batch at their own depth (layerwise.model.backends.openvino_stages) ---------------
+    def ragged_price(self, depth: int, site: str) -> float | None:
+        """:meth:`Backend.ragged_price`: the measured price of running layers ``2..depth`` one graph each (about 1.0
+        and more: the chain's overhead), once :meth:`prepare_ragged` ran for ``depth``; ``None`` before, for a
+        quantised model, or where the stages differ from the graph."""
+        return self.stages.price(depth) if site == "block" else None
+
+    def prepare_ragged(self, depth: int) -> float | None:
+        """Build, check and time the one-layer graphs up to ``depth`` (once; see
+        :meth:`OpenVinoStages.prepare <layerwise.model.backends.openvino_stages.OpenVinoStages.prepare>`); returns
+        :meth:`ragged_price`."""
+        return self.stages.prepare(depth)
+
+    def start_ragged(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
+        depths: Sequence[int],
+    ) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start_ragged`: each row through the one-layer graphs up to its own depth where they are
+        prepared for ``max(layers)``, else every row through the graph of ``max(layers)``. Runs now."""
+        if self.ragged_price(max(layers), site) is None:
+            return self.start(input_ids, attention_mask, layers, site)
+        states = self.stages.run(input_ids, attention_mask, layers, depths)
+        return lambda: states
 
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str

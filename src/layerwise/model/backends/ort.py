@@ -277,6 +277,47 @@ def cut_graph(base: Path, depth: int, path: Path) -> Path:
     return path
 
 
+def cut_stage(base: Path, first: int, last: int, path: Path) -> Path:
+    """The graph of layers ``first+1 .. last`` run from the state after layer ``first``, cut from ``base`` and
+    written to ``path`` beside it (its weights read from ``base``'s ``.onnx.data``): inputs ``hidden_<first>``
+    ``[batch, tokens, hidden]`` and ``attention_mask`` ``[batch, tokens]``, outputs ``hidden_<first+1> ..
+    hidden_<last>``. A chain of such stages lets the rows of a batch leave it between layers (see
+    :mod:`~layerwise.model.backends.openvino_stages`).
+
+    The exported graph builds the attention mask from the shapes of ``input_ids`` and of the embeddings' output;
+    in the stage those ``Shape`` nodes read ``attention_mask`` and ``hidden_<first>`` (the same batch and token
+    sizes), so the stage holds none of the embeddings.
+
+    Raises:
+        ModelLoadError: the layers need another tensor of the earlier graph (a model whose blocks read more than
+            the state and the mask): it cannot be run in stages.
+    """
+    import onnx
+    import onnx.utils
+
+    graph = onnx.load(str(base), load_external_data=False)
+    state = f"hidden_{first}"
+    for node in graph.graph.node:
+        if node.op_type != "Shape":
+            continue
+        if node.input[0] == "input_ids":
+            node.input[0] = "attention_mask"
+        elif node.input[0].startswith("hidden_") and int(node.input[0][len("hidden_"):]) < first:
+            node.input[0] = state
+    cut = onnx.utils.Extractor(graph).extract_model([state, "attention_mask"],
+                                                    [f"hidden_{k}" for k in range(first + 1, last + 1)])
+    known = {o for n in cut.graph.node for o in n.output} | {i.name for i in cut.graph.input} | \
+        {i.name for i in cut.graph.initializer}
+    missing = sorted({i for n in cut.graph.node for i in n.input if i and i not in known})
+    if missing:
+        raise ModelLoadError(f"layers {first + 1}..{last} of {base.name} read {', '.join(missing[:3])} besides "
+                             f"hidden_{first} and the attention mask, so they cannot run as a stage")
+    tmp = _atomic(path)
+    onnx.save_model(cut, str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
 def quantize_graph(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Dynamic int8 copy of ``source`` at ``path``: the matrix products with a weight, per output channel (in a
     child process in ``auto``'s background preparation, :mod:`layerwise.model.backends.offload`)."""
@@ -420,6 +461,19 @@ class OnnxBackend(Backend):
                 cut_graph(base, depth, cut)
         return cut
 
+    def stage_graph(self, layer: int) -> Path:
+        """The cached float32 graph of ``layer`` alone (``layer >= 2``), run from ``hidden_<layer-1>`` and the mask
+        (:func:`cut_stage`), cut from the exported graph that serves ``layer`` (exported now if absent)."""
+        if layer < 2:
+            raise ValueError(f"a stage graph runs one layer from 2 on (layers 0..1 are the depth-1 graph), not {layer}")
+        self.float_graph(layer)  # the export it is cut from, in the cache
+        base, _ = self.export_files(layer)
+        path = self.path_for(layer).with_name(self.path_for(layer).name.replace(f"-d{layer}-", f"-s{layer}-", 1))
+        with BUILD_LOCK:
+            if not path.exists():
+                cut_stage(base, layer - 1, layer, path)
+        return path
+
     def build(self, depth: int) -> Path:
         """The cached graph for ``depth``, cut from the exported graph (exported now if absent) and quantised if
         asked; what it cost is said on stderr."""
@@ -489,5 +543,5 @@ class OnnxBackend(Backend):
             return torch.from_numpy(got[names[0]][None])
         return torch.from_numpy(np.stack([got[f"hidden_{i}"] for i in layers]))
 
-__all__ = ["EXPORT_FORMAT", "OnnxBackend", "QUANTIZE_MODES", "cache_dir", "check_quantize", "export",
+__all__ = ["EXPORT_FORMAT", "OnnxBackend", "QUANTIZE_MODES", "cache_dir", "check_quantize", "cut_stage", "export",
            "measure_fidelity", "ort_available", "output_names", "quantize_graph", "require_ort", "truncated_copy"]

@@ -1,0 +1,250 @@
+"""Rows that leave an OpenVINO batch at their own depth: the encoder run as a chain of one-layer graphs.
+
+A compiled graph runs every row of a batch through every layer it holds. A service whose requests ask for different
+depths then either runs each depth's rows as batches of their own (small batches, each paying its overhead) or runs
+the shallow rows through layers they do not need. PyTorch cuts the batch between layers
+(:mod:`layerwise.model.ragged`); this module does the same for OpenVINO:
+
+- the depth-1 graph of :class:`~layerwise.model.backends.openvino.OpenVinoBackend` runs the embeddings and layer 1 on
+  every row;
+- layer ``k`` (``k >= 2``) is a graph of its own, cut from the same ONNX export
+  (:func:`~layerwise.model.backends.ort.cut_stage`: inputs ``hidden_<k-1>`` and the mask, output ``hidden_<k>``),
+  converted and compiled like the depth graphs, cached on disk beside them;
+- the rows are ordered deepest first, so layer ``k`` runs on the first ``keep[k]`` rows only (the rows whose depth is
+  at least ``k``), cut by rows across the infer requests (one per stream).
+
+What the chain costs against the one graph is measured, not assumed (:meth:`OpenVinoStages.prepare`): a batch of
+64 of the bundled sample sentences padded to 32 tokens (a service's batch, not a probe's: the chain's overhead is
+per layer call), run to the deepest layer both ways, best of three, alternating. That ratio is the backend's
+:meth:`~layerwise.model.backends.base.Backend.ragged_price`, which the service's batcher weighs against running
+depths as segments. On the default model (2-core AMD EPYC, 2026-11-26) a chain of a 128-sentence SST-2 batch ran
+in 1.02x the graph's time, and the same batch with rows at depths 1..6 (61% of the layers) in 0.57x.
+
+Before it is used, one probe batch with rows at depths ``(d, d-1, 1)`` is checked against the full graph on every
+layer (within ``1e-4`` of the states' scale); a model that fails it is never run in stages (said in the log), nor is
+one whose layers read more than the state and the mask (ALBERT's read the token ids). Quantised graphs are not cut
+into stages (their recipes are per graph).
+
+Example::
+
+    >>> ov = OpenVinoBackend(loaded)                                                  # doctest: +SKIP
+    >>> stages = OpenVinoStages(ov)                                                   # doctest: +SKIP
+    >>> stages.prepare(6)                                                             # doctest: +SKIP
+    1.04
+    >>> stages.run(ids, mask, [1, 3, 6], depths=[6, 6, 3, 1]).shape                   # doctest: +SKIP
+    torch.Size([3, 4, 11, 384])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from ...errors import ModelLoadError
+from ...notices import notice
+from ..capture import keep_counts
+from ..discovery import probe_batch
+from ..fidelity import sample_texts
+from . import offload
+from .cache import GraphCache
+from .ort import BUILD_LOCK, weights_bytes
+
+if TYPE_CHECKING:
+    from .openvino import OpenVinoBackend
+
+log = logging.getLogger("layerwise")
+
+STAGE_FORMAT = 1  # bump when the stage graphs change
+AGREE = 1e-4  # a stage chain against the full graph, relative to the states' scale
+TIMING_ROUNDS = 3
+TIMING_ROWS, TIMING_TOKENS = 64, 32  # the batch the chain is timed on: a service's batch, not a probe's
+
+
+class OpenVinoStages:
+    """The one-layer graphs of ``backend``'s model, compiled on first use, and the chain that runs a batch whose
+    rows need different depths.
+
+    Args:
+        backend: the OpenVINO backend whose depth-1 graph, exporter, cache and compile settings the stages share.
+    """
+
+    def __init__(self, backend: "OpenVinoBackend"):
+        self.backend = backend
+        self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # layer -> (compiled model, infer requests)
+        self._price: dict[int, float | None] = {}  # depth -> measured price, None: not run in stages
+        self._lock = threading.RLock()  # one preparation at a time (a server's warming and a request)
+
+    # ---- graphs ----------------------------------------------------------------------------------------------
+    def path_for(self, layer: int) -> Path:
+        """Where the converted graph of ``layer`` alone is cached (``.xml`` beside its ``.bin``)."""
+        from .openvino import IR_FORMAT, openvino_version
+
+        b = self.backend
+        key = {"weights": b.fingerprint(), "family": b.loaded.architecture, "stage": layer, "format": IR_FORMAT,
+               "stages": STAGE_FORMAT, "openvino": openvino_version(), "onnx": b.onnx.path_for(layer).name}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        return b.root / f"{b.loaded.architecture}-s{layer}-openvino-{digest}.xml"
+
+    def build(self, layer: int) -> Path:
+        """The cached IR of ``layer`` alone, cut and converted now if absent (the time is said on stderr)."""
+        from .openvino import convert_graph
+
+        path = self.path_for(layer)
+        if path.exists() and path.with_suffix(".bin").exists():
+            return path
+        t0 = time.perf_counter()
+        graph = str(self.backend.onnx.stage_graph(layer))
+        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
+        if not offload.run("layerwise.model.backends.openvino:convert_graph", graph, str(tmp), ""):
+            convert_graph(graph, tmp)
+        os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
+        os.replace(tmp, path)
+        log.info("converted layer %d of %s alone to OpenVINO in %.1f s", layer, self.backend.loaded.name,
+                 time.perf_counter() - t0)
+        GraphCache(self.backend.root).grew(path, weights_bytes(self.backend.loaded))
+        return path
+
+    def compiled(self, layer: int) -> tuple[Any, list[Any]]:
+        """The compiled graph of ``layer`` alone and its infer requests (one per stream), compiled on first use."""
+        if layer not in self._compiled:
+            with BUILD_LOCK:
+                if layer not in self._compiled:
+                    path = self.build(layer)
+                    GraphCache.touch(path, path.with_suffix(".bin"))
+                    self._compiled[layer] = self.backend.compile_path(path, f"layer {layer}")
+        return self._compiled[layer]
+
+    # ---- readiness and price ---------------------------------------------------------------------------------
+    def price(self, depth: int) -> float | None:
+        """The measured price of a token-layer run in stages up to ``depth`` against the graph of ``depth``
+        (:meth:`prepare`), or ``None`` while not prepared or where the model is not run in stages."""
+        return self._price.get(depth)
+
+    def prepared(self, depth: int) -> bool:
+        """Whether :meth:`prepare` ran for ``depth`` (whatever it found)."""
+        return depth in self._price
+
+    def prepare(self, depth: int) -> float | None:
+        """Build and compile layers ``2..depth`` as stages, check a chain against the graph of ``depth``, and
+        measure what it costs: returns the price (chain time over graph time, at least 1.0), or ``None`` when the
+        model cannot run in stages (a quantised graph, a depth below 2, a layer that reads more than the state and
+        the mask, or states that differ; the reason is logged). Once per depth."""
+        with self._lock:
+            if depth in self._price:
+                return self._price[depth]
+            self._price[depth] = self._measure(depth)
+            return self._price[depth]
+
+    def _measure(self, depth: int) -> float | None:
+        b = self.backend
+        if b.quantize or depth < 2:
+            return None
+        t0 = time.perf_counter()
+        try:
+            for layer in range(2, depth + 1):
+                self.compiled(layer)
+        except ModelLoadError as exc:
+            log.info("%s is not run in OpenVINO stages: %s", b.loaded.name, exc)
+            return None
+        if not self._agrees(depth):
+            return None
+        texts = sample_texts()
+        enc = b.loaded.tokenizer((texts * TIMING_ROWS)[:TIMING_ROWS], padding="max_length", truncation=True,
+                                 max_length=TIMING_TOKENS, return_tensors="pt")
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        layers = list(range(depth + 1))
+        rows = [depth] * ids.shape[0]
+        chain, whole = float("inf"), float("inf")
+        for _ in range(TIMING_ROUNDS):
+            t = time.perf_counter()
+            self.run(ids, mask, layers, rows)
+            chain = min(chain, time.perf_counter() - t)
+            t = time.perf_counter()
+            b.forward(ids, mask, layers, "block")
+            whole = min(whole, time.perf_counter() - t)
+        price = max(1.0, chain / whole)
+        notice(f"OpenVINO runs {b.loaded.name}'s layers 2..{depth} also one graph each, so rows leave a batch at "
+               f"their own depth: a token-layer costs {price:.2f}x the graph of layers 0..{depth} ({chain * 1e3:.0f} "
+               f"against {whole * 1e3:.0f} ms a batch; prepared in {time.perf_counter() - t0:.1f} s)")
+        return price
+
+    def _agrees(self, depth: int) -> bool:
+        """A probe batch with rows at depths ``(depth, depth - 1, 1)`` run in stages equals the full graph on every
+        layer ``1..depth``, on the rows that ran it."""
+        b = self.backend
+        ids, mask = probe_batch(b.loaded.tokenizer)
+        pick = torch.tensor([0, 1, 0])
+        ids, mask = ids[pick], mask[pick]
+        layers = list(range(1, depth + 1))
+        depths = [depth, depth - 1, 1]
+        full = b.forward(ids, mask, layers, "block")
+        staged = self.run(ids, mask, layers, depths)
+        keep = keep_counts(depths, b.loaded.num_layers)
+        scale = max(1.0, float(full.abs().max()))
+        for k, layer in enumerate(layers):
+            n = keep[layer]
+            real = mask[:n].bool()
+            if float((staged[k, :n][real] - full[k, :n][real]).abs().max()) > AGREE * scale:
+                log.info("%s is not run in OpenVINO stages: layer %d differs from the graph of layers 0..%d",
+                         b.loaded.name, layer, depth)
+                return False
+        return True
+
+    # ---- the chain -------------------------------------------------------------------------------------------
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
+            depths: Sequence[int]) -> torch.Tensor:
+        """Run one batch with each row only to its own depth.
+
+        Args:
+            input_ids: ``[batch, tokens]``.
+            attention_mask: ``[batch, tokens]``, right-padded.
+            layers: the states wanted, ``0..max(depths)``, in output order.
+            depths: per row, its deepest layer, non-increasing (deepest first).
+
+        Returns:
+            ``[len(layers), batch, tokens, hidden]`` float32: a row holds the layers up to its depth (layers 0 and 1
+            for every row: they run as one graph), zeros elsewhere.
+        """
+        b = self.backend
+        deepest = max(max(layers), 1)
+        keep = keep_counts(depths, b.loaded.num_layers)
+        head_layers = [0, 1] if 0 in layers else [1]
+        head = b.forward(input_ids, attention_mask, head_layers, "block").numpy()  # every row: layers 0..1
+        batch, tokens = input_ids.shape
+        out = np.zeros((len(layers), batch, tokens, b.loaded.hidden_size), dtype=np.float32)
+        index = {layer: k for k, layer in enumerate(layers)}
+        for j, layer in enumerate(head_layers):
+            if layer in index:
+                out[index[layer]] = head[j]
+        state = np.ascontiguousarray(head[-1])
+        mask = attention_mask.numpy().astype(np.int64, copy=False)
+        spare = np.empty_like(state)
+        for layer in range(2, deepest + 1):
+            n = keep[layer]
+            if n == 0:
+                break
+            _, requests = self.compiled(layer)
+            bounds = np.linspace(0, n, min(len(requests), n) + 1).astype(int)
+            running = []
+            for request, start, end in zip(requests, bounds[:-1], bounds[1:]):
+                request.start_async({f"hidden_{layer - 1}": state[start:end], "attention_mask": mask[start:end]})
+                running.append((request, start, end))
+            for request, start, end in running:
+                request.wait()
+                spare[start:end] = request.get_tensor(f"hidden_{layer}").data
+            state, spare = spare, state  # what this layer gave is the next one's input
+            if layer in index:
+                out[index[layer], :n] = state[:n]
+        return torch.from_numpy(out)
+
+
+__all__ = ["AGREE", "STAGE_FORMAT", "TIMING_ROUNDS", "TIMING_ROWS", "TIMING_TOKENS", "OpenVinoStages"]

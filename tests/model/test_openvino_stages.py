@@ -1,0 +1,146 @@
+"""OpenVINO's one-layer graphs: rows of a batch leave it at their own depth, with the states of the full graph, at a
+measured price, and ``auto`` builds them only where rows of mixed depths are asked for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import layerwise as lw
+from layerwise.errors import ModelLoadError
+from layerwise.model.backends.auto import AutoBackend
+from layerwise.model.backends.openvino import OpenVinoBackend
+from layerwise.model.backends.openvino_stages import OpenVinoStages
+from layerwise.model.backends.ort import cut_stage
+from layerwise.model.capture import keep_counts
+
+pytest.importorskip("openvino")
+
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés " * 5, "a b c",
+         "the quick brown fox jumps over the lazy dog", "x"]
+
+
+def counted_layers(backend: OpenVinoBackend) -> list[tuple[int, int]]:
+    """Each one-layer graph's runs, as ``(layer, rows)``, recorded from here on."""
+    runs: list[tuple[int, int]] = []
+    real = OpenVinoStages.compiled
+
+    def compiled(self, layer):
+        graph, requests = real(self, layer)
+        return graph, [_Counting(r, layer, runs) for r in requests]
+
+    backend.stages.compiled = compiled.__get__(backend.stages)  # type: ignore[method-assign]
+    return runs
+
+
+class _Counting:
+    def __init__(self, request, layer, runs):
+        self.request, self.layer, self.runs = request, layer, runs
+
+    def start_async(self, inputs):
+        self.runs.append((self.layer, len(inputs["attention_mask"])))
+        return self.request.start_async(inputs)
+
+    def __getattr__(self, name):
+        return getattr(self.request, name)
+
+
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
+def test_rows_leave_at_their_depth_with_the_full_graphs_states(tiny_extractors, family, tmp_path):
+    loaded = tiny_extractors[family].loaded
+    ov = OpenVinoBackend(loaded, cache=tmp_path)
+    deepest = loaded.num_layers
+    assert ov.ragged_price(deepest, "block") is None  # nothing built before it is asked for
+    price = ov.prepare_ragged(deepest)
+    assert price is not None and price >= 1.0 and ov.ragged_price(deepest, "block") == price
+    assert len(list(tmp_path.glob(f"*-s{deepest}-openvino-*.xml"))) == 1  # the one-layer graph, cached
+
+    enc = loaded.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    depths = [2, 2, 1, 1, 0, 0]
+    layers = list(range(deepest + 1))
+    runs = counted_layers(ov)
+    got = ov.start_ragged(ids, mask, layers, "block", depths)()
+    want = ov.forward(ids, mask, layers, "block")
+    torch_states = lw.Extractor(loaded, backend="torch").backend.forward(ids, mask, layers, "block")
+    keep = keep_counts(depths, deepest)
+    assert sum(rows for layer, rows in runs if layer == 2) == keep[2] == 2  # layer 2 ran on its two rows only
+    for layer in layers:
+        n = len(TEXTS) if layer <= 1 else keep[layer]  # layers 0 and 1 are one graph: every row
+        real = mask[:n].bool()
+        assert float((got[layer, :n][real] - want[layer, :n][real]).abs().max()) <= 1e-5
+        assert float((got[layer, :n][real] - torch_states[layer, :n][real]).abs().max()) <= 1e-4
+        assert not got[layer, n:].any()  # rows that did not run a layer hold zeros
+
+
+def test_albert_reads_the_token_ids_in_its_layers_and_runs_whole_graphs(tiny_extractors, tmp_path, caplog):
+    ov = OpenVinoBackend(tiny_extractors["albert"].loaded, cache=tmp_path)
+    with caplog.at_level("INFO", logger="layerwise"):
+        assert ov.prepare_ragged(2) is None
+    assert "is not run in OpenVINO stages: layers 2..2 of albert-" in caplog.text and "read input_ids" in caplog.text
+    enc = ov.loaded.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    got = ov.start_ragged(enc["input_ids"], enc["attention_mask"], [2], "block", [2, 2, 1, 1, 0, 0])()
+    np.testing.assert_array_equal(got, ov.forward(enc["input_ids"], enc["attention_mask"], [2], "block"))
+
+
+def test_quantised_graphs_are_not_cut(default_extractor, tmp_path):
+    pytest.importorskip("nncf")
+    ov = OpenVinoBackend(default_extractor.loaded, cache=tmp_path, quantize="int8")
+    assert ov.prepare_ragged(6) is None and ov.ragged_price(6, "block") is None
+    assert not list(tmp_path.glob("*-s*-openvino-*.xml"))
+
+
+def test_a_layer_that_reads_more_than_the_state_and_mask_is_refused(tmp_path):
+    """A toy graph whose layer 2 reads input_ids itself (not only its shape): no stage can be cut."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["ids_f", "axis"], ["hidden_0"]),
+             helper.make_node("Add", ["hidden_0", "one"], ["hidden_1"]),
+             helper.make_node("Add", ["hidden_1", "hidden_0"], ["hidden_2"])]  # reads the embeddings' output
+    graph = helper.make_graph(
+        nodes, "toy",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info(f"hidden_{i}", TensorProto.FLOAT, ["b", "t", 1]) for i in range(3)],
+        [helper.make_tensor("axis", TensorProto.INT64, [1], [2]),
+         helper.make_tensor("one", TensorProto.FLOAT, [], [1])])
+    base = tmp_path / "toy.onnx"
+    onnx.save_model(helper.make_model(graph), str(base))
+    with pytest.raises(ModelLoadError, match=r"layers 2\.\.2 of toy\.onnx read input_ids besides hidden_1 and the "
+                                             r"attention mask, so they cannot run as a stage"):
+        cut_stage(base, 1, 2, tmp_path / "stage.onnx")
+    assert not (tmp_path / "stage.onnx").exists()
+
+
+def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, "openvino": 0.001} |
+                        {r: 0.002 for r in runtimes if r != "openvino"})
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    if ex.backend.openvino is None:
+        pytest.skip("auto runs no OpenVINO here")
+    ex.encode(TEXTS, layers=2)
+    assert ex.backend.settle(timeout=120) and ex.backend.runtime_for([2], "block") == "openvino"
+    assert not list(tmp_path.glob("*-s2-openvino-*.xml"))  # one depth asked: no one-layer graph built
+    # the first ask for mixed rows: PyTorch's price against the race's winner, while the stages are prepared
+    assert ex.backend.ragged_price(2, "block") == pytest.approx(3.0)
+    assert ex.backend.settle(timeout=120) and list(tmp_path.glob("*-s2-openvino-*.xml"))
+    price = ex.backend.ragged_price(2, "block")
+    assert price is not None and price >= 1.0 and price == ex.backend.openvino.ragged_price(2, "block")
+    runs = counted_layers(ex.backend.openvino)
+    specs = [lw.EncodeSpec(layers=2), lw.EncodeSpec(layers=1, pool="cls"), lw.EncodeSpec(layers=[0, 2], combine="mean")]
+    texts = [TEXTS, TEXTS[:3], TEXTS[2:]]
+    parts = [(ex.tokenize(t, words=False), spec) for t, spec in zip(texts, specs)]
+    got: dict[int, dict[int, torch.Tensor]] = {}
+    for step in ex.encode_shared(parts, ragged=True):
+        for p, result in step:
+            got.setdefault(p, {})[result.index] = result.features
+    assert runs and all(layer == 2 for layer, _ in runs)
+    assert sum(rows for _, rows in runs) == len(TEXTS) + len(TEXTS[2:])  # layer 2: the rows of the parts needing it
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    for p, (items, spec) in enumerate(zip(texts, specs)):
+        want = reference.encode(items, spec.layers, spec.combine, spec.pool)
+        np.testing.assert_allclose(np.stack([got[p][i].numpy() for i in range(len(items))]), want, atol=1e-5)
