@@ -81,7 +81,9 @@ class OpenVinoStages:
         self.backend = backend
         self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # layer -> (compiled model, infer requests)
         self._price: dict[int, float | None] = {}  # depth -> measured price, None: not run in stages
-        self._lock = threading.RLock()  # one preparation at a time (a server's warming and a request)
+        self._preparing = threading.Lock()  # one preparation at a time (a server's warming and a request)
+        self._lock = threading.RLock()  # one batch on the stages' requests at a time
+        self._requests: dict[int, list[Any]] = {}  # depth -> infer requests of the stages' own on its graph
 
     # ---- graphs ----------------------------------------------------------------------------------------------
     def path_for(self, layer: int) -> Path:
@@ -138,7 +140,7 @@ class OpenVinoStages:
         measure what it costs: returns the price (chain time over graph time, at least 1.0), or ``None`` when the
         model cannot run in stages (a quantised graph, a depth below 2, a layer that reads more than the state and
         the mask, or states that differ; the reason is logged). Once per depth."""
-        with self._lock:
+        with self._preparing:
             if depth in self._price:
                 return self._price[depth]
             self._price[depth] = self._measure(depth)
@@ -169,7 +171,7 @@ class OpenVinoStages:
             self.run(ids, mask, layers, rows)
             chain = min(chain, time.perf_counter() - t)
             t = time.perf_counter()
-            b.forward(ids, mask, layers, "block")
+            self.whole(ids, mask, depth)
             whole = min(whole, time.perf_counter() - t)
         price = max(1.0, chain / whole)
         notice(f"OpenVINO runs {b.loaded.name}'s layers 2..{depth} also one graph each, so rows leave a batch at "
@@ -186,7 +188,7 @@ class OpenVinoStages:
         ids, mask = ids[pick], mask[pick]
         layers = list(range(1, depth + 1))
         depths = [depth, depth - 1, 1]
-        full = b.forward(ids, mask, layers, "block")
+        full = self.whole(ids, mask, depth)[1:]
         staged = self.run(ids, mask, layers, depths)
         keep = keep_counts(depths, b.loaded.num_layers)
         scale = max(1.0, float(full.abs().max()))
@@ -215,36 +217,60 @@ class OpenVinoStages:
             for every row: they run as one graph), zeros elsewhere.
         """
         b = self.backend
-        deepest = max(max(layers), 1)
         keep = keep_counts(depths, b.loaded.num_layers)
-        head_layers = [0, 1] if 0 in layers else [1]
-        head = b.forward(input_ids, attention_mask, head_layers, "block").numpy()  # every row: layers 0..1
         batch, tokens = input_ids.shape
         out = np.zeros((len(layers), batch, tokens, b.loaded.hidden_size), dtype=np.float32)
         index = {layer: k for k, layer in enumerate(layers)}
-        for j, layer in enumerate(head_layers):
-            if layer in index:
-                out[index[layer]] = head[j]
-        state = np.ascontiguousarray(head[-1])
         mask = attention_mask.numpy().astype(np.int64, copy=False)
-        spare = np.empty_like(state)
-        for layer in range(2, deepest + 1):
-            n = keep[layer]
-            if n == 0:
-                break
-            _, requests = self.compiled(layer)
-            bounds = np.linspace(0, n, min(len(requests), n) + 1).astype(int)
-            running = []
-            for request, start, end in zip(requests, bounds[:-1], bounds[1:]):
-                request.start_async({f"hidden_{layer - 1}": state[start:end], "attention_mask": mask[start:end]})
-                running.append((request, start, end))
-            for request, start, end in running:
-                request.wait()
-                spare[start:end] = request.get_tensor(f"hidden_{layer}").data
-            state, spare = spare, state  # what this layer gave is the next one's input
-            if layer in index:
-                out[index[layer], :n] = state[:n]
+        state, spare = np.empty((2, batch, tokens, b.loaded.hidden_size), dtype=np.float32)
+        with self._lock:  # the stages' requests: one batch at a time (the preparation of another depth runs them)
+            outputs = {"hidden_1": state} | ({"hidden_0": out[index[0]]} if 0 in index else {})
+            _split_run(self._own(1), {"input_ids": input_ids.numpy().astype(np.int64, copy=False),
+                                      "attention_mask": mask}, batch, outputs)  # every row: layers 0..1
+            if 1 in index:
+                out[index[1]] = state
+            for layer in range(2, max(max(layers), 1) + 1):
+                n = keep[layer]
+                if n == 0:
+                    break
+                _split_run(self.compiled(layer)[1], {f"hidden_{layer - 1}": state, "attention_mask": mask}, n,
+                           {f"hidden_{layer}": spare})
+                state, spare = spare, state  # what this layer gave is the next one's input
+                if layer in index:
+                    out[index[layer], :n] = state[:n]
         return torch.from_numpy(out)
 
+    def whole(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, depth: int) -> torch.Tensor:
+        """Layers ``0..depth`` of one batch through the graph of ``depth``, on infer requests of the stages' own
+        (the caller's requests may be running another batch meanwhile): ``[depth + 1, batch, tokens, hidden]``."""
+        batch, tokens = input_ids.shape
+        out = np.empty((depth + 1, batch, tokens, self.backend.loaded.hidden_size), dtype=np.float32)
+        with self._lock:
+            _split_run(self._own(depth), {"input_ids": input_ids.numpy().astype(np.int64, copy=False),
+                                          "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)},
+                       batch, {f"hidden_{layer}": out[layer] for layer in range(depth + 1)})
+        return torch.from_numpy(out)
+
+    def _own(self, depth: int) -> list[Any]:
+        """Infer requests of the stages' own on the backend's compiled graph of layers ``0..depth``."""
+        if depth not in self._requests:
+            compiled, requests = self.backend.compiled(list(range(depth + 1)))
+            self._requests[depth] = [compiled.create_infer_request() for _ in requests]
+        return self._requests[depth]
+
+
+def _split_run(requests: Sequence[Any], inputs: dict[str, np.ndarray], rows: int,
+               outputs: dict[str, np.ndarray]) -> None:
+    """Run the first ``rows`` rows of ``inputs`` (name -> ``[batch, ...]``) cut by rows across ``requests``, at once,
+    and copy each named output into the same rows of ``outputs`` (name -> ``[batch, tokens, hidden]``)."""
+    bounds = np.linspace(0, rows, min(len(requests), rows) + 1).astype(int)
+    running = []
+    for request, start, end in zip(requests, bounds[:-1], bounds[1:]):
+        request.start_async({name: value[start:end] for name, value in inputs.items()})
+        running.append((request, start, end))
+    for request, start, end in running:
+        request.wait()
+        for name, into in outputs.items():
+            into[start:end] = request.get_tensor(name).data
 
 __all__ = ["AGREE", "STAGE_FORMAT", "TIMING_ROUNDS", "TIMING_ROWS", "TIMING_TOKENS", "OpenVinoStages"]
