@@ -228,8 +228,8 @@ class OpenVinoBackend(Backend):
                                           self.calibration or [])
             report_path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
             self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
-        elif not offload.run(f"{__name__}:convert_graph", graph, str(tmp), self.quantize or ""):  # auto's background
-            convert_graph(graph, tmp, self.quantize)
+        else:
+            self.convert(graph, tmp, self.quantize)
         os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
         os.replace(tmp, path)
         seconds = time.perf_counter() - t0
@@ -239,6 +239,18 @@ class OpenVinoBackend(Backend):
         notice(f"converted {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, cached at {path}")
         GraphCache(self.root).grew(path, weights_bytes(self.loaded))
         return path
+
+    @staticmethod
+    def convert(graph: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> None:
+        """:func:`convert_graph`, in a child process where the caller's thread offloads its build steps (``auto``'s
+        background, :mod:`~layerwise.model.backends.offload`), else here."""
+        if not offload.run(f"{__name__}:convert_graph", os.fspath(graph), os.fspath(out), quantize or ""):
+            convert_graph(graph, out, quantize)
+
+    @staticmethod
+    def ir_version() -> dict[str, Any]:
+        """What a converted graph's cache key holds besides the model: the IR format and OpenVINO's version."""
+        return {"format": IR_FORMAT, "openvino": openvino_version()}
 
     def compiled(self, layers: Sequence[int]) -> tuple[Any, list[Any]]:
         """The compiled model serving ``layers`` and its infer requests (one per stream), compiled on first use."""

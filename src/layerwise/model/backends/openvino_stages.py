@@ -54,7 +54,6 @@ from ...notices import notice
 from ..capture import keep_counts
 from ..discovery import probe_batch
 from ..fidelity import sample_texts
-from . import offload
 from .cache import GraphCache
 from .ort import BUILD_LOCK, weights_bytes
 
@@ -88,26 +87,21 @@ class OpenVinoStages:
     # ---- graphs ----------------------------------------------------------------------------------------------
     def path_for(self, layer: int) -> Path:
         """Where the converted graph of ``layer`` alone is cached (``.xml`` beside its ``.bin``)."""
-        from .openvino import IR_FORMAT, openvino_version
-
         b = self.backend
-        key = {"weights": b.fingerprint(), "family": b.loaded.architecture, "stage": layer, "format": IR_FORMAT,
-               "stages": STAGE_FORMAT, "openvino": openvino_version(), "onnx": b.onnx.path_for(layer).name}
+        key = {"weights": b.fingerprint(), "family": b.loaded.architecture, "stage": layer, "stages": STAGE_FORMAT,
+               "onnx": b.onnx.path_for(layer).name, **b.ir_version()}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
         return b.root / f"{b.loaded.architecture}-s{layer}-openvino-{digest}.xml"
 
     def build(self, layer: int) -> Path:
         """The cached IR of ``layer`` alone, cut and converted now if absent (the time is said on stderr)."""
-        from .openvino import convert_graph
-
         path = self.path_for(layer)
         if path.exists() and path.with_suffix(".bin").exists():
             return path
         t0 = time.perf_counter()
         graph = str(self.backend.onnx.stage_graph(layer))
         tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
-        if not offload.run("layerwise.model.backends.openvino:convert_graph", graph, str(tmp), ""):
-            convert_graph(graph, tmp)
+        self.backend.convert(graph, tmp)
         os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
         os.replace(tmp, path)
         log.info("converted layer %d of %s alone to OpenVINO in %.1f s", layer, self.backend.loaded.name,

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import ModelLoadError
+from ...errors import ModelLoadError, SpecError
 from ...extras import require
 from ...notices import notice
 from ..loaded import LoadedModel
@@ -465,7 +465,7 @@ class OnnxBackend(Backend):
         """The cached float32 graph of ``layer`` alone (``layer >= 2``), run from ``hidden_<layer-1>`` and the mask
         (:func:`cut_stage`), cut from the exported graph that serves ``layer`` (exported now if absent)."""
         if layer < 2:
-            raise ValueError(f"a stage graph runs one layer from 2 on (layers 0..1 are the depth-1 graph), not {layer}")
+            raise SpecError(f"a stage graph runs one layer from 2 on (layers 0..1 are the depth-1 graph), not {layer}")
         self.float_graph(layer)  # the export it is cut from, in the cache
         base, _ = self.export_files(layer)
         path = self.path_for(layer).with_name(self.path_for(layer).name.replace(f"-d{layer}-", f"-s{layer}-", 1))
