@@ -77,3 +77,24 @@ def default_extractor() -> lw.Extractor:
 @pytest.fixture(scope="session")
 def sentences() -> list[str]:
     return list(SENTENCES)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the pip-built environments of the collected tests that will run (Infinity's, the demo's) in the
+    background (:mod:`prebuilt`): their minutes overlap the rest of the suite."""
+    import shutil
+
+    import prebuilt
+
+    modules = {item.module.__name__: item.module for item in session.items if hasattr(item, "module")}
+    if "test_export_servers" in modules and (os.environ.get("LAYERWISE_CI") or
+                                             os.environ.get("LAYERWISE_SIDE_SERVERS")):
+        prebuilt.start("infinity", modules["test_export_servers"].infinity_environment)
+    if "test_dev" in modules and shutil.which("python3") is not None:
+        prebuilt.start("demo", modules["test_dev"].demo_environment)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import prebuilt
+
+    prebuilt.clean()

@@ -3,7 +3,8 @@ loads Hugging Face directories through sentence-transformers, called with the of
 
 Infinity pins sentence-transformers < 4 and transformers < 5, so it runs from its own virtual environment, built here
 (``torch`` first, the local CPU wheel of the version this suite runs, then ``infinity-emb[server,torch]``; about a
-minute from the package index). Locally the test is skipped unless ``LAYERWISE_SIDE_SERVERS=1``; in CI
+minute from the package index, started in the background as soon as the session has collected this test:
+:mod:`prebuilt`). Locally the test is skipped unless ``LAYERWISE_SIDE_SERVERS=1``; in CI
 (``LAYERWISE_CI=1``) it always runs.
 """
 
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 import layerwise as lw
+import prebuilt
 
 from tiny import free_port
 
@@ -38,10 +40,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def infinity(tmp_path_factory) -> Path:
-    """Infinity's own virtual environment (its ``infinity_emb`` command)."""
-    root = tmp_path_factory.mktemp("infinity")
+def infinity_environment(root: Path) -> Path:
+    """Infinity's own virtual environment under ``root``: its ``infinity_emb`` command."""
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pin = f"torch=={torch.__version__.split('+')[0]}"  # the CPU wheel this suite runs (an unpinned torch pulls CUDA)
@@ -51,6 +51,13 @@ def infinity(tmp_path_factory) -> Path:
         done = subprocess.run([*pip, *args], capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
     return venv / "bin" / "infinity_emb"
+
+
+@pytest.fixture(scope="module")
+def infinity() -> Path:
+    """Infinity's ``infinity_emb`` command (its environment started building when the session collected this test:
+    :mod:`prebuilt`)."""
+    return prebuilt.wait("infinity", infinity_environment)
 
 
 def readme_command() -> list[str]:

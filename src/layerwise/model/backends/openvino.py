@@ -323,11 +323,11 @@ class OpenVinoBackend(Backend):
         depths: Sequence[int],
     ) -> Callable[[], torch.Tensor]:
         """:meth:`Backend.start_ragged`: each row through the one-layer graphs up to its own depth where they are
-        prepared for ``max(layers)``, else every row through the graph of ``max(layers)``. Runs now."""
+        prepared for ``max(layers)``, else every row through the graph of ``max(layers)``. Returns at once (the
+        chain runs in a thread of the stages')."""
         if self.ragged_price(max(layers), site) is None:
             return self.start(input_ids, attention_mask, layers, site)
-        states = self.stages.run(input_ids, attention_mask, layers, depths)
-        return lambda: states
+        return self.stages.start(input_ids, attention_mask, layers, depths)
 
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str

@@ -43,8 +43,9 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -83,6 +84,7 @@ class OpenVinoStages:
         self._preparing = threading.Lock()  # one preparation at a time (a server's warming and a request)
         self._lock = threading.RLock()  # one batch on the stages' requests at a time
         self._requests: dict[int, list[Any]] = {}  # depth -> infer requests of the stages' own on its graph
+        self._runner: ThreadPoolExecutor | None = None  # runs started batches, one at a time (start())
 
     # ---- graphs ----------------------------------------------------------------------------------------------
     def path_for(self, layer: int) -> Path:
@@ -233,6 +235,16 @@ class OpenVinoStages:
                 if layer in index:
                     out[index[layer], :n] = state[:n]
         return torch.from_numpy(out)
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
+              depths: Sequence[int]) -> Callable[[], torch.Tensor]:
+        """:meth:`run` started in a thread of the stages' own, returning at once: the caller prepares and reduces
+        other batches while OpenVINO computes this one (its infer calls release the GIL). Batches started one after
+        another run in that order. Returns a callable that waits for the states."""
+        if self._runner is None:
+            self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerwise-openvino-stages")
+        future = self._runner.submit(self.run, input_ids, attention_mask, layers, depths)
+        return future.result
 
     def whole(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, depth: int) -> torch.Tensor:
         """Layers ``0..depth`` of one batch through the graph of ``depth``, on infer requests of the stages' own
