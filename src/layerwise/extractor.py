@@ -481,12 +481,13 @@ class Extractor:
                     by_part.setdefault(owner[text][0], []).append(r)
                 for p, rs in by_part.items():
                     pick = picks[p]
-                    states = group.states if pick is None else group.states.index_select(0, pick)
-                    if len(rs) != len(group.texts):
+                    states, m, s = group.states, mask, special
+                    if len(rs) != len(group.texts):  # the part's rows and layers in one gather: [k, rows, T, W]
                         at = torch.tensor(rs, device=states.device)
-                        states, m, s = states.index_select(1, at), mask.index_select(0, at), special.index_select(0, at)
-                    else:
-                        m, s = mask, special
+                        states = states.index_select(1, at) if pick is None else states[pick[:, None], at[None, :]]
+                        m, s = mask.index_select(0, at), special.index_select(0, at)
+                    elif pick is not None:
+                        states = states.index_select(0, pick)
                     texts = [group.texts[r] for r in rs]
                     out = makers[p](states, m, s, [toks[t] for t in texts])
                     step.extend((p, Encoded(owner[t][1], v, toks[t])) for t, v in zip(texts, out))

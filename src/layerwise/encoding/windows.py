@@ -216,7 +216,7 @@ def forward_windows(
         if single:
             yield Group(
                 texts=[windows[batch[r]].text for r in single],
-                states=states[:, single],
+                states=states if len(single) == len(batch) else states[:, single],  # no copy when all are whole
                 lengths=[len(windows[batch[r]].ids) for r in single],
                 segment=seg,
             )
