@@ -484,7 +484,9 @@ class Extractor:
                     states, m, s = group.states, mask, special
                     if len(rs) != len(group.texts):  # the part's rows and layers in one gather: [k, rows, T, W]
                         at = torch.tensor(rs, device=states.device)
-                        states = states.index_select(1, at) if pick is None else states[pick[:, None], at[None, :]]
+                        states = states.index_select(1, at) if pick is None else \
+                            torch.stack([states[k].index_select(0, at) for k in pick.tolist()])  # (advanced indexing
+                        # [pick, at] at once was the slowest step of a mixed call)
                         m, s = mask.index_select(0, at), special.index_select(0, at)
                     elif pick is not None:
                         states = states.index_select(0, pick)
