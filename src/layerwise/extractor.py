@@ -482,11 +482,10 @@ class Extractor:
                 for p, rs in by_part.items():
                     pick = picks[p]
                     states, m, s = group.states, mask, special
-                    if len(rs) != len(group.texts):  # the part's rows and layers in one gather: [k, rows, T, W]
-                        at = torch.tensor(rs, device=states.device)
+                    if len(rs) != len(group.texts):  # only the part's rows of only its layers: [k, rows, T, W]
+                        at = torch.tensor(rs, device=states.device)  # (index_select per layer: advanced indexing of
                         states = states.index_select(1, at) if pick is None else \
-                            torch.stack([states[k].index_select(0, at) for k in pick.tolist()])  # (advanced indexing
-                        # [pick, at] at once was the slowest step of a mixed call)
+                            torch.stack([states[k].index_select(0, at) for k in pick.tolist()])  # both was slower)
                         m, s = mask.index_select(0, at), special.index_select(0, at)
                     elif pick is not None:
                         states = states.index_select(0, pick)

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -88,11 +88,8 @@ def verify(loaded: Any, depth: int, keys: frozenset[Key], site: str = "block") -
     difference."""
     if depth < 2 or 0 not in keys:
         return False
-    ids, mask = probe_batch(loaded.tokenizer)
-    pick = torch.tensor([0, 1, 0])
-    ids, mask = ids[pick], mask[pick]
+    ids, mask, depths = probe_rows(loaded.tokenizer, depth)
     layers = tuple(range(1, depth + 1))
-    depths = [depth, depth - 1, 1]
     full = capture(loaded, ids, mask, layers, site)
     try:
         ragged = capture(loaded, ids, mask, layers, site, depths=depths, keys=keys)
@@ -100,12 +97,30 @@ def verify(loaded: Any, depth: int, keys: frozenset[Key], site: str = "block") -
         log.info("%s is not run ragged (rows leaving at their depth): %s: %s", loaded.architecture,
                  type(exc).__name__, exc)
         return False
-    keep = keep_counts(depths, loaded.num_layers)
+    layer = first_difference(ragged, full, mask, depths, layers, loaded.num_layers)
+    if layer is not None:
+        log.info("%s is not run ragged: layer %d differs from a full pass", loaded.architecture, layer)
+    return layer is None
+
+
+def probe_rows(tokenizer: Any, depth: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The probe batch a ragged pass is checked on: three rows ``(input_ids, attention_mask)`` ``[3, T]`` and their
+    depths ``(depth, depth - 1, 1)`` (``depth >= 2``: the batch shrinks after layer 1 and before the last layer, so
+    what one layer hands the next is cut too)."""
+    ids, mask = probe_batch(tokenizer)
+    pick = torch.tensor([0, 1, 0])
+    return ids[pick], mask[pick], [depth, depth - 1, 1]
+
+
+def first_difference(ragged: torch.Tensor, full: torch.Tensor, mask: torch.Tensor, depths: Sequence[int],
+                     layers: Sequence[int], n_layers: int) -> int | None:
+    """The first of ``layers`` where a ragged pass's states ``[K, batch, tokens, W]`` differ from a full pass's on the
+    real tokens of the rows that ran it (beyond ``1e-4`` of the states' scale), or ``None`` where they agree."""
+    keep = keep_counts(depths, n_layers)
     scale = max(1.0, float(full.abs().max()))
     for k, layer in enumerate(layers):
         n = keep[layer]
         real = mask[:n].bool()
         if float((ragged[k, :n][real] - full[k, :n][real]).abs().max()) > _AGREE * scale:
-            log.info("%s is not run ragged: layer %d differs from a full pass", loaded.architecture, layer)
-            return False
-    return True
+            return layer
+    return None

@@ -384,13 +384,16 @@ class AutoBackend(TorchBackend):
             if depth in self._serving or depth in self._preparing:
                 return
             self._preparing.append(depth)
-            if self._stopping.is_set():
-                return
-            if self._worker is None or not self._worker.is_alive():
-                # a daemon, stopped at exit after its current step (_stop_preparing)
-                self._worker = threading.Thread(target=self._prepare_all, name="layerwise-auto", daemon=True)
-                _PREPARING.add(self)
-                self._worker.start()
+            if not self._stopping.is_set():
+                self._start_worker()
+
+    def _start_worker(self) -> None:
+        """Start the background thread unless it runs (the caller holds ``_decided``); a daemon, stopped at exit
+        after its current step (_stop_preparing)."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._prepare_all, name="layerwise-auto", daemon=True)
+            _PREPARING.add(self)
+            self._worker.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the background preparation after the step it is in, and wait for it (``timeout`` seconds at most);
@@ -459,10 +462,7 @@ class AutoBackend(TorchBackend):
             if depth in self._staging or self._stopping.is_set():
                 return
             self._staging.append(depth)
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._prepare_all, name="layerwise-auto", daemon=True)
-                _PREPARING.add(self)
-                self._worker.start()
+            self._start_worker()
 
     def _prepare_stages(self, depth: int) -> None:
         """Build, check and time the one-layer OpenVINO graphs up to ``depth`` (:meth:`OpenVinoBackend.

@@ -53,8 +53,8 @@ import torch
 from ...errors import ModelLoadError
 from ...notices import notice
 from ..capture import keep_counts
-from ..discovery import probe_batch
 from ..fidelity import sample_texts
+from ..ragged import first_difference, probe_rows
 from .cache import GraphCache
 from .ort import BUILD_LOCK, weights_bytes
 
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("layerwise")
 
 STAGE_FORMAT = 1  # bump when the stage graphs change
-AGREE = 1e-4  # a stage chain against the full graph, relative to the states' scale
 TIMING_ROUNDS = 3
 TIMING_ROWS, TIMING_TOKENS = 64, 32  # the batch the chain is timed on: a service's batch, not a probe's
 
@@ -176,26 +175,17 @@ class OpenVinoStages:
         return price
 
     def _agrees(self, depth: int) -> bool:
-        """A probe batch with rows at depths ``(depth, depth - 1, 1)`` run in stages equals the full graph on every
-        layer ``1..depth``, on the rows that ran it."""
+        """The probe rows of :func:`~layerwise.model.ragged.probe_rows` run in stages equal the full graph on every
+        layer ``1..depth``, on the rows that ran it (:func:`~layerwise.model.ragged.first_difference`)."""
         b = self.backend
-        ids, mask = probe_batch(b.loaded.tokenizer)
-        pick = torch.tensor([0, 1, 0])
-        ids, mask = ids[pick], mask[pick]
+        ids, mask, depths = probe_rows(b.loaded.tokenizer, depth)
         layers = list(range(1, depth + 1))
-        depths = [depth, depth - 1, 1]
-        full = self.whole(ids, mask, depth)[1:]
         staged = self.run(ids, mask, layers, depths)
-        keep = keep_counts(depths, b.loaded.num_layers)
-        scale = max(1.0, float(full.abs().max()))
-        for k, layer in enumerate(layers):
-            n = keep[layer]
-            real = mask[:n].bool()
-            if float((staged[k, :n][real] - full[k, :n][real]).abs().max()) > AGREE * scale:
-                log.info("%s is not run in OpenVINO stages: layer %d differs from the graph of layers 0..%d",
-                         b.loaded.name, layer, depth)
-                return False
-        return True
+        layer = first_difference(staged, self.whole(ids, mask, depth)[1:], mask, depths, layers, b.loaded.num_layers)
+        if layer is not None:
+            log.info("%s is not run in OpenVINO stages: layer %d differs from the graph of layers 0..%d",
+                     b.loaded.name, layer, depth)
+        return layer is None
 
     # ---- the chain -------------------------------------------------------------------------------------------
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
@@ -279,4 +269,4 @@ def _split_run(requests: Sequence[Any], inputs: dict[str, np.ndarray], rows: int
         for name, into in outputs.items():
             into[start:end] = request.get_tensor(name).data
 
-__all__ = ["AGREE", "STAGE_FORMAT", "TIMING_ROUNDS", "TIMING_ROWS", "TIMING_TOKENS", "OpenVinoStages"]
+__all__ = ["STAGE_FORMAT", "TIMING_ROUNDS", "TIMING_ROWS", "TIMING_TOKENS", "OpenVinoStages"]
