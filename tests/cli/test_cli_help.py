@@ -87,3 +87,19 @@ def test_a_bad_choice_names_the_flag_and_the_valid_values(tmp_path, command, fla
     assert result.exit_code == 2, result.output
     err = " ".join(result.stderr.split())
     assert f"error: unknown {flag} {value!r}. Valid values are: {valid}" in err, err
+
+
+def test_metavar_without_typer_type_descriptors():
+    """typer releases before ``type_descriptor`` (the one on the GPU machine's image, 2026-11-26) have only click's
+    ``param.type``: the command line still builds, and an option shows click's name of its type."""
+    import click
+
+    from layerwise.cli.main import metavar
+
+    class OldOption:  # what such a typer hands over: no type_descriptor
+        is_flag = False
+        type = click.INT
+
+    assert metavar(OldOption()) == "INTEGER"
+    OldOption.type = click.Path()
+    assert metavar(OldOption()) == "PATH"

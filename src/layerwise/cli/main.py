@@ -57,7 +57,10 @@ def metavar(param: Any) -> str:
         return str(param.name).upper()
     if getattr(param, "is_flag", False):
         return ""
-    kind = param.type_descriptor.annotation
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None:  # typer before its type descriptors: click's own name of the type
+        return str(getattr(param.type, "name", "text")).upper()
+    kind = descriptor.annotation
     if get_origin(kind) is Union:  # Optional[X]: X
         kind = next(arg for arg in get_args(kind) if arg is not type(None))
     if get_origin(kind) is list:  # a repeatable option: one value each time it is given
