@@ -144,3 +144,18 @@ def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_ex
     for p, (items, spec) in enumerate(zip(texts, specs)):
         want = reference.encode(items, spec.layers, spec.combine, spec.pool)
         np.testing.assert_allclose(np.stack([got[p][i].numpy() for i in range(len(items))]), want, atol=1e-5)
+
+
+def test_a_deeper_chain_covers_the_shallower_depths(tiny_extractors, tmp_path, monkeypatch):
+    """A chain prepared for depth D holds the stages of every shallower depth, checked and timed: a mixed call whose
+    deepest row is shallower is served at D's price, with no new build or timing (each new depth re-timed the chain
+    in the background while a server was under load). A chain that does not run in stages covers nothing."""
+    ov = OpenVinoBackend(tiny_extractors["bert"].loaded, cache=tmp_path)
+    measured: list[int] = []
+    outcome = {5: 1.1, 8: None, 9: 1.2}
+    monkeypatch.setattr(OpenVinoStages, "_measure", lambda self, depth: measured.append(depth) or outcome.get(depth))
+    assert ov.prepare_ragged(5) == 1.1
+    assert [ov.ragged_price(d, "block") for d in (1, 2, 3, 4, 5, 6)] == [None, 1.1, 1.1, 1.1, 1.1, None]
+    assert ov.prepare_ragged(3) == 1.1 and ov.stages.prepared(4) and measured == [5]
+    assert ov.prepare_ragged(8) is None and ov.prepare_ragged(7) is None and measured == [5, 8, 7]
+    assert ov.prepare_ragged(9) == 1.2 and ov.prepare_ragged(6) == 1.2 and measured == [5, 8, 7, 9]

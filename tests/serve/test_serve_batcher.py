@@ -346,3 +346,38 @@ def test_the_cost_model_learns_the_prices_of_the_machine():
         model.observe(segments, 0.010 * b + 0.002 * bd + 5e-6 * td)
     assert abs(model.overhead - 0.010) < 0.002 and abs(model.layer_overhead - 0.002) < 0.0005, model
     assert abs(model.unit - 5e-6) < 1e-6, model
+
+
+def test_the_next_call_starts_behind_a_call_whose_last_batch_runs():
+    """A call whose step finished nothing has its last batch running in the runtime (the step before the wait): the
+    requests queued meanwhile are planned into a call that starts (tokenises, starts its forward batch) before the
+    running call is waited for and reduced, so the runtime is never idle between calls; each call still answers
+    its own requests, the older first, and nothing waits on the running call's end."""
+    events: list[str] = []
+    gate = threading.Event()
+
+    def run(jobs, segments, ragged=False):
+        name = "+".join(job.items[0] for job in jobs)
+        events.append(f"start {name}")
+        if name == "a":
+            gate.wait(30)  # "a" holds the worker until "b" and "c" are queued
+        yield []  # the last batch is started: the next step waits for it
+        events.append(f"finish {name}")
+        yield [(j, i, item) for j, job in enumerate(jobs) for i, item in enumerate(job.items)]
+
+    b = Batcher(run, cpu())
+
+    async def main() -> list:
+        first = asyncio.ensure_future(b.submit("g", 1, ["a"], "k", 3))
+        while not events:
+            await asyncio.sleep(0.001)
+        later = [asyncio.ensure_future(b.submit("g", 1, [x], "k", 3)) for x in ("b", "c")]
+        await asyncio.sleep(0.05)
+        gate.set()
+        return await asyncio.gather(first, *later)
+
+    try:
+        assert asyncio.run(main()) == [["a"], ["b"], ["c"]]
+    finally:
+        b.close()
+    assert events == ["start a", "start b+c", "finish a", "finish b+c"], events

@@ -182,7 +182,8 @@ def forward_windows(
     special tokens, e.g. GPT-2) is not run: ``empty(n)`` gives its states ``[K, n, 0, W]`` (it pools to zeros).
     With ``idle=True`` a batch that finishes no text (windows of a long text whose others are still to run) yields
     an empty group (``texts == []``), so a caller that shares the model between requests gets control back after
-    every batch.
+    every batch; and once the last batch is started in a runtime that runs asynchronously, an empty group comes
+    before it is waited for, so that caller can start other work behind it.
 
     Segments: with ``segments`` (the segment of each text), ``run_batch`` and ``empty`` are sequences with one
     function per segment (say, each to its own depth). A batch holds windows of one segment only, every segment's
@@ -241,17 +242,24 @@ def forward_windows(
         if idle and not groups:
             yield Group(texts=[], states=states[:, :0], lengths=[], segment=seg)
 
-    inflight: deque[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor], int]] = deque()
-    for seg, run in enumerate(runs):
+    batches: list[tuple[int, list[int]]] = []  # (segment, windows), in the order they run
+    for seg in range(len(runs)):
         runnable = [j for j, w in enumerate(windows) if w.ids and segment_of[w.text] == seg]
-        for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort):
-            batch = [runnable[j] for j in planned]
-            if depths is not None:
-                batch.sort(key=lambda j: -depths[windows[j].text])
-            ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
-            started = run(ids, mask) if depths is None else run(ids, mask, [depths[windows[j].text] for j in batch])
-            inflight.append((batch, started, seg))
-            while len(inflight) >= max(1, ahead):
-                yield from finished(*inflight.popleft())
+        batches += [(seg, [runnable[j] for j in planned])
+                    for planned in plan_batches([len(windows[j].ids) for j in runnable], batch_tokens, sort=sort)]
+    inflight: deque[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor], int]] = deque()
+    for k, (seg, batch) in enumerate(batches):
+        if depths is not None:
+            batch.sort(key=lambda j: -depths[windows[j].text])
+        ids, mask = pad_ids([windows[j].ids for j in batch], pad_id)
+        run = runs[seg]
+        started = run(ids, mask) if depths is None else run(ids, mask, [depths[windows[j].text] for j in batch])
+        inflight.append((batch, started, seg))
+        if idle and k == len(batches) - 1 and not isinstance(started, torch.Tensor):
+            # the last batch runs in the runtime and nothing is left to start: control goes back to the caller
+            # before the wait, so it can prepare and start other work behind it (the service's next call)
+            yield Group(texts=[], states=torch.empty((0, 0, 0, 0)), lengths=[], segment=seg)
+        while len(inflight) >= max(1, ahead):
+            yield from finished(*inflight.popleft())
     while inflight:
         yield from finished(*inflight.popleft())

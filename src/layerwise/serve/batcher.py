@@ -20,8 +20,10 @@ CPU). A request whose caller has gone (its future cancelled) leaves the queue at
 is still awaited stops between its batches.
 
 There is no batching window: a lone request starts as soon as the worker is free (it sleeps on a condition, never
-on a timer), and requests that arrive while the model runs are planned into the next call. Results go back with one
-event-loop wake-up per step.
+on a timer), and requests that arrive while the model runs are planned into the next call. Where the runtime runs
+batches asynchronously, that next call does not wait for the running one to be reduced: once a call's last forward
+batch is started (its step finishes nothing), the queued requests are tokenised and started behind it, so the runtime
+never idles while the worker pools, combines and answers. Results go back with one event-loop wake-up per step.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Call:
     seconds: float = 0.0
     batches: int = 0
     alone: bool = False  # a job retried on its own after its merged call failed
+    started: bool = False  # its last step finished nothing: its forward batch is running in the runtime
 
     @property
     def tokens(self) -> int:
@@ -238,19 +241,23 @@ class Batcher:
         return call
 
     def _next_call(self) -> Call | None:
-        """The call to advance by one step: a new one from the queue when nothing runs or every running call has had
-        its quantum, else the running calls in turn."""
+        """The call to advance by one step: a new one from the queue when nothing runs, when the one running call
+        has started its last batch in the runtime, or when every running call has had its quantum; else the oldest
+        call, the long ones in turn."""
         for call in [c for c in self._calls if c.abandoned()]:
             self._calls.remove(call)  # nobody waits for it: stop between batches
             _close(call)
-        if self._queue and all(c.long(self.max_tokens) and c.seconds >= self.quantum for c in self._calls):
+        behind = len(self._calls) == 1 and self._calls[0].started  # the next call starts behind the running one
+        if self._queue and (behind or all(c.long(self.max_tokens) and c.seconds >= self.quantum
+                                          for c in self._calls)):
             new = self._take()
             if new is not None:
                 self._calls.appendleft(new)
         if not self._calls:
             return None
-        turn = self._calls.popleft()
-        self._calls.append(turn)  # round robin
+        turn = self._calls[0]
+        if turn.steps is None or (turn.long(self.max_tokens) and turn.seconds >= self.quantum):
+            self._calls.rotate(-1)  # a new call's first step, or a long call's turn, then the next call's
         return turn
 
     # ---- the worker ----------------------------------------------------------------------------------------
@@ -279,7 +286,8 @@ class Batcher:
             error = exc
         seconds = time.perf_counter() - t0
         call.seconds += seconds
-        if step is not None:
+        call.started = step == [] and error is None
+        if step:
             call.batches += 1
         outcomes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, Exception | None]]] = {}
         for j, i, value in step or ():

@@ -123,21 +123,32 @@ class OpenVinoStages:
     # ---- readiness and price ---------------------------------------------------------------------------------
     def price(self, depth: int) -> float | None:
         """The measured price of a token-layer run in stages up to ``depth`` against the graph of ``depth``
-        (:meth:`prepare`), or ``None`` while not prepared or where the model is not run in stages."""
-        return self._price.get(depth)
+        (:meth:`prepare`), or ``None`` while not prepared or where the model is not run in stages. A deeper chain
+        that was prepared covers ``depth``: its stages are the same graphs, checked and timed, so its price holds."""
+        if depth in self._price:
+            return self._price[depth]
+        deeper = self._covering(depth)
+        return None if deeper is None else self._price[deeper]
 
     def prepared(self, depth: int) -> bool:
-        """Whether :meth:`prepare` ran for ``depth`` (whatever it found)."""
-        return depth in self._price
+        """Whether :meth:`prepare` ran for ``depth`` or for a deeper chain that runs in stages (whatever it
+        found)."""
+        return depth in self._price or self._covering(depth) is not None
+
+    def _covering(self, depth: int) -> int | None:
+        """The shallowest prepared depth above ``depth`` whose chain runs in stages, if any (none below 2)."""
+        return min((d for d, p in self._price.items() if d > depth and p is not None), default=None) \
+            if depth >= 2 else None
 
     def prepare(self, depth: int) -> float | None:
         """Build and compile layers ``2..depth`` as stages, check a chain against the graph of ``depth``, and
         measure what it costs: returns the price (chain time over graph time, at least 1.0), or ``None`` when the
         model cannot run in stages (a quantised graph, a depth below 2, a layer that reads more than the state and
-        the mask, or states that differ; the reason is logged). Once per depth."""
+        the mask, or states that differ; the reason is logged). Once per depth, and not at all below a depth already
+        prepared."""
         with self._preparing:
-            if depth in self._price:
-                return self._price[depth]
+            if self.prepared(depth):
+                return self.price(depth)
             self._price[depth] = self._measure(depth)
             return self._price[depth]
 
