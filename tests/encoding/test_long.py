@@ -177,3 +177,35 @@ def test_batches_started_ahead_give_the_same_groups(tiny_extractors):
     assert want.keys() == got.keys() == set(range(len(toks)))
     for t in want:
         torch.testing.assert_close(got[t], want[t], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_control_returns_before_the_wait_for_the_last_batch_of_an_asynchronous_runtime(tiny_extractors, ahead):
+    """With ``idle=True`` and a runtime that runs batches asynchronously (``ahead > 1``), an empty group comes once
+    the last batch is started and before anything waits for it (the service starts its next call there); a runtime
+    that computes in ``start`` (``ahead`` 1) gets no such group, which would only delay the call's answers."""
+    from layerwise.encoding.windows import forward_windows
+
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, backend="torch")
+    toks = ex.tokenize(["one text", "another text here", "a third"] * 4, words=False)
+    events: list[str] = []
+
+    def start(ids, mask):
+        states = ex.backend.forward(ids, mask, (2,), "block")
+        events.append("start")
+
+        def wait():
+            events.append("wait")
+            return states
+
+        return wait
+
+    for group in forward_windows(toks, start, max_length=32, stride=8, batch_tokens=40, pad_id=0, ahead=ahead,
+                                 idle=True):
+        events.append("group" if group.texts else "empty")
+    last = len(events) - 1 - events[::-1].index("start")
+    if ahead > 1:
+        assert events[last + 1] == "empty" and events.count("empty") == 1, events
+    else:
+        assert "empty" not in events, events
+    assert events.count("start") == events.count("wait") >= 2

@@ -153,9 +153,44 @@ def test_a_deeper_chain_covers_the_shallower_depths(tiny_extractors, tmp_path, m
     ov = OpenVinoBackend(tiny_extractors["bert"].loaded, cache=tmp_path)
     measured: list[int] = []
     outcome = {5: 1.1, 8: None, 9: 1.2}
-    monkeypatch.setattr(OpenVinoStages, "_measure", lambda self, depth: measured.append(depth) or outcome.get(depth))
+    monkeypatch.setattr(OpenVinoStages, "_measure",
+                        lambda self, depth, alone: measured.append(depth) or outcome.get(depth))
     assert ov.prepare_ragged(5) == 1.1
     assert [ov.ragged_price(d, "block") for d in (1, 2, 3, 4, 5, 6)] == [None, 1.1, 1.1, 1.1, 1.1, None]
     assert ov.prepare_ragged(3) == 1.1 and ov.stages.prepared(4) and measured == [5]
     assert ov.prepare_ragged(8) is None and ov.prepare_ragged(7) is None and measured == [5, 8, 7]
     assert ov.prepare_ragged(9) == 1.2 and ov.prepare_ragged(6) == 1.2 and measured == [5, 8, 7, 9]
+
+
+def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, tmp_path, monkeypatch):
+    """``auto`` prepares the stages in the background while its caller runs; the chain is timed with the caller's
+    next forward pass held (and its running ones let finish), so the price is the chain's alone, not its share of a
+    busy machine. The held pass runs as soon as the timing ends, with the right states."""
+    import threading
+    import time
+
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, "openvino": 0.001} |
+                        {r: 0.002 for r in runtimes if r != "openvino"})
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    if ex.backend.openvino is None:
+        pytest.skip("auto runs no OpenVINO here")
+    want = ex.encode(TEXTS, layers=2)
+    assert ex.backend.settle(timeout=120)
+    seen: dict[str, object] = {}
+    real = OpenVinoStages._measure
+
+    def measure(self, depth, alone):
+        caller = threading.Thread(target=lambda: seen.setdefault("features", ex.encode(TEXTS, layers=2)))
+        with alone():
+            caller.start()
+            time.sleep(0.3)
+            seen["held"] = "features" not in seen  # the caller's pass waits while the chain is timed
+        caller.join(60)
+        return real(self, depth, alone)
+
+    monkeypatch.setattr(OpenVinoStages, "_measure", measure)
+    ex.backend.ragged_price(2, "block")  # queues the stages' preparation in the background
+    assert ex.backend.settle(timeout=120)
+    assert seen["held"] is True and ex.backend.ragged_price(2, "block") is not None
+    np.testing.assert_allclose(seen["features"], want, atol=1e-5)

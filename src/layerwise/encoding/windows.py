@@ -182,8 +182,8 @@ def forward_windows(
     special tokens, e.g. GPT-2) is not run: ``empty(n)`` gives its states ``[K, n, 0, W]`` (it pools to zeros).
     With ``idle=True`` a batch that finishes no text (windows of a long text whose others are still to run) yields
     an empty group (``texts == []``), so a caller that shares the model between requests gets control back after
-    every batch; and once the last batch is started in a runtime that runs asynchronously, an empty group comes
-    before it is waited for, so that caller can start other work behind it.
+    every batch; and once the last batch is started in a runtime that runs batches asynchronously (``ahead > 1``), an
+    empty group comes before it is waited for, so that caller can start other work behind it.
 
     Segments: with ``segments`` (the segment of each text), ``run_batch`` and ``empty`` are sequences with one
     function per segment (say, each to its own depth). A batch holds windows of one segment only, every segment's
@@ -255,9 +255,11 @@ def forward_windows(
         run = runs[seg]
         started = run(ids, mask) if depths is None else run(ids, mask, [depths[windows[j].text] for j in batch])
         inflight.append((batch, started, seg))
-        if idle and k == len(batches) - 1 and not isinstance(started, torch.Tensor):
-            # the last batch runs in the runtime and nothing is left to start: control goes back to the caller
-            # before the wait, so it can prepare and start other work behind it (the service's next call)
+        if idle and k == len(batches) - 1 and ahead > 1:
+            # the last batch runs in the runtime (one that runs batches asynchronously: ahead > 1) and nothing is
+            # left to start: control goes back to the caller before the wait, so it can prepare and start other
+            # work behind it (the service's next call). A runtime that computes in start() would only delay this
+            # call's answers by the next call's forward pass.
             yield Group(texts=[], states=torch.empty((0, 0, 0, 0)), lengths=[], segment=seg)
         while len(inflight) >= max(1, ahead):
             yield from finished(*inflight.popleft())

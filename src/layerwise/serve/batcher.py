@@ -236,8 +236,12 @@ class Batcher:
             segments[segment_of[job.depth]].append(j)
         call = Call(chosen, segments)
         price = self._ragged(first.group, max(by_depth)) if self._ragged is not None and len(by_depth) > 1 else None
-        if price is not None and price * sum(j.cost * j.depth for j in chosen) <= call.work():
-            return Call(chosen, [list(range(len(chosen)))], ragged=True)
+        if price is not None:
+            # the whole predicted cost of each: the cut pays a batch more per segment, the ragged call its price on
+            # the layers (comparing the layers alone kept calls cut into batches of a few rows each)
+            ragged = Call(chosen, [list(range(len(chosen)))], ragged=True)
+            if self.cost.predict(ragged.shape(), shared=True, price=price) <= self.cost.predict(call.shape()):
+                return ragged
         return call
 
     def _next_call(self) -> Call | None:

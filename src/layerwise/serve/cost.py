@@ -86,8 +86,14 @@ class CostModel:
 
     def seconds(self, tokens: int, depth: int) -> float:
         """The predicted seconds of one segment of ``tokens`` to ``depth``."""
-        b, bd, td = self.features([(tokens, depth)])
-        return self.overhead * b + self.layer_overhead * bd + self.unit * td
+        return self.predict([(tokens, depth)])
+
+    def predict(self, segments: list[tuple[int, int]], shared: bool = False, price: float = 1.0) -> float:
+        """The predicted seconds of a call of ``segments`` of ``(tokens, depth)`` (``shared``: a ragged call, see
+        :meth:`features`), its layers at ``price`` times their measured prices (a runtime that runs the rows of a
+        ragged call another way: :meth:`Backend.ragged_price <layerwise.model.backends.base.Backend.ragged_price>`)."""
+        b, bd, td = self.features(segments, shared)
+        return self.overhead * b + price * (self.layer_overhead * bd + self.unit * td)
 
     def observe(self, segments: list[tuple[int, int]], seconds: float, shared: bool = False) -> None:
         """Refit the prices on one finished call: its ``segments`` of ``(tokens, depth)`` took ``seconds``

@@ -75,6 +75,7 @@ RACE_SHAPES = ((64, 16), (32, 32), (16, 64), (8, 128))  # (texts, tokens) of the
 RACE_ROUNDS = 3
 QUIET_S = 0.25  # the background preparation starts once the caller has made no call for this long...
 GRACE_S = 3.0  # ...or once the caller has kept PyTorch busy this long (a long job gains from the compiled runtime)
+HOLD_S = 10.0  # the longest the caller waits for a timing run alone, and for its own passes to end before one
 CHOICES = ("fastest", "onnx", "openvino", "torch")
 LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
 _PREPARING: "weakref.WeakSet[AutoBackend]" = weakref.WeakSet()  # backends whose background thread may be running
@@ -206,6 +207,8 @@ class AutoBackend(TorchBackend):
         self._deciding = threading.Lock()  # one decision at a time
         self._last_call = 0.0  # time.monotonic() when the caller's last forward pass through auto ended
         self._busy = 0  # the caller's forward passes running now
+        self._free = threading.Event()  # cleared while the preparation times a runtime alone (_alone)
+        self._free.set()
         self._int8_thread: threading.Thread | None = None
         self.int8_timing: dict[str, Any] | None = None  # quantized: the int8 runtimes timed against float32, once
 
@@ -469,7 +472,7 @@ class AutoBackend(TorchBackend):
         prepare_ragged`); a failure leaves mixed depths on PyTorch or in segments, and is logged."""
         try:
             if self.openvino is not None:
-                self.openvino.prepare_ragged(depth)
+                self.openvino.prepare_ragged(depth, alone=self._alone)
         except Stopped:
             pass
         except Exception as exc:  # a stage that fails to build is not a reason to fail the caller's job
@@ -701,13 +704,28 @@ class AutoBackend(TorchBackend):
 
     @contextlib.contextmanager
     def _calling(self) -> Iterator[None]:
-        """A forward pass of the caller's (the background preparation waits for a quiet moment)."""
+        """A forward pass of the caller's (the background preparation waits for a quiet moment; the caller waits
+        while the preparation times a runtime alone)."""
+        self._free.wait(HOLD_S)
         self._busy += 1
         try:
             yield
         finally:
             self._busy -= 1
             self._last_call = time.monotonic()
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        """The background preparation times a runtime with the machine to itself: the caller's next forward pass
+        waits (at most :data:`HOLD_S`), and the passes it is in are let finish first (at most :data:`HOLD_S`)."""
+        self._free.clear()
+        try:
+            deadline = time.monotonic() + HOLD_S
+            while self._busy and time.monotonic() < deadline and not self._stopping.is_set():
+                time.sleep(0.005)
+            yield
+        finally:
+            self._free.set()
 
     def ahead(self, layers: Sequence[int], site: str) -> int:
         """The :meth:`Backend.ahead` of the runtime that serves ``layers`` at ``site``."""

@@ -45,7 +45,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 import torch
@@ -312,11 +312,11 @@ class OpenVinoBackend(Backend):
         quantised model, or where the stages differ from the graph."""
         return self.stages.price(depth) if site == "block" else None
 
-    def prepare_ragged(self, depth: int) -> float | None:
+    def prepare_ragged(self, depth: int, alone: Callable[[], ContextManager[None]] | None = None) -> float | None:
         """Build, check and time the one-layer graphs up to ``depth`` (once; see
-        :meth:`OpenVinoStages.prepare <layerwise.model.backends.openvino_stages.OpenVinoStages.prepare>`); returns
-        :meth:`ragged_price`."""
-        return self.stages.prepare(depth)
+        :meth:`OpenVinoStages.prepare <layerwise.model.backends.openvino_stages.OpenVinoStages.prepare>`, and
+        ``alone`` there); returns :meth:`ragged_price`."""
+        return self.stages.prepare(depth, alone)
 
     def start_ragged(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
