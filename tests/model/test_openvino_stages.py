@@ -115,13 +115,19 @@ def test_a_layer_that_reads_more_than_the_state_and_mask_is_refused(tmp_path):
     assert not (tmp_path / "stage.onnx").exists()
 
 
-def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, tmp_path, monkeypatch):
+def auto_on_openvino(tiny_extractors, tmp_path, monkeypatch) -> lw.Extractor:
+    """``auto`` on the tiny BERT, its race won by OpenVINO (skipped where auto runs no OpenVINO)."""
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, "openvino": 0.001} |
                         {r: 0.002 for r in runtimes if r != "openvino"})
     ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
     if ex.backend.openvino is None:
         pytest.skip("auto runs no OpenVINO here")
+    return ex
+
+
+def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, tmp_path, monkeypatch):
+    ex = auto_on_openvino(tiny_extractors, tmp_path, monkeypatch)
     ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120) and ex.backend.runtime_for([2], "block") == "openvino"
     assert not list(tmp_path.glob("*-s2-openvino-*.xml"))  # one depth asked: no one-layer graph built
@@ -169,12 +175,7 @@ def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, t
     import threading
     import time
 
-    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, "openvino": 0.001} |
-                        {r: 0.002 for r in runtimes if r != "openvino"})
-    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
-    if ex.backend.openvino is None:
-        pytest.skip("auto runs no OpenVINO here")
+    ex = auto_on_openvino(tiny_extractors, tmp_path, monkeypatch)
     want = ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120)
     seen: dict[str, object] = {}

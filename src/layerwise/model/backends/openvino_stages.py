@@ -144,14 +144,13 @@ class OpenVinoStages:
     def prepare(self, depth: int, alone: Callable[[], ContextManager[None]] | None = None) -> float | None:
         """Build and compile layers ``2..depth`` as stages, check a chain against the graph of ``depth``, and
         measure what it costs: returns the price (the median over paired runs of chain time over graph time, at least
-        1.0), or ``None`` when the
-        model cannot run in stages (a quantised graph, a depth below 2, a layer that reads more than the state and
-        the mask, or states that differ; the reason is logged). Once per depth, and not at all below a depth already
-        prepared. ``alone``: a context in which the caller starts no forward pass of its own (``auto`` holds its
-        caller's next batch meanwhile), so that the chain and the graph are timed as they run when serving, not
-        against the caller's batches: a chain of many short runs loses more to a busy machine than one graph does,
-        and a price measured under load (1.6x seen, against 1.0-1.1x alone) kept mixed calls off the chain for the
-        life of the process."""
+        1.0), or ``None`` when the model cannot run in stages (a quantised graph, a depth below 2, a layer that reads
+        more than the state and the mask, or states that differ; the reason is logged). Once per depth, and not at
+        all below a depth already prepared. ``alone``: a context in which the caller starts no forward pass of its
+        own (``auto`` holds its caller's next batch meanwhile), so that the chain and the graph are timed as they
+        run when serving, not against the caller's batches: a chain of many short runs loses more to a busy machine
+        than one graph does, and a price measured under load (1.6x seen, against 1.0-1.1x alone) kept mixed calls
+        off the chain for the life of the process."""
         with self._preparing:
             if self.prepared(depth):
                 return self.price(depth)
@@ -177,24 +176,21 @@ class OpenVinoStages:
         ids, mask = enc["input_ids"], enc["attention_mask"]
         layers = list(range(depth + 1))
         rows = [depth] * ids.shape[0]
-        chains: list[float] = []
-        wholes: list[float] = []
+        runs = {"chain": lambda: self.run(ids, mask, layers, rows), "whole": lambda: self.whole(ids, mask, depth)}
+        times: dict[str, list[float]] = {"chain": [], "whole": []}
         with alone():
             # a first pair untimed (the caller's batches still running finish meanwhile), then pairs, their order
             # alternating: a busy moment slows both of a pair
             for r in range(-1, TIMING_ROUNDS):
                 for which in ("chain", "whole") if r % 2 == 0 else ("whole", "chain"):
                     t = time.perf_counter()
-                    if which == "chain":
-                        self.run(ids, mask, layers, rows)
-                    else:
-                        self.whole(ids, mask, depth)
+                    runs[which]()
                     if r >= 0:
-                        (chains if which == "chain" else wholes).append(time.perf_counter() - t)
+                        times[which].append(time.perf_counter() - t)
         # the median of the pairs' ratios: one slow moment (the caller's own batches, another process) moves it
         # less than a ratio of minimums, and a price measured once holds for the life of the process
-        price = max(1.0, float(np.median([c / w for c, w in zip(chains, wholes)])))
-        chain, whole = float(np.median(chains)), float(np.median(wholes))
+        price = max(1.0, float(np.median([c / w for c, w in zip(times["chain"], times["whole"])])))
+        chain, whole = float(np.median(times["chain"])), float(np.median(times["whole"]))
         notice(f"OpenVINO runs {b.loaded.name}'s layers 2..{depth} also one graph each, so rows leave a batch at "
                f"their own depth: a token-layer costs {price:.2f}x the graph of layers 0..{depth} ({chain * 1e3:.0f} "
                f"against {whole * 1e3:.0f} ms a batch; prepared in {time.perf_counter() - t0:.1f} s)")
