@@ -10,7 +10,7 @@ import threading
 import time
 
 from layerwise.serve.batcher import Batcher, BatchStats
-from layerwise.serve.cost import CostModel
+from layerwise.serve.cost import CORRECTION_WEIGHT, CUT, FIRST_RUNS, RAGGED, RETRY_AFTER, CostModel, WayCorrections
 
 
 def cpu() -> CostModel:
@@ -381,3 +381,63 @@ def test_the_next_call_starts_behind_a_call_whose_last_batch_runs():
     finally:
         b.close()
     assert events == ["start a", "start b+c", "finish a", "finish b+c"], events
+
+
+def test_a_mixed_call_runs_the_way_that_measured_faster_whatever_the_prices_predict():
+    """The fitted prices predict the cut cheaper (the ragged price is 2.0, as a chain timed under load said), but
+    the ragged calls take 0.6 of the cut's time: once each way has run its first calls, mixed calls run ragged; the
+    cut still runs once in a while, so its correction does not go stale. And the other way round: ragged predicted
+    cheaper, the cut measured faster, mixed calls are cut."""
+
+    def ways_run(ragged_seconds: float, cut_seconds: float, price: float) -> list[bool]:
+        seen: list[BatchStats] = []
+
+        def run(jobs, segments, ragged=False):
+            time.sleep(ragged_seconds if ragged else cut_seconds)
+            yield [(j, i, None) for j, job in enumerate(jobs) for i in range(len(job.items))]
+
+        b = Batcher(run, Fixed(1024, 0.002, 0.0, 2e-5), max_batch_tokens=100_000, ragged=lambda group, depth: price,
+                    on_batch=seen.append)
+
+        async def scenario():
+            for _ in range(40):  # one mixed call after another: the two jobs are queued together
+                await asyncio.gather(*(b.submit("g", depth, [f"d{depth}"], "s", tokens)
+                                       for depth, tokens in ((1, 40), (6, 800))))
+            while len([s for s in seen if s.segments]) < 40:
+                await asyncio.sleep(0.001)
+
+        try:
+            asyncio.run(asyncio.wait_for(scenario(), 60))
+        finally:
+            b.close()
+        return [s.ragged for s in seen if s.requests == 2]
+
+    mixed = ways_run(ragged_seconds=0.010, cut_seconds=0.016, price=2.0)
+    assert len(mixed) >= 30, mixed  # (a first job may run alone while the worker is idle)
+    assert mixed[:2] == [False, False] and mixed[2:4] == [True, True]  # predicted cheaper, the cut runs first ...
+    assert mixed[-20:].count(True) >= 18, mixed  # ... measured slower, it runs only to check again
+    assert False in mixed[-33:], mixed
+    mixed = ways_run(ragged_seconds=0.016, cut_seconds=0.010, price=1.0)
+    assert mixed[:4] == [True, True, False, False] and mixed[-20:].count(False) >= 18, mixed
+
+
+def test_way_corrections_follow_what_each_way_took():
+    ways = WayCorrections()
+    predicted = {CUT: 1.0, RAGGED: 1.2}
+    for _ in range(FIRST_RUNS):  # the way predicted cheaper runs first ...
+        assert ways.choose(predicted) == CUT
+        ways.observe(CUT, 1.0, 1.1)
+    for _ in range(FIRST_RUNS):  # ... then the other, as many calls
+        assert ways.choose(predicted) == RAGGED
+        ways.observe(RAGGED, 1.2, 0.6)
+    assert abs(ways.correction(RAGGED) - 0.5) < 1e-9 and abs(ways.correction(CUT) - 1.1) < 1e-9
+    picks = [ways.choose(predicted) for _ in range(2 * RETRY_AFTER)]  # choices 5, 6, ... (the cut last ran at 2)
+    cuts = [k + 5 for k, way in enumerate(picks) if way == CUT]
+    assert cuts == [2 + RETRY_AFTER, 2 + 2 * RETRY_AFTER]  # the way not chosen runs again every RETRY_AFTER choices
+    ways.observe(CUT, 1.0, 0.2)  # ... and what it took then moves its correction (a quarter of the way, in log)
+    assert abs(ways.correction(CUT) - 1.1 * (0.2 / 1.1) ** CORRECTION_WEIGHT) < 1e-9
+    hopeless = WayCorrections()
+    for way in (CUT, RAGGED):
+        for _ in range(FIRST_RUNS):
+            hopeless.observe(way, 1.0, 1.0)
+    assert {hopeless.choose({CUT: 1.0, RAGGED: 2.5}) for _ in range(3 * RETRY_AFTER)} == {CUT}  # never worth a check

@@ -7,9 +7,10 @@ of :mod:`layerwise.serve.cost` cuts them by depth into segments. Each segment ru
 all segments' batches go through one pipeline (:meth:`Extractor.encode_shared
 <layerwise.Extractor.encode_shared>`), and each request's layers are then combined, pooled and finished on their own.
 A shallow request joins a deeper segment when its extra layers cost less than a part-filled batch of its own. Where
-the runtime lets each row leave its batch at its own depth (``ragged``, PyTorch: :mod:`layerwise.model.ragged`), no
-cut is needed: the call is one segment, its batches as large as the budget allows, each request run to its own
-depth.
+the runtime lets each row leave its batch at its own depth (``ragged``, PyTorch: :mod:`layerwise.model.ragged`), the
+call can run as one segment instead, its batches as large as the budget allows, each request to its own depth: it
+does where that is predicted cheaper, each way's predictions corrected by what that way's calls took
+(:class:`~layerwise.serve.cost.WayCorrections`).
 
 A call runs one forward batch per step. A call that is larger than one batch budget (a single request over
 ``max_batch_tokens``) takes turns: once it has run for ``quantum`` seconds, the requests queued meanwhile start a call
@@ -36,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator
 
-from .cost import CostModel, plan
+from .cost import CUT, RAGGED, CostModel, WayCorrections, plan
 
 log = logging.getLogger("layerwise")
 
@@ -77,6 +78,8 @@ class Call:
     batches: int = 0
     alone: bool = False  # a job retried on its own after its merged call failed
     started: bool = False  # its last step finished nothing: its forward batch is running in the runtime
+    way: str | None = None  # a call of several depths: CUT or RAGGED, as chosen (see WayCorrections)
+    predicted: float = 0.0  # the cost model's seconds for it, when it was chosen
 
     @property
     def tokens(self) -> int:
@@ -140,8 +143,9 @@ class Batcher:
         ragged: ``ragged(group, depth)``: the price of a token-layer when each row of a batch leaves at its own
             depth (up to ``depth``) for that group, relative to the runtime that serves it, or ``None`` where rows
             cannot (:meth:`Backend.ragged_price <layerwise.model.backends.base.Backend.ragged_price>`). A call of
-            several depths is then one segment, each job run only to its own depth, where that price times the
-            tokens x layers its jobs need is at most the tokens x layers of the cost model's cut.
+            several depths is then one segment, each job run only to its own depth, where the cost model predicts it
+            (at that price) cheaper than the call cut into segments, each prediction corrected by what that way's
+            calls took (:class:`~layerwise.serve.cost.WayCorrections`, in :attr:`ways`).
         max_batch_tokens, max_batch_texts: the most estimated tokens and texts one call merges (a larger request
             runs alone, in steps like any other).
         max_queue_tokens: a request that would take the queued work past it raises :class:`QueueFull` (a request
@@ -162,6 +166,7 @@ class Batcher:
         self.queued_tokens = 0  # estimated tokens waiting (not yet taken by the worker)
         self.tokens_per_second = 0.0  # the worker's recent rate, for Retry-After
         self._on_batch = on_batch
+        self.ways: dict[Hashable, WayCorrections] = {}  # per group: each way's corrections (calls of several depths)
         self._queue: deque[Job] = deque()
         self._calls: deque[Call] = deque()
         self._cv = threading.Condition()
@@ -235,14 +240,18 @@ class Batcher:
         for j, job in enumerate(chosen):
             segments[segment_of[job.depth]].append(j)
         call = Call(chosen, segments)
-        price = self._ragged(first.group, max(by_depth)) if self._ragged is not None and len(by_depth) > 1 else None
-        if price is not None:
-            # the whole predicted cost of each: the cut pays a batch more per segment, the ragged call its price on
-            # the layers (comparing the layers alone kept calls cut into batches of a few rows each)
-            ragged = Call(chosen, [list(range(len(chosen)))], ragged=True)
-            if self.cost.predict(ragged.shape(), shared=True, price=price) <= self.cost.predict(call.shape()):
-                return ragged
-        return call
+        if len(by_depth) == 1:
+            return call
+        call.way, call.predicted = CUT, self.cost.predict(call.shape())
+        price = self._ragged(first.group, max(by_depth)) if self._ragged is not None else None
+        if price is None:
+            return call
+        # the whole predicted cost of each (the cut pays a batch more per segment, the ragged call its price on the
+        # layers), each corrected by what that way's calls took
+        ragged = Call(chosen, [list(range(len(chosen)))], ragged=True, way=RAGGED)
+        ragged.predicted = self.cost.predict(ragged.shape(), shared=True, price=price)
+        ways = self.ways.setdefault(first.group, WayCorrections())
+        return ragged if ways.choose({CUT: call.predicted, RAGGED: ragged.predicted}) == RAGGED else call
 
     def _next_call(self) -> Call | None:
         """The call to advance by one step: a new one from the queue when nothing runs, when the one running call
@@ -325,6 +334,8 @@ class Batcher:
 
     def _finished(self, call: Call) -> None:
         tokens = call.tokens
+        if call.way is not None:
+            self.ways.setdefault(call.jobs[0].group, WayCorrections()).observe(call.way, call.predicted, call.seconds)
         self.cost.observe(call.shape(), call.seconds, shared=call.ragged)
         if call.seconds > 0:
             self.tokens_per_second = tokens / call.seconds
