@@ -283,9 +283,15 @@ def _fit_torch(z: np.ndarray, y: np.ndarray, classes: int, strength: float, comb
     present[yt.unique()] = True
     binary = int(present.sum()) == 2
 
+    stacked = xt.reshape(-1, z.shape[-1]) if mixing else xt  # [rows * K, D]: each layer's logits in one product
+
     def objective() -> torch.Tensor:
-        x = torch.einsum("nkw,k->nw", xt, torch.softmax(logit_k, 0)) if mixing else xt
-        logits = (x @ w.T + b).masked_fill(~present, float("-inf"))
+        if mixing:  # the mix of the layers' logits, the logits of the mix (linear): one pass over the rows, no copy
+            per_layer = (stacked @ w.T).view(n, z.shape[1], classes)
+            logits = (per_layer * torch.softmax(logit_k, 0)[None, :, None]).sum(1) + b
+        else:
+            logits = xt @ w.T + b
+        logits = logits.masked_fill(~present, float("-inf"))
         kept = w[present]
         penalty = ((kept[1] - kept[0]) ** 2).sum() if binary else (kept ** 2).sum()
         return torch.nn.functional.cross_entropy(logits, yt) + penalty / (2 * strength * n)
