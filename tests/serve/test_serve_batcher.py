@@ -10,7 +10,7 @@ import threading
 import time
 
 from layerwise.serve.batcher import Batcher, BatchStats
-from layerwise.serve.cost import CORRECTION_WEIGHT, CUT, FIRST_RUNS, RAGGED, RETRY_AFTER, CostModel, WayCorrections
+from layerwise.serve.cost import CORRECTION_DECAY, CUT, FIRST_RUNS, RAGGED, RETRY_AFTER, CostModel, WayCorrections
 
 
 def cpu() -> CostModel:
@@ -434,8 +434,10 @@ def test_way_corrections_follow_what_each_way_took():
     picks = [ways.choose(predicted) for _ in range(2 * RETRY_AFTER)]  # choices 5, 6, ... (the cut last ran at 2)
     cuts = [k + 5 for k, way in enumerate(picks) if way == CUT]
     assert cuts == [2 + RETRY_AFTER, 2 + 2 * RETRY_AFTER]  # the way not chosen runs again every RETRY_AFTER choices
-    ways.observe(CUT, 1.0, 0.2)  # ... and what it took then moves its correction (a quarter of the way, in log)
-    assert abs(ways.correction(CUT) - 1.1 * (0.2 / 1.1) ** CORRECTION_WEIGHT) < 1e-9
+    ways.observe(CUT, 1.0, 0.2)  # ... and what it took then moves its correction (sums, the earlier calls fading)
+    d = CORRECTION_DECAY
+    assert abs(ways.correction(CUT) - (d * 1.1 * (1 + d) + 0.2) / (d * (1 + d) + 1)) < 1e-9
+    assert WayCorrections().choose({CUT: 1.0, RAGGED: 1.0}) == RAGGED  # a tie: no layer run that is not needed
     hopeless = WayCorrections()
     for way in (CUT, RAGGED):
         for _ in range(FIRST_RUNS):

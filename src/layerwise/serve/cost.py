@@ -155,7 +155,7 @@ def plan(tokens_by_depth: dict[int, int], model: CostModel) -> list[list[int]]:
 
 
 CUT, RAGGED = "cut", "ragged"  # the two ways of running a call of several depths
-CORRECTION_WEIGHT = 0.25  # each call of a way moves that way's correction this far toward what it measured
+CORRECTION_DECAY = 0.8  # each call of a way weighs 1 in its correction, the earlier ones fade by this factor
 FIRST_RUNS = 2  # each way runs this many calls before the corrections alone decide
 RETRY_AFTER = 32  # calls of several depths after which the way not chosen runs once more
 HOPELESS = 2.0  # a way predicted (corrected) above this many times the other is not run to check
@@ -166,28 +166,32 @@ class WayCorrections:
     """What the cost model's predictions miss for each way of running a call of several depths (:data:`CUT` into
     segments, :data:`RAGGED` each row to its own depth), learned from the calls each way ran.
 
-    A correction is the geometric moving average of ``seconds / predicted`` over that way's calls (weight
-    :data:`CORRECTION_WEIGHT`), ``1.0`` before any. :meth:`choose` compares the corrected predictions. The way
-    predicted cheaper runs first; once it has run :data:`FIRST_RUNS` calls, the other runs as many; after that a way
-    not chosen in the last :data:`RETRY_AFTER` choices runs the next call, unless it is predicted above
-    :data:`HOPELESS` times the other (corrected, or before its first runs as predicted).
+    A correction is the seconds that way's calls took over the seconds predicted for them, both summed with the
+    earlier calls fading by :data:`CORRECTION_DECAY` each (a ratio of sums: a call that overlaps another is charged
+    part of the other's time, and small calls, whose share moves most, weigh least), ``1.0`` before any.
+
+    :meth:`choose` compares the corrected predictions. The way predicted cheaper runs first; once it has run
+    :data:`FIRST_RUNS` calls, the other runs as many; after that a way not chosen in the last :data:`RETRY_AFTER`
+    choices runs the next call, unless it is predicted above :data:`HOPELESS` times the other (corrected, or before
+    its first runs as predicted).
     """
 
-    log_factor: dict[str, float] = field(default_factory=lambda: {CUT: 0.0, RAGGED: 0.0})
+    took: dict[str, float] = field(default_factory=lambda: {CUT: 0.0, RAGGED: 0.0})  # seconds, fading sums
+    predicted: dict[str, float] = field(default_factory=lambda: {CUT: 0.0, RAGGED: 0.0})
     runs: dict[str, int] = field(default_factory=lambda: {CUT: 0, RAGGED: 0})
     last: dict[str, int] = field(default_factory=lambda: {CUT: 0, RAGGED: 0})
     choices: int = 0
 
     def correction(self, way: str) -> float:
         """The factor that multiplies ``way``'s predictions (``seconds / predicted`` of its calls)."""
-        return math.exp(self.log_factor[way])
+        return self.took[way] / self.predicted[way] if self.predicted[way] > 0 else 1.0
 
     def choose(self, predicted: dict[str, float]) -> str:
         """The way to run a call, from the cost model's ``predicted`` seconds of each way (:data:`CUT`,
         :data:`RAGGED`)."""
         self.choices += 1
         corrected = {way: seconds * self.correction(way) for way, seconds in predicted.items()}
-        best = min(corrected, key=lambda way: corrected[way])
+        best = RAGGED if corrected[RAGGED] <= corrected[CUT] else CUT  # a tie: no layer run that is not needed
         other = RAGGED if best == CUT else CUT
         # the predicted way first; once it has run its first calls, the other runs its own (weighed uncorrected: it
         # has no correction yet); then the corrections decide, the way not chosen run again every RETRY_AFTER choices
@@ -204,9 +208,8 @@ class WayCorrections:
         """One call of ``way`` that the cost model predicted at ``predicted`` seconds took ``seconds``."""
         if predicted <= 0 or seconds <= 0:
             return
-        measured = math.log(seconds / predicted)
-        old = self.log_factor[way]
-        self.log_factor[way] = measured if self.runs[way] == 0 else old + CORRECTION_WEIGHT * (measured - old)
+        self.took[way] = CORRECTION_DECAY * self.took[way] + seconds
+        self.predicted[way] = CORRECTION_DECAY * self.predicted[way] + predicted
         self.runs[way] += 1
         self.last[way] = max(self.last[way], self.choices)
 
