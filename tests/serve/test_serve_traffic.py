@@ -246,6 +246,10 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
     # it asked (the rows that ran each layer are counted in tests/model/test_ragged.py)
     assert alone[4] == 0 and merged[4] >= 1, merged
     assert merged[2] > merged[3] and merged[0] == merged[1], merged
+    # what each way's calls took against their prediction is exported (1 for a way not run yet)
+    corrections = {k: v for k, v in m2.items() if k.startswith("layerwise_cost_correction")}
+    assert set(corrections) == {f'layerwise_cost_correction{{site="block",way="{way}"}}' for way in ("cut", "ragged")}
+    assert all(v > 0 for v in corrections.values()), corrections
 
 
 # ---- 2. big requests --------------------------------------------------------------------------------------------

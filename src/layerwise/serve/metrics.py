@@ -60,6 +60,10 @@ class Metrics:
                                       "batch through one layer (refit on every model call)", registry=r)
         self.cost_token_layer = Gauge("layerwise_cost_token_layer_seconds", "The cost model's price of one token "
                                       "through one layer (refit on every model call)", registry=r)
+        self.cost_correction = Gauge("layerwise_cost_correction", "Seconds the model calls of several depths run "
+                                     "each way (cut: into depth segments; ragged: each row to its own depth) took "
+                                     "over the cost model's prediction (fading sums; 1 before any), by site",
+                                     ["site", "way"], registry=r)
         self.tokens_total = Counter("layerwise_tokens", "Tokens encoded (special tokens included)", registry=r)
         self.tokens_per_second = Gauge("layerwise_tokens_per_second", "Tokens/s of the last model step", registry=r)
 
@@ -73,9 +77,13 @@ class Metrics:
         ``connection``."""
         self.requests.labels(route=CONNECTION, status=str(status)).inc()
 
-    def batch(self, stats: "BatchStats", max_batch_tokens: int, prices: tuple[float, float, float]) -> None:
-        """Record one finished model call, and the cost model's ``prices`` (per batch, per batch and layer, per token
-        and layer) after it."""
+    def batch(self, stats: "BatchStats", max_batch_tokens: int, prices: tuple[float, float, float],
+              corrections: dict[tuple[str, str], float] | None = None) -> None:
+        """Record one finished model call, the cost model's ``prices`` (per batch, per batch and layer, per token and
+        layer) after it, and the ``corrections`` of its predictions by ``(site, way)``
+        (:class:`~layerwise.serve.cost.WayCorrections`)."""
+        for (site, way), factor in (corrections or {}).items():
+            self.cost_correction.labels(site=site, way=way).set(factor)
         self.cost_batch.set(prices[0])
         self.cost_batch_layer.set(prices[1])
         self.cost_token_layer.set(prices[2])
