@@ -387,7 +387,8 @@ def test_a_mixed_call_runs_the_way_that_measured_faster_whatever_the_prices_pred
     """The fitted prices predict the cut cheaper (the ragged price is 2.0, as a chain timed under load said), but
     the ragged calls take 0.6 of the cut's time: once each way has run its first calls, mixed calls run ragged; the
     cut still runs once in a while, so its correction does not go stale. And the other way round: ragged predicted
-    cheaper, the cut measured faster, mixed calls are cut."""
+    cheaper (at a price above 1.0: at 1.0 the rows run only their own layers at no dearer price, and the call is
+    always ragged), the cut measured faster (and at that price predicted cheaper too), mixed calls are cut."""
 
     def ways_run(ragged_seconds: float, cut_seconds: float, price: float) -> list[bool]:
         seen: list[BatchStats] = []
@@ -417,8 +418,8 @@ def test_a_mixed_call_runs_the_way_that_measured_faster_whatever_the_prices_pred
     assert mixed[:2] == [False, False] and mixed[2:4] == [True, True]  # predicted cheaper, the cut runs first ...
     assert mixed[-20:].count(True) >= 18, mixed  # ... measured slower, it runs only to check again
     assert False in mixed[-33:], mixed
-    mixed = ways_run(ragged_seconds=0.016, cut_seconds=0.010, price=1.0)
-    assert mixed[:4] == [True, True, False, False] and mixed[-20:].count(False) >= 18, mixed
+    mixed = ways_run(ragged_seconds=0.016, cut_seconds=0.010, price=1.05)
+    assert mixed[:4] == [False, False, True, True] and mixed[-20:].count(False) >= 18, mixed
 
 
 def test_way_corrections_follow_what_each_way_took():

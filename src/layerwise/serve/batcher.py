@@ -145,7 +145,8 @@ class Batcher:
             cannot (:meth:`Backend.ragged_price <layerwise.model.backends.base.Backend.ragged_price>`). A call of
             several depths is then one segment, each job run only to its own depth, where the cost model predicts it
             (at that price) cheaper than the call cut into segments, each prediction corrected by what that way's
-            calls took (:class:`~layerwise.serve.cost.WayCorrections`, in :attr:`ways`).
+            calls took (:class:`~layerwise.serve.cost.WayCorrections`, in :attr:`ways`); at a price of 1.0 or less
+            always (each row runs only its own layers, at no dearer price).
         max_batch_tokens, max_batch_texts: the most estimated tokens and texts one call merges (a larger request
             runs alone, in steps like any other).
         max_queue_tokens: a request that would take the queued work past it raises :class:`QueueFull` (a request
@@ -250,6 +251,8 @@ class Batcher:
         # layers), each corrected by what that way's calls took
         ragged = Call(chosen, [list(range(len(chosen)))], ragged=True, way=RAGGED)
         ragged.predicted = self.cost.predict(ragged.shape(), shared=True, price=price)
+        if price <= 1.0:  # each row runs only its own layers at no dearer price (PyTorch): never worth a cut to check
+            return ragged
         ways = self.ways.setdefault(first.group, WayCorrections())
         return ragged if ways.choose({CUT: call.predicted, RAGGED: ragged.predicted}) == RAGGED else call
 
