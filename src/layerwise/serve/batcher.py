@@ -335,6 +335,11 @@ class Batcher:
             except Exception:  # the cost fit or the metrics: never the end of the worker that serves everyone
                 log.exception("layerwise: the statistics of a finished call failed (requests are not affected)")
 
+    def corrections(self) -> dict[tuple[str, str], float]:
+        """Each way's correction (:class:`~layerwise.serve.cost.WayCorrections`) by ``(group, way)``, the group as a
+        string (for the metrics)."""
+        return {(str(group), way): ways.correction(way) for group, ways in self.ways.items() for way in (CUT, RAGGED)}
+
     def _finished(self, call: Call) -> None:
         tokens = call.tokens
         if call.way is not None:

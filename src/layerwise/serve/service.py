@@ -27,7 +27,7 @@ from ..encoding.windows import window_starts
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
 from .batcher import Batcher, BatchStats, Job, QueueFull, Step
-from .cost import CUT, RAGGED, CostModel
+from .cost import CostModel
 from .inputs import blank_message, is_blank
 from .metrics import Metrics
 
@@ -380,10 +380,8 @@ class Service:
         return out
 
     def _batch_done(self, stats: BatchStats) -> None:
-        corrections = {(str(site), way): ways.correction(way) for site, ways in self.batcher.ways.items()
-                       for way in (CUT, RAGGED)}
         self.metrics.batch(stats, self.limits.max_batch_tokens,
-                           (self.cost.overhead, self.cost.layer_overhead, self.cost.unit), corrections)
+                           (self.cost.overhead, self.cost.layer_overhead, self.cost.unit), self.batcher.corrections())
 
 
 async def _disconnected(request: Any) -> None:
