@@ -38,8 +38,10 @@ until it answers 200 with nothing pending, one request per (depth, pool) is sent
 until no depth is pending (the ``auto`` backend's background preparation). Each round runs both loads at each client
 count back to back, the order alternating from one round to the next; the table shows the best round of each load,
 the ratio of their texts/s, the median over rounds of the ratio within a round, and p50/p99 latencies over every
-round's requests. Issue: mixed >= 1.3x all-last at 32 and 64 clients. ``--device cuda`` runs it on a GPU (the
-server's device).
+round's requests, the requests per model call with, for the mixed load, the share of its model calls whose rows each
+left at their own depth (``layerwise_batches_ragged``; the rest ran cut into depth segments), and the batcher's
+corrections of each way at the end (``layerwise_cost_correction``). Issue: mixed >= 1.3x all-last at 32 and 64
+clients. ``--device cuda`` runs it on a GPU (the server's device).
 """
 
 from __future__ import annotations
@@ -389,14 +391,19 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
                 rounds.append(order)
                 for kind in order:
                     b0, r0 = metric(port, "layerwise_batches_total"), metric(port, "layerwise_batch_requests_sum")
+                    g0 = metric(port, "layerwise_batches_ragged_total")
                     cpu0 = time.process_time()
                     wall, lat = load(port, requests, c, loads[kind])
                     modes[kind, c].client_cpu.append((time.process_time() - cpu0) / len(requests))
-                    merged = (metric(port, "layerwise_batch_requests_sum") - r0) / max(
-                        metric(port, "layerwise_batches_total") - b0, 1)
-                    modes[kind, c].add(wall, lat, f"{merged:.1f}")
+                    calls = max(metric(port, "layerwise_batches_total") - b0, 1)
+                    merged = (metric(port, "layerwise_batch_requests_sum") - r0) / calls
+                    ragged = (metric(port, "layerwise_batches_ragged_total") - g0) / calls
+                    modes[kind, c].add(wall, lat, f"{merged:.1f}" + (f" ({ragged:.0%} ragged)" if kind == "mixed"
+                                                                        else ""))
                     all_lat[kind, c] += lat
         info = json.loads(get(port, "/v1/model")[1])
+        text = get(port, "/metrics")[1].decode()
+        corrections = re.findall(r'^layerwise_cost_correction\{.*way="(\w+)"\} (\S+)$', text, flags=re.MULTILINE)
     finally:
         stop_server(proc)
 
@@ -414,7 +421,8 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
           f"; /ready {'absent' if state is None else ('200' if state.get('ready') else 'NOT ready')}, runtime per "
           f"depth {{{runtimes}}}; {t_ready:.0f} s from start to the first timed load")
     print(f"machine: {machine(args.device)}; {time.strftime('%Y-%m-%d')}; commit {commit()}; "
-          f"model backend {info.get('backend')}\n")
+          f"model backend {info.get('backend')}; cost corrections at the end "
+          f"{{{', '.join(f'{w}: {float(v):.2f}' for w, v in corrections) or 'none'}}}\n")
 
     def ms(lat: list[float], q: float) -> str:
         return f"{np.percentile(lat, q) * 1000:,.1f}" if lat else "-"
