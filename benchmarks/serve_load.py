@@ -135,9 +135,14 @@ def start_server(args, port: int, warm: Sequence[str] = ()) -> subprocess.Popen:
         time.sleep(0.2)
 
 
-def metric(port: int, name: str) -> float:
+def metrics(port: int, *names: str) -> np.ndarray:
+    """The server's counters ``names`` (each summed over its label sets), from one scrape of ``/metrics``."""
     text = get(port, "/metrics")[1].decode()
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)} (\S+)$", text, flags=re.MULTILINE))
+    return np.array([sum(float(v) for v in re.findall(rf"^{re.escape(name)} (\S+)$", text, flags=re.MULTILINE))
+                     for name in names])
+
+
+COUNTED = ("layerwise_batches_total", "layerwise_batch_requests_sum", "layerwise_batches_ragged_total")
 
 
 def decode(data: bytes) -> np.ndarray:
@@ -390,14 +395,12 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
                 order = ("last", "mixed") if (r + ci) % 2 == 0 else ("mixed", "last")
                 rounds.append(order)
                 for kind in order:
-                    b0, r0 = metric(port, "layerwise_batches_total"), metric(port, "layerwise_batch_requests_sum")
-                    g0 = metric(port, "layerwise_batches_ragged_total")
+                    before = metrics(port, *COUNTED)
                     cpu0 = time.process_time()
                     wall, lat = load(port, requests, c, loads[kind])
                     modes[kind, c].client_cpu.append((time.process_time() - cpu0) / len(requests))
-                    calls = max(metric(port, "layerwise_batches_total") - b0, 1)
-                    merged = (metric(port, "layerwise_batch_requests_sum") - r0) / calls
-                    ragged = (metric(port, "layerwise_batches_ragged_total") - g0) / calls
+                    calls, requested, ragged_calls = metrics(port, *COUNTED) - before
+                    merged, ragged = requested / max(calls, 1), ragged_calls / max(calls, 1)
                     modes[kind, c].add(wall, lat, f"{merged:.1f}" + (f" ({ragged:.0%} ragged)" if kind == "mixed"
                                                                         else ""))
                     all_lat[kind, c] += lat
@@ -516,12 +519,12 @@ def main(argv=None) -> None:
         for _ in range(args.repeat):  # each round: per request, the servers, one call (each ratio's pair adjacent)
             modes["per request"].add(*per_request())
             for c in clients:
-                b0, r0 = metric(port, "layerwise_batches_total"), metric(port, "layerwise_batch_requests_sum")
+                before = metrics(port, *COUNTED[:2])
                 cpu0 = time.process_time()
                 wall, lat = load(port, requests, c, options)
                 modes[c].client_cpu.append((time.process_time() - cpu0) / len(requests))
-                merged = (metric(port, "layerwise_batch_requests_sum") - r0) / max(
-                    metric(port, "layerwise_batches_total") - b0, 1)
+                calls, requested = metrics(port, *COUNTED[:2]) - before
+                merged = requested / max(calls, 1)
                 modes[c].add(wall, lat, f"{merged:.1f}")
             modes["one call"].add(*one_call())
     finally:
