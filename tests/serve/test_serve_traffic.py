@@ -1,7 +1,8 @@
 """``layerwise serve`` under real traffic (issue 39), against real server subprocesses over plain HTTP/1.1:
 
 * requests that differ only in pool, combine or precision, or in their layers, share one forward pass and each gets
-  the answer it gets alone (``layerwise_batch_specs`` says the calls merged several specs);
+  the answer it gets alone (``layerwise_batch_specs`` says the calls merged several specs); on ONNX Runtime, a server
+  warmed at several depths runs mixed calls with each row leaving at its own depth (its one-layer graphs);
 * a 200 KB request does not hold up a one-text request, a big request whose client gave up is dropped between
   batches, and one over ``max_request_tokens`` is refused before any compute;
 * bodies a web page may send unasked (text/plain, forms, multipart) get 415 on every encoding route, in the route's
@@ -10,9 +11,10 @@
 * every refusal is counted in ``layerwise_requests_total`` with its route and status;
 * HEAD on the informational routes answers 200 with no body.
 
-Two servers: ``server``, a small random BERT (hidden 128, 4 layers, 512 positions: slow enough on a CPU that a
-200 KB request takes seconds) with the default limits, and ``guarded`` (the tiny BERT with an API key, a 20 kB body
-limit and one CORS origin). Time bounds are generous: CI has 2 slow cores.
+Three servers: ``server``, a small random BERT (hidden 128, 4 layers, 512 positions: slow enough on a CPU that a 200
+KB request takes seconds) with the default limits, and ``guarded`` (the tiny BERT with an API key, a 20 kB body
+limit and one CORS origin), and ``staged``, the small BERT on ONNX Runtime warmed at two depths. Time bounds are
+generous: CI has 2 slow cores.
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ def _build_small_bert(directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("traffic")
-    model = _build_small_bert(root / "bert-128x4")
-    with serving(model, root / "server.log", "--device", "cpu", "--backend", "torch") as url:
+def small_bert(tmp_path_factory) -> Path:
+    return _build_small_bert(tmp_path_factory.mktemp("traffic") / "bert-128x4")
+
+
+@pytest.fixture(scope="module")
+def server(small_bert):
+    with serving(small_bert, small_bert.parent / "server.log", "--device", "cpu", "--backend", "torch") as url:
         yield url
 
 
@@ -250,6 +255,34 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
     corrections = {k: v for k, v in m2.items() if k.startswith("layerwise_cost_correction")}
     assert set(corrections) == {f'layerwise_cost_correction{{site="block",way="{way}"}}' for way in ("cut", "ragged")}
     assert all(v > 0 for v in corrections.values()), corrections
+
+
+@pytest.fixture(scope="module")
+def staged(small_bert):
+    with serving(small_bert, small_bert.parent / "staged.log", "--device", "cpu", "--backend", "onnx",
+                 "--warm", "1", "--warm", "2") as url:
+        deadline = time.monotonic() + 180
+        while call(url, "GET", "/ready")[0] != 200:  # the depths' graphs and the one-layer stages prepared
+            assert time.monotonic() < deadline, call(url, "GET", "/ready")[2][:300]
+            time.sleep(0.2)
+        yield url
+
+
+def test_a_compiled_runtime_warmed_at_several_depths_lets_rows_leave_at_their_own_depth(staged):
+    """``--backend onnx --warm 1 --warm 2``: /ready waits for ONNX Runtime's one-layer graphs, and then mixed calls
+    run as one batch whose rows leave at their own depth (``layerwise_batches_ragged_total``; the batcher runs the
+    way it predicts cheaper, and the other one within its first three mixed calls), each answer equal to a lone
+    request's. Without the stages no call of a compiled runtime is ragged."""
+    payloads = _payloads(DEEP, 24, seed=3)
+    for j in range(0, 24, 3):
+        payloads[j] = {"texts": [SENTENCES[j % len(SENTENCES)]], **SHALLOW[j % 2]}
+    ragged = 0.0
+    for _ in range(4):  # bursts until a mixed call ran ragged (a call or two of the first may run cut)
+        _, m1, m2 = _lone_then_burst(staged, payloads)
+        ragged += delta(m2, m1, "layerwise_batches_ragged_total")
+        if ragged:
+            break
+    assert ragged >= 1, "no mixed call ran its rows to their own depths"
 
 
 # ---- 2. big requests --------------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@
 (the last layer) and every ``--warm`` depth are prepared: their blocks loaded and, under ``backend="auto"``, their
 runtime decided (the compiled graph exported, checked and raced in the background; PyTorch answers requests
 meanwhile, so nothing waits for it). A server that warms several depths will batch requests of different depths
-together, so it also prepares what lets each row leave a batch at its own depth (under ``auto`` on OpenVINO, the
-one-layer graphs of :mod:`~layerwise.model.backends.openvino_stages`). Until then it answers 503 with what is still
-being prepared, which is what a load balancer's readiness probe expects.
+together, so it also prepares what lets each row leave a batch at its own depth (on ONNX Runtime or OpenVINO, under
+``auto`` or named, the one-layer graphs of :mod:`~layerwise.model.backends.stages`). Until then it answers 503 with
+what is still being prepared, which is what a load balancer's readiness probe expects.
 
 Example::
 
@@ -62,7 +62,11 @@ class Readiness:
             for depth in self.depths:
                 self.ex.backend.warm(list(range(depth + 1)))
             if len(self.depths) > 1:  # requests of several depths will share batches: rows leave at their own
-                self.ex.backend.ragged_price(max(self.depths), "block")  # (auto's OpenVINO stages: prepared now)
+                prepare = getattr(self.ex.backend, "prepare_ragged", None)  # a compiled runtime's one-layer stages
+                if prepare is not None:
+                    prepare(max(self.depths))
+                else:  # auto: queued in its background preparation (pending() until done)
+                    self.ex.backend.ragged_price(max(self.depths), "block")
         except Exception as exc:  # said by /ready; requests still run (and say their own errors)
             self.error = f"{type(exc).__name__}: {exc}"
         finally:

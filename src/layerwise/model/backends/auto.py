@@ -66,6 +66,7 @@ from .offload import Stopped
 from .openvino import OpenVinoBackend, openvino_available, openvino_version
 from .ort import OnnxBackend, check_quantize, ort_available
 from .pytorch import TorchBackend
+from .stages import Staged
 
 log = logging.getLogger("layerwise")
 
@@ -197,8 +198,9 @@ class AutoBackend(TorchBackend):
         self._race_times: dict[str, float] | None = None  # seconds a batch on the race's batches, per runtime
         self._decided = threading.Condition()  # guards _serving/_why/_preparing; notified as each depth is decided
         self._preparing: list[int] = []  # depths waiting for (or in) the background preparation, in order
-        # depths whose rows of mixed depths were asked for (ragged_price), and those of them whose one-layer OpenVINO
-        # graphs wait for (or are in) the background preparation: the chain is built only where it is asked for
+        # depths whose rows of mixed depths were asked for (ragged_price), and those of them whose one-layer graphs
+        # (OpenVINO's or ONNX Runtime's) wait for (or are in) the background preparation: the chain is built only
+        # where it is asked for
         self._ragged_asked: set[int] = set()
         self._staging: list[int] = []
         self._worker: threading.Thread | None = None
@@ -454,12 +456,14 @@ class AutoBackend(TorchBackend):
             if use is not None:
                 notice(f"{LABELS[use]} serves layers 0..{depth} from now on ({self._why[depth]}; prepared in the "
                        f"background in {self.prepared[depth]:.1f} s while PyTorch served)")
-            if use == "openvino" and depth in self._ragged_asked:
+            if use in ("openvino", "onnx") and depth in self._ragged_asked:
                 self._queue_stages(depth)
 
     def _queue_stages(self, depth: int) -> None:
-        """Queue the one-layer OpenVINO graphs up to ``depth`` for the background thread (once per depth)."""
-        if self.openvino is None or self.openvino.stages.prepared(depth):
+        """Queue the one-layer graphs up to ``depth`` of the runtime serving it for the background thread (once per
+        depth)."""
+        staged = self._decided_stages(depth)
+        if staged is None or staged.stages.prepared(depth):
             return
         with self._decided:
             if depth in self._staging or self._stopping.is_set():
@@ -468,16 +472,18 @@ class AutoBackend(TorchBackend):
             self._start_worker()
 
     def _prepare_stages(self, depth: int) -> None:
-        """Build, check and time the one-layer OpenVINO graphs up to ``depth`` (:meth:`OpenVinoBackend.
-        prepare_ragged`); a failure leaves mixed depths on PyTorch or in segments, and is logged."""
+        """Build, check and time the one-layer graphs up to ``depth`` of the runtime serving it
+        (:meth:`Staged.prepare_ragged <layerwise.model.backends.stages.Staged.prepare_ragged>`); a failure leaves
+        mixed depths on PyTorch or in segments, and is logged."""
+        staged = self._decided_stages(depth)
         try:
-            if self.openvino is not None:
-                self.openvino.prepare_ragged(depth, alone=self._alone)
+            if staged is not None:
+                staged.prepare_ragged(depth, alone=self._alone)
         except Stopped:
             pass
         except Exception as exc:  # a stage that fails to build is not a reason to fail the caller's job
-            log.warning("the one-layer OpenVINO graphs up to layer %d failed to build: %s: %s", depth,
-                        type(exc).__name__, exc)
+            log.warning("the one-layer %s graphs up to layer %d failed to build: %s: %s",
+                        LABELS.get(getattr(staged, "name", ""), "compiled"), depth, type(exc).__name__, exc)
         with self._decided:
             if depth in self._staging:
                 self._staging.remove(depth)
@@ -558,7 +564,7 @@ class AutoBackend(TorchBackend):
 
     def pending(self) -> list[int]:
         """The depths being prepared in the background (PyTorch serves them meanwhile), and those whose one-layer
-        OpenVINO graphs are (their rows of mixed depths run on PyTorch or in segments meanwhile)."""
+        graphs are (their rows of mixed depths run on PyTorch or in segments meanwhile)."""
         with self._decided:
             return list(dict.fromkeys([*self._preparing, *self._staging]))
 
@@ -666,17 +672,34 @@ class AutoBackend(TorchBackend):
                 return backend.start(input_ids, attention_mask, layers, site)
             return super().start(input_ids, attention_mask, layers, site)
 
+    def staged(self, depth: int, site: str = "block") -> Staged | None:
+        """The compiled runtime that serves ``depth`` at ``site`` where it can run one-layer stages
+        (:mod:`~layerwise.model.backends.stages`), else ``None`` (PyTorch serves, or a quantised graph)."""
+        return self._staged_on(self.runtime_for((depth,), site))
+
+    def _decided_stages(self, depth: int) -> Staged | None:
+        """:meth:`staged` for a depth already decided, without counting as a call of the caller's (the background
+        thread asks it)."""
+        with self._decided:
+            use = self._serving.get(depth, "torch")
+        return self._staged_on(use)
+
+    def _staged_on(self, runtime: str) -> Staged | None:
+        backend = self.compiled_runtimes.get(runtime)
+        return backend if isinstance(backend, Staged) and not self.quantize else None
+
     def ragged_price(self, depth: int, site: str) -> float | None:
-        """:meth:`Backend.ragged_price`. Where OpenVINO serves ``depth`` and its one-layer graphs are prepared: their
-        measured price (:mod:`~layerwise.model.backends.openvino_stages`); the first ask queues their preparation
-        in the background. Otherwise rows leave a batch early on PyTorch: where PyTorch serves ``depth``, ``1.0``;
-        where a compiled runtime won the race, PyTorch's time over the winner's on the race's batches (a
+        """:meth:`Backend.ragged_price`. Where a compiled runtime serves ``depth`` and its one-layer graphs are
+        prepared: their measured price (:mod:`~layerwise.model.backends.stages`); the first ask queues their
+        preparation in the background. Otherwise rows leave a batch early on PyTorch: where PyTorch serves ``depth``,
+        ``1.0``; where a compiled runtime won the race, PyTorch's time over the winner's on the race's batches (a
         token-layer on PyTorch costs that much more); where a runtime was named by ``$LAYERWISE_AUTO_RUNTIME`` (no
         race): ``None``."""
         self._ragged_asked.add(depth)
         serving = self.runtime_for((depth,), site)
-        if serving == "openvino" and self.openvino is not None:
-            price = self.openvino.ragged_price(depth, site)
+        staged = self.staged(depth, site)
+        if staged is not None:
+            price = staged.ragged_price(depth, site)
             if price is not None:
                 return price
             self._queue_stages(depth)
@@ -693,13 +716,12 @@ class AutoBackend(TorchBackend):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
         depths: Sequence[int],
     ) -> Callable[[], torch.Tensor]:
-        """:meth:`Backend.start_ragged` on OpenVINO's one-layer graphs where they serve ``max(layers)``, else on
-        PyTorch (the caller weighed :meth:`ragged_price`)."""
+        """:meth:`Backend.start_ragged` on the one-layer graphs of the compiled runtime that serves ``max(layers)``
+        where they are prepared, else on PyTorch (the caller weighed :meth:`ragged_price`)."""
         with self._calling():
-            ov = self.openvino
-            if (self.runtime_for(layers, site) == "openvino" and ov is not None
-                    and ov.ragged_price(max(layers), site) is not None):
-                return ov.start_ragged(input_ids, attention_mask, layers, site, depths)
+            staged = self.staged(max(layers), site)
+            if staged is not None and staged.ragged_price(max(layers), site) is not None:
+                return staged.start_ragged(input_ids, attention_mask, layers, site, depths)
             return super().start_ragged(input_ids, attention_mask, layers, site, depths)
 
     @contextlib.contextmanager

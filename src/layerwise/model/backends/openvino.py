@@ -45,7 +45,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -63,6 +63,7 @@ from .cache import GraphCache
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
 from .openvino_stages import OpenVinoStages
 from .ort import BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity, weights_bytes
+from .stages import Staged
 
 IR_FORMAT = 1  # bump when the converted graph changes
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
@@ -102,7 +103,7 @@ def check_precision(compute_dtype: object) -> str:
     return name
 
 
-class OpenVinoBackend(Backend):
+class OpenVinoBackend(Staged, Backend):
     """OpenVINO on the CPU, block site only; one converted graph per deepest requested layer. One caller at a time
     (its infer requests are shared; the service and the explorer hold a model lock around every encode).
 
@@ -304,30 +305,6 @@ class OpenVinoBackend(Backend):
     def ahead(self, layers: Sequence[int], site: str) -> int:
         """As many batches as there are infer requests (one per stream) run at once."""
         return len(self.compiled(layers)[1])
-
-    # ---- rows leaving the batch at their own depth (layerwise.model.backends.openvino_stages) ---------------
-    def ragged_price(self, depth: int, site: str) -> float | None:
-        """:meth:`Backend.ragged_price`: the measured price of running layers ``2..depth`` one graph each (about 1.0
-        and more: the chain's overhead), once :meth:`prepare_ragged` ran for ``depth``; ``None`` before, for a
-        quantised model, or where the stages differ from the graph."""
-        return self.stages.price(depth) if site == "block" else None
-
-    def prepare_ragged(self, depth: int, alone: Callable[[], ContextManager[None]] | None = None) -> float | None:
-        """Build, check and time the one-layer graphs up to ``depth`` (once; see
-        :meth:`OpenVinoStages.prepare <layerwise.model.backends.openvino_stages.OpenVinoStages.prepare>`, and
-        ``alone`` there); returns :meth:`ragged_price`."""
-        return self.stages.prepare(depth, alone)
-
-    def start_ragged(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
-        depths: Sequence[int],
-    ) -> Callable[[], torch.Tensor]:
-        """:meth:`Backend.start_ragged`: each row through the one-layer graphs up to its own depth where they are
-        prepared for ``max(layers)``, else every row through the graph of ``max(layers)``. Returns at once (the
-        chain runs in a thread of the stages')."""
-        if self.ragged_price(max(layers), site) is None:
-            return self.start(input_ids, attention_mask, layers, site)
-        return self.stages.start(input_ids, attention_mask, layers, depths)
 
     def start(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str

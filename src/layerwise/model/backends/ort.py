@@ -27,6 +27,9 @@ Exports are cached on disk under ``$LAYERWISE_CACHE/onnx`` (default ``~/.cache/l
 keyed by the weights' sha256, the family, the depth, the site, the quantisation and the exporter versions, and
 written atomically, so the cost (a few seconds, said on stderr the first time) is paid once per model across
 processes. Only the ``block`` site is exported (the other sites are hooks inside a layer).
+
+Rows of one batch that need different depths leave it at their own depth through a chain of one-layer graphs cut
+from the same export (:mod:`~layerwise.model.backends.ort_stages`, opened only where mixed depths are asked for).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ from ..loaded import LoadedModel
 from ..options import QUANTIZE_MODES, ModelOptions
 from .base import LOADING_FIELDS, Backend
 from .cache import GraphCache
+from .ort_stages import OrtStages
+from .stages import Staged
 
 EXPORT_FORMAT = 3  # bump when the exported graph changes (outputs, opset, quantisation recipe, cut graphs)
 EXPORT_WHOLE_BYTES = 2 * 10**9  # a model up to this size is exported once, whole; each depth is cut from it
@@ -282,7 +287,7 @@ def cut_stage(base: Path, first: int, last: int, path: Path) -> Path:
     written to ``path`` beside it (its weights read from ``base``'s ``.onnx.data``): inputs ``hidden_<first>``
     ``[batch, tokens, hidden]`` and ``attention_mask`` ``[batch, tokens]``, outputs ``hidden_<first+1> ..
     hidden_<last>``. A chain of such stages lets the rows of a batch leave it between layers (see
-    :mod:`~layerwise.model.backends.openvino_stages`).
+    :mod:`~layerwise.model.backends.stages`).
 
     The exported graph builds the attention mask from the shapes of ``input_ids`` and of the embeddings' output;
     in the stage those ``Shape`` nodes read ``attention_mask`` and ``hidden_<first>`` (the same batch and token
@@ -353,7 +358,7 @@ def quantize_graph(source: str | os.PathLike, path: str | os.PathLike) -> Path:
     return path
 
 
-class OnnxBackend(Backend):
+class OnnxBackend(Staged, Backend):
     """ONNX Runtime on the CPU, block site only; one exported graph per deepest requested layer.
 
     Args:
@@ -393,6 +398,7 @@ class OnnxBackend(Backend):
         self.export_seconds: dict[int, float] = {}  # exported depth -> seconds spent exporting it in this process
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (quantised only)
         self._sessions: dict[int, Any] = {}
+        self.stages = OrtStages(self)  # one-layer graphs, opened only when rows of mixed depths are run
 
     @staticmethod
     def unsupported(loaded: LoadedModel, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> str | None:
@@ -513,19 +519,24 @@ class OnnxBackend(Backend):
         with BUILD_LOCK:
             return self._open(depth)
 
+    def options(self) -> Any:
+        """The session options of every graph this backend opens (the depth graphs, the one-layer stages):
+        :attr:`threads` intra-op threads, one inter-op thread, every graph optimisation, spinning per :attr:`spin`."""
+        opts = self.ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not self.spin:
+            # idle intra-op threads sleep instead of spinning: a spinning pool steals the cores that the tokenizer
+            # thread and, in the service, the event loop need between two runs
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return opts
+
     def _open(self, depth: int) -> Any:
         if depth not in self._sessions:
             # used, with the export it reads: the last to be evicted
             GraphCache.touch(self.path_for(depth, self.quantize), *self.export_files(depth))
-            opts = self.ort.SessionOptions()
-            opts.intra_op_num_threads = self.threads
-            opts.inter_op_num_threads = 1
-            opts.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if not self.spin:
-                # idle intra-op threads sleep instead of spinning: a spinning pool steals the cores that the
-                # tokenizer thread and, in the service, the event loop need between two runs
-                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._sessions[depth] = self.ort.InferenceSession(str(self.build(depth)), opts,
+            self._sessions[depth] = self.ort.InferenceSession(str(self.build(depth)), self.options(),
                                                               providers=["CPUExecutionProvider"])
             if self.quantize:  # once per depth: how close int8 stays to float32 on this model (warned when not)
                 self.fidelity[depth] = measure_fidelity(self, depth)

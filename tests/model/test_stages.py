@@ -1,5 +1,6 @@
-"""OpenVINO's one-layer graphs: rows of a batch leave it at their own depth, with the states of the full graph, at a
-measured price, and ``auto`` builds them only where rows of mixed depths are asked for."""
+"""The compiled runtimes' one-layer graphs (ONNX Runtime's and OpenVINO's): rows of a batch leave it at their own
+depth, with the states of the full graph, at a measured price, and ``auto`` builds them only where rows of mixed
+depths are asked for, on the runtime that serves the depth."""
 
 from __future__ import annotations
 
@@ -10,57 +11,57 @@ import torch
 import layerwise as lw
 from layerwise.errors import ModelLoadError
 from layerwise.model.backends.auto import AutoBackend
-from layerwise.model.backends.openvino import OpenVinoBackend
-from layerwise.model.backends.openvino_stages import OpenVinoStages
-from layerwise.model.backends.ort import cut_stage
+from layerwise.model.backends.ort import OnnxBackend, cut_stage
+from layerwise.model.backends.stages import Staged, Stages
 from layerwise.model.capture import keep_counts
 
-pytest.importorskip("openvino")
-
+RUNTIMES = ["onnx", "openvino"]
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés " * 5, "a b c",
          "the quick brown fox jumps over the lazy dog", "x"]
 
 
-def counted_layers(backend: OpenVinoBackend) -> list[tuple[int, int]]:
-    """Each one-layer graph's runs, as ``(layer, rows)``, recorded from here on."""
+def staged(runtime: str, loaded, cache, **options) -> Staged:
+    """The backend of ``runtime`` (skipped where OpenVINO is not installed)."""
+    if runtime == "openvino":
+        pytest.importorskip("openvino")
+        from layerwise.model.backends.openvino import OpenVinoBackend
+
+        return OpenVinoBackend(loaded, cache=cache, **options)
+    return OnnxBackend(loaded, cache=cache, **options)
+
+
+def counted_layers(backend: Staged, monkeypatch) -> list[tuple[int, int]]:
+    """Each one-layer graph's runs on ``backend``, as ``(layer, rows)``, recorded from here on."""
     runs: list[tuple[int, int]] = []
-    real = OpenVinoStages.compiled
+    real = type(backend.stages).layer
 
-    def compiled(self, layer):
-        graph, requests = real(self, layer)
-        return graph, [_Counting(r, layer, runs) for r in requests]
+    def layer(self, layer, state, mask, rows, into):
+        runs.append((layer, rows))
+        return real(self, layer, state, mask, rows, into)
 
-    backend.stages.compiled = compiled.__get__(backend.stages)  # type: ignore[method-assign]
+    monkeypatch.setattr(type(backend.stages), "layer", layer)
     return runs
 
 
-class _Counting:
-    def __init__(self, request, layer, runs):
-        self.request, self.layer, self.runs = request, layer, runs
-
-    def start_async(self, inputs):
-        self.runs.append((self.layer, len(inputs["attention_mask"])))
-        return self.request.start_async(inputs)
-
-    def __getattr__(self, name):
-        return getattr(self.request, name)
-
-
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("family", ["bert", "deberta-v2"])
-def test_rows_leave_at_their_depth_with_the_full_graphs_states(tiny_extractors, family, tmp_path):
+def test_rows_leave_at_their_depth_with_the_full_graphs_states(tiny_extractors, family, runtime, tmp_path,
+                                                               monkeypatch):
     loaded = tiny_extractors[family].loaded
-    ov = OpenVinoBackend(loaded, cache=tmp_path)
+    ov = staged(runtime, loaded, tmp_path)
     deepest = loaded.num_layers
     assert ov.ragged_price(deepest, "block") is None  # nothing built before it is asked for
     price = ov.prepare_ragged(deepest)
     assert price is not None and price >= 1.0 and ov.ragged_price(deepest, "block") == price
-    assert len(list(tmp_path.glob(f"*-s{deepest}-openvino-*.xml"))) == 1  # the one-layer graph, cached
+    assert len(list(tmp_path.glob(f"*-s{deepest}-*.onnx"))) == 1  # the one-layer graph, cut and cached
+    if runtime == "openvino":
+        assert len(list(tmp_path.glob(f"*-s{deepest}-openvino-*.xml"))) == 1  # and converted
 
     enc = loaded.tokenizer(TEXTS, padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
     depths = [2, 2, 1, 1, 0, 0]
     layers = list(range(deepest + 1))
-    runs = counted_layers(ov)
+    runs = counted_layers(ov, monkeypatch)
     got = ov.start_ragged(ids, mask, layers, "block", depths)()
     want = ov.forward(ids, mask, layers, "block")
     torch_states = lw.Extractor(loaded, backend="torch").backend.forward(ids, mask, layers, "block")
@@ -74,21 +75,25 @@ def test_rows_leave_at_their_depth_with_the_full_graphs_states(tiny_extractors, 
         assert not got[layer, n:].any()  # rows that did not run a layer hold zeros
 
 
-def test_albert_reads_the_token_ids_in_its_layers_and_runs_whole_graphs(tiny_extractors, tmp_path, caplog):
-    ov = OpenVinoBackend(tiny_extractors["albert"].loaded, cache=tmp_path)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_albert_reads_the_token_ids_in_its_layers_and_runs_whole_graphs(tiny_extractors, runtime, tmp_path, caplog):
+    ov = staged(runtime, tiny_extractors["albert"].loaded, tmp_path)
     with caplog.at_level("INFO", logger="layerwise"):
         assert ov.prepare_ragged(2) is None
-    assert "is not run in OpenVINO stages: layers 2..2 of albert-" in caplog.text and "read input_ids" in caplog.text
+    label = {"onnx": "ONNX Runtime", "openvino": "OpenVINO"}[runtime]
+    assert f"is not run in {label} stages: layers 2..2 of albert-" in caplog.text and "read input_ids" in caplog.text
     enc = ov.loaded.tokenizer(TEXTS, padding=True, return_tensors="pt")
     got = ov.start_ragged(enc["input_ids"], enc["attention_mask"], [2], "block", [2, 2, 1, 1, 0, 0])()
     np.testing.assert_array_equal(got, ov.forward(enc["input_ids"], enc["attention_mask"], [2], "block"))
 
 
-def test_quantised_graphs_are_not_cut(default_extractor, tmp_path):
-    pytest.importorskip("nncf")
-    ov = OpenVinoBackend(default_extractor.loaded, cache=tmp_path, quantize="int8")
-    assert ov.prepare_ragged(6) is None and ov.ragged_price(6, "block") is None
-    assert not list(tmp_path.glob("*-s*-openvino-*.xml"))
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_quantised_graphs_are_not_cut(tiny_extractors, runtime, tmp_path):
+    if runtime == "openvino":
+        pytest.importorskip("nncf")
+    ov = staged(runtime, tiny_extractors["bert"].loaded, tmp_path, quantize="int8")
+    assert ov.prepare_ragged(2) is None and ov.ragged_price(2, "block") is None
+    assert not list(tmp_path.glob("*-s*"))
 
 
 def test_a_layer_that_reads_more_than_the_state_and_mask_is_refused(tmp_path):
@@ -115,28 +120,32 @@ def test_a_layer_that_reads_more_than_the_state_and_mask_is_refused(tmp_path):
     assert not (tmp_path / "stage.onnx").exists()
 
 
-def auto_on_openvino(tiny_extractors, tmp_path, monkeypatch) -> lw.Extractor:
-    """``auto`` on the tiny BERT, its race won by OpenVINO (skipped where auto runs no OpenVINO)."""
+def auto_on(runtime: str, tiny_extractors, tmp_path, monkeypatch) -> lw.Extractor:
+    """``auto`` on the tiny BERT, its race won by ``runtime`` (skipped where auto does not run it)."""
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, "openvino": 0.001} |
-                        {r: 0.002 for r in runtimes if r != "openvino"})
+    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, runtime: 0.001} |
+                        {r: 0.002 for r in runtimes if r != runtime})
     ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
-    if ex.backend.openvino is None:
-        pytest.skip("auto runs no OpenVINO here")
+    if runtime not in ex.backend.compiled_runtimes:
+        pytest.skip(f"auto runs no {runtime} here")
     return ex
 
 
-def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, tmp_path, monkeypatch):
-    ex = auto_on_openvino(tiny_extractors, tmp_path, monkeypatch)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, runtime, tmp_path,
+                                                                         monkeypatch):
+    ex = auto_on(runtime, tiny_extractors, tmp_path, monkeypatch)
     ex.encode(TEXTS, layers=2)
-    assert ex.backend.settle(timeout=120) and ex.backend.runtime_for([2], "block") == "openvino"
-    assert not list(tmp_path.glob("*-s2-openvino-*.xml"))  # one depth asked: no one-layer graph built
+    assert ex.backend.settle(timeout=120) and ex.backend.runtime_for([2], "block") == runtime
+    assert not list(tmp_path.glob("*-s2-*"))  # one depth asked: no one-layer graph built
     # the first ask for mixed rows: PyTorch's price against the race's winner, while the stages are prepared
     assert ex.backend.ragged_price(2, "block") == pytest.approx(3.0)
-    assert ex.backend.settle(timeout=120) and list(tmp_path.glob("*-s2-openvino-*.xml"))
+    assert ex.backend.settle(timeout=120) and list(tmp_path.glob("*-s2-*"))
+    serving = ex.backend.compiled_runtimes[runtime]
     price = ex.backend.ragged_price(2, "block")
-    assert price is not None and price >= 1.0 and price == ex.backend.openvino.ragged_price(2, "block")
-    runs = counted_layers(ex.backend.openvino)
+    assert price is not None and price >= 1.0 and price == serving.ragged_price(2, "block")
+    assert ex.backend.staged(2) is serving
+    runs = counted_layers(serving, monkeypatch)
     specs = [lw.EncodeSpec(layers=2), lw.EncodeSpec(layers=1, pool="cls"), lw.EncodeSpec(layers=[0, 2], combine="mean")]
     texts = [TEXTS, TEXTS[:3], TEXTS[2:]]
     parts = [(ex.tokenize(t, words=False), spec) for t, spec in zip(texts, specs)]
@@ -156,10 +165,10 @@ def test_a_deeper_chain_covers_the_shallower_depths(tiny_extractors, tmp_path, m
     """A chain prepared for depth D holds the stages of every shallower depth, checked and timed: a mixed call whose
     deepest row is shallower is served at D's price, with no new build or timing (each new depth re-timed the chain
     in the background while a server was under load). A chain that does not run in stages covers nothing."""
-    ov = OpenVinoBackend(tiny_extractors["bert"].loaded, cache=tmp_path)
+    ov = OnnxBackend(tiny_extractors["bert"].loaded, cache=tmp_path)
     measured: list[int] = []
     outcome = {5: 1.1, 8: None, 9: 1.2}
-    monkeypatch.setattr(OpenVinoStages, "_measure",
+    monkeypatch.setattr(Stages, "_measure",
                         lambda self, depth, alone: measured.append(depth) or outcome.get(depth))
     assert ov.prepare_ragged(5) == 1.1
     assert [ov.ragged_price(d, "block") for d in (1, 2, 3, 4, 5, 6)] == [None, 1.1, 1.1, 1.1, 1.1, None]
@@ -168,18 +177,19 @@ def test_a_deeper_chain_covers_the_shallower_depths(tiny_extractors, tmp_path, m
     assert ov.prepare_ragged(9) == 1.2 and ov.prepare_ragged(6) == 1.2 and measured == [5, 8, 7, 9]
 
 
-def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, tmp_path, monkeypatch):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, runtime, tmp_path, monkeypatch):
     """``auto`` prepares the stages in the background while its caller runs; the chain is timed with the caller's
     next forward pass held (and its running ones let finish), so the price is the chain's alone, not its share of a
     busy machine. The held pass runs as soon as the timing ends, with the right states."""
     import threading
     import time
 
-    ex = auto_on_openvino(tiny_extractors, tmp_path, monkeypatch)
+    ex = auto_on(runtime, tiny_extractors, tmp_path, monkeypatch)
     want = ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120)
     seen: dict[str, object] = {}
-    real = OpenVinoStages._measure
+    real = Stages._measure
 
     def measure(self, depth, alone):
         caller = threading.Thread(target=lambda: seen.setdefault("features", ex.encode(TEXTS, layers=2)))
@@ -190,7 +200,7 @@ def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, t
         caller.join(60)
         return real(self, depth, alone)
 
-    monkeypatch.setattr(OpenVinoStages, "_measure", measure)
+    monkeypatch.setattr(Stages, "_measure", measure)
     ex.backend.ragged_price(2, "block")  # queues the stages' preparation in the background
     assert ex.backend.settle(timeout=120)
     assert seen["held"] is True and ex.backend.ragged_price(2, "block") is not None
