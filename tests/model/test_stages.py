@@ -12,6 +12,7 @@ import layerwise as lw
 from layerwise.errors import ModelLoadError
 from layerwise.model.backends.auto import AutoBackend
 from layerwise.model.backends.ort import OnnxBackend, cut_stage
+from layerwise.model.backends.ort_stages import OrtStages
 from layerwise.model.backends.stages import Staged, Stages
 from layerwise.model.capture import keep_counts
 
@@ -31,16 +32,44 @@ def staged(runtime: str, loaded, cache, **options) -> Staged:
 
 
 def counted_layers(backend: Staged, monkeypatch) -> list[tuple[int, int]]:
-    """Each one-layer graph's runs on ``backend``, as ``(layer, rows)``, recorded from here on."""
+    """Each one-layer graph's runs on ``backend``, as ``(layer, rows fed to the runtime)``, recorded from here on at
+    the runtime's boundary (ONNX Runtime's session runs, OpenVINO's infer requests)."""
     runs: list[tuple[int, int]] = []
-    real = type(backend.stages).layer
+    stages = backend.stages
+    if isinstance(stages, OrtStages):
+        real_session = OrtStages.session
 
-    def layer(self, layer, state, mask, rows, into):
-        runs.append((layer, rows))
-        return real(self, layer, state, mask, rows, into)
+        def session(self, layer):
+            return _Counting(real_session(self, layer), layer, runs)
 
-    monkeypatch.setattr(type(backend.stages), "layer", layer)
+        monkeypatch.setattr(OrtStages, "session", session)
+    else:
+        real_compiled = type(stages).compiled
+
+        def compiled(self, layer):
+            graph, requests = real_compiled(self, layer)
+            return graph, [_Counting(r, layer, runs) for r in requests]
+
+        monkeypatch.setattr(type(stages), "compiled", compiled)
     return runs
+
+
+class _Counting:
+    """A session or an infer request that records the rows of each run it is given."""
+
+    def __init__(self, inner, layer, runs):
+        self.inner, self.layer, self.runs = inner, layer, runs
+
+    def run(self, names, feed):  # ONNX Runtime
+        self.runs.append((self.layer, len(feed["attention_mask"])))
+        return self.inner.run(names, feed)
+
+    def start_async(self, inputs):  # OpenVINO
+        self.runs.append((self.layer, len(inputs["attention_mask"])))
+        return self.inner.start_async(inputs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -205,3 +234,21 @@ def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, r
     assert ex.backend.settle(timeout=120)
     assert seen["held"] is True and ex.backend.ragged_price(2, "block") is not None
     np.testing.assert_allclose(seen["features"], want, atol=1e-5)
+
+
+def test_a_runtime_error_while_building_the_stages_is_said_once_and_not_retried(tiny_extractors, tmp_path,
+                                                                                monkeypatch, caplog):
+    """A session or a conversion that fails while the stages are built leaves the depth unstaged (its mixed rows run
+    as segments): said once in the log, the price ``None``, and never built again by the calls that follow."""
+    ob = OnnxBackend(tiny_extractors["bert"].loaded, cache=tmp_path)
+    tried: list[int] = []
+
+    def ready(self, layer):
+        tried.append(layer)
+        raise RuntimeError("no room left on the device")
+
+    monkeypatch.setattr(OrtStages, "ready", ready)
+    with caplog.at_level("WARNING", logger="layerwise"):
+        assert ob.prepare_ragged(2) is None and ob.prepare_ragged(2) is None
+    assert tried == [2] and ob.ragged_price(2, "block") is None and ob.stages.prepared(2)
+    assert "preparing layers 2..2 failed: RuntimeError: no room left on the device" in caplog.text

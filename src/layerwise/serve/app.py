@@ -94,7 +94,8 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
     explorer = explorer if explorer is not None else Explorer(extractor=ex)
     # the model runs one call at a time: the batcher's worker and the explorer's sentence view share this lock
     service = Service(ex, limits, explorer.model_lock, aliases)
-    readiness = Readiness(ex, warm_depths(ex, warm))  # a bad --warm spec is said now, before serving
+    # a bad --warm spec is said now, before serving; the stages of a named runtime are timed with the lock held
+    readiness = Readiness(ex, warm_depths(ex, warm), explorer.model_lock)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, ContextManager, Sequence
 
 from ..encoding.layers import LayerSpec, resolve_layers
 from ..encoding.spec import EncodeSpec
@@ -45,8 +45,11 @@ class Readiness:
     """The warming of ``depths`` on ``ex``'s backend, started by :meth:`start` in a thread (the server answers
     meanwhile), and its state for ``/ready``."""
 
-    def __init__(self, ex: Extractor, depths: Sequence[int]):
+    def __init__(self, ex: Extractor, depths: Sequence[int], model_lock: ContextManager[Any] | None = None):
         self.ex, self.depths = ex, list(depths)
+        # held while a named compiled runtime's one-layer stages are timed: the service's calls wait, so the price is
+        # the chain's alone (auto holds its caller's passes itself)
+        self.model_lock = model_lock
         self.done = threading.Event()
         self.error: str | None = None
         self._thread: threading.Thread | None = None
@@ -63,9 +66,10 @@ class Readiness:
                 self.ex.backend.warm(list(range(depth + 1)))
             if len(self.depths) > 1:  # requests of several depths will share batches: rows leave at their own
                 prepare = getattr(self.ex.backend, "prepare_ragged", None)  # a compiled runtime's one-layer stages
-                if prepare is not None:
-                    prepare(max(self.depths))
-                else:  # auto: queued in its background preparation (pending() until done)
+                if prepare is not None:  # (a failure is logged there: rows of mixed depths then run as segments)
+                    lock = self.model_lock
+                    prepare(max(self.depths), alone=None if lock is None else lambda: lock)
+                else:  # auto queues its stages in its background preparation (pending() until done); others: no-op
                     self.ex.backend.ragged_price(max(self.depths), "block")
         except Exception as exc:  # said by /ready; requests still run (and say their own errors)
             self.error = f"{type(exc).__name__}: {exc}"

@@ -58,6 +58,7 @@ from ...notices import notice
 from ..capture import keep_counts
 from ..fidelity import sample_texts
 from ..ragged import first_difference, probe_rows
+from .offload import Stopped
 
 log = logging.getLogger("layerwise")
 
@@ -81,7 +82,8 @@ class Stages(ABC):
         self._price: dict[int, float | None] = {}  # depth -> measured price, None: not run in stages
         self._preparing = threading.Lock()  # one preparation at a time (a server's warming and a request)
         self._lock = threading.RLock()  # one batch on the stages' graphs at a time
-        self._runner: ThreadPoolExecutor | None = None  # runs started batches, one at a time (start())
+        # runs started batches one at a time, in the order started (start())
+        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"layerwise-{backend.name}-stages")
 
     # ---- what a runtime supplies -----------------------------------------------------------------------------
     @abstractmethod
@@ -105,8 +107,9 @@ class Stages(ABC):
 
     @abstractmethod
     def whole(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, depth: int) -> torch.Tensor:
-        """Layers ``0..depth`` of one batch through the graph of ``depth``: ``[depth + 1, batch, tokens, hidden]``
-        (on graph instances that a batch the caller started meanwhile does not use)."""
+        """Layers ``0..depth`` of one batch through the graph of ``depth``: ``[depth + 1, batch, tokens, hidden]``,
+        whatever the caller runs meanwhile (OpenVINO: on infer requests of the stages' own; ONNX Runtime: a session
+        takes concurrent runs)."""
 
     # ---- readiness and price ---------------------------------------------------------------------------------
     def price(self, depth: int) -> float | None:
@@ -125,14 +128,15 @@ class Stages(ABC):
 
     def _covering(self, depth: int) -> int | None:
         """The shallowest prepared depth above ``depth`` whose chain runs in stages, if any (none below 2)."""
-        return min((d for d, p in self._price.items() if d > depth and p is not None), default=None) \
-            if depth >= 2 else None
+        return min((d for d, p in list(self._price.items()) if d > depth and p is not None), default=None) \
+            if depth >= 2 else None  # (a copy: another thread's prepare() may add a depth meanwhile)
 
     def prepare(self, depth: int, alone: Callable[[], ContextManager[None]] | None = None) -> float | None:
         """Build and open layers ``2..depth`` as stages, check a chain against the graph of ``depth``, and measure
         what it costs: returns the price (the median over paired runs of chain time over graph time, at least 1.0),
         or ``None`` when the model cannot run in stages (a quantised graph, a depth below 2, a layer that reads more
-        than the state and the mask, or states that differ; the reason is logged). Once per depth, and not at all
+        than the state and the mask, states that differ, or a runtime's error while building them; the reason is
+        logged, and the depth is not tried again). Once per depth, and not at all
         below a depth already prepared. ``alone``: a context in which the caller starts no forward pass of its own
         (``auto`` holds its caller's next batch meanwhile), so that the chain and the graph are timed as they run
         when serving, not against the caller's batches: a chain of many short runs loses more to a busy machine than
@@ -141,8 +145,16 @@ class Stages(ABC):
         with self._preparing:
             if self.prepared(depth):
                 return self.price(depth)
-            self._price[depth] = self._measure(depth, alone or contextlib.nullcontext)
-            return self._price[depth]
+            try:
+                price = self._measure(depth, alone or contextlib.nullcontext)
+            except Stopped:
+                raise
+            except Exception as exc:  # a runtime's error (a conversion, a session): never retried by every call
+                log.warning("%s is not run in %s stages: preparing layers 2..%d failed: %s: %s",
+                            self.backend.loaded.name, self.label, depth, type(exc).__name__, exc)
+                price = None
+            self._price[depth] = price
+            return price
 
     def _measure(self, depth: int, alone: Callable[[], ContextManager[None]]) -> float | None:
         b = self.backend
@@ -238,16 +250,15 @@ class Stages(ABC):
         """:meth:`run` started in a thread of the stages' own, returning at once: the caller prepares and reduces
         other batches while the runtime computes this one (its calls release the GIL). Batches started one after
         another run in that order. Returns a callable that waits for the states."""
-        if self._runner is None:
-            self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"layerwise-{self.backend.name}-stages")
         future = self._runner.submit(self.run, input_ids, attention_mask, layers, depths)
         return future.result
 
 
 class Staged:
     """What a backend with :class:`Stages` (its ``stages`` attribute) offers a caller with rows of mixed depths:
-    :meth:`ragged_price`, :meth:`prepare_ragged` and :meth:`start_ragged` (see
-    :class:`~layerwise.model.backends.base.Backend`)."""
+    :meth:`ragged_price` and :meth:`start_ragged` (those of :class:`~layerwise.model.backends.base.Backend`), and
+    :meth:`prepare_ragged`, which builds them (``auto`` calls it in the background, a server warming several
+    depths at start)."""
 
     stages: Stages
 
