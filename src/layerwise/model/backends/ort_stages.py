@@ -3,11 +3,12 @@ cut from the ONNX export as a graph of its own (:meth:`~layerwise.model.backends
 weights read from the export's ``.onnx.data``), opened as an inference session with the backend's own settings;
 layers ``0..1`` run on the backend's depth-1 session.
 
-Where ONNX Runtime serves (``auto``'s race put it first on a 2-core AVX2-only AMD EPYC, 2026-11-27), eight batches of
-64 SST-2 sentences with rows at depths 1..6 ran in 2.96 s as this chain, against 5.66 s through the graph of depth 6
-and 3.47 s through PyTorch's ragged forward; over HTTP, with every mixed call run as this chain, the service's mixed
-load reached 1.37-1.42x its all-last load at 32 and 64 clients, where PyTorch's ragged forward gave 1.07-1.16x
-(benchmarks/README.md). ONNX Runtime's calls release the GIL, and its sessions take concurrent runs.
+Where ONNX Runtime serves (``auto``'s race put it first on a 2-core AVX2-only AMD EPYC, 2026-11-27), eight batches
+of 64 SST-2 sentences with rows at depths 1..6 ran in 3.07 s as this chain, against 5.59 s through the graph of
+depth 6; a server's mixed load (layers 1..6, 58% of the layers) ran 1.43-1.53x as fast as the same load all at the
+last layer, where the choice between PyTorch's ragged forward and the cut gave 1.00-1.29x before
+(benchmarks/README.md, runs 12-14). ONNX Runtime's calls release the GIL, and its sessions take concurrent runs. A
+stage graph holds no weights (29 KB on disk for a MiniLM layer; OpenVINO's converted stage holds its layer's 7 MB).
 
 Example::
 

@@ -23,8 +23,8 @@ What the chain costs against the one graph is measured, not assumed (:meth:`Stag
 bundled sample sentences padded to 32 tokens (a service's batch, not a probe's: the chain's overhead is per layer
 call), run to the deepest layer both ways, five pairs, alternating. That ratio is the backend's ``ragged_price``,
 which the service's batcher weighs against running depths as segments. On the default model (2-core AMD EPYC, AVX2
-only, 2026-11-27), a batch of 64 SST-2 sentences with rows at depths 1..6 ran in 2.96 s for eight batches as an ONNX
-Runtime chain, against 5.66 s for the whole graph of depth 6 and 3.47 s for PyTorch's ragged forward.
+only, 2026-11-27), eight batches of 64 SST-2 sentences with rows at depths 1..6 ran in 3.07 s as ONNX Runtime's chain
+and 3.20 s as OpenVINO's, against 5.59 s and 5.25 s through their graphs of depth 6.
 
 Before it is used, one probe batch with rows at depths ``(d, d-1, 1)`` is checked against the full graph on every
 layer (within ``1e-4`` of the states' scale); a model that fails it is never run in stages (said in the log), nor is
