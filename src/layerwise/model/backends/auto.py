@@ -456,7 +456,7 @@ class AutoBackend(TorchBackend):
             if use is not None:
                 notice(f"{LABELS[use]} serves layers 0..{depth} from now on ({self._why[depth]}; prepared in the "
                        f"background in {self.prepared[depth]:.1f} s while PyTorch served)")
-            if use in ("openvino", "onnx") and depth in self._ragged_asked:
+            if depth in self._ragged_asked:  # (only where the runtime that now serves it has stages)
                 self._queue_stages(depth)
 
     def _queue_stages(self, depth: int) -> None:
@@ -477,13 +477,10 @@ class AutoBackend(TorchBackend):
         mixed depths on PyTorch or in segments, and is logged."""
         staged = self._decided_stages(depth)
         try:
-            if staged is not None:
+            if staged is not None:  # (a runtime's error there is logged and leaves the depth unstaged)
                 staged.prepare_ragged(depth, alone=self._alone)
         except Stopped:
             pass
-        except Exception as exc:  # a stage that fails to build is not a reason to fail the caller's job
-            log.warning("the one-layer %s graphs up to layer %d failed to build: %s: %s",
-                        LABELS.get(getattr(staged, "name", ""), "compiled"), depth, type(exc).__name__, exc)
         with self._decided:
             if depth in self._staging:
                 self._staging.remove(depth)
@@ -697,7 +694,7 @@ class AutoBackend(TorchBackend):
         race): ``None``."""
         self._ragged_asked.add(depth)
         serving = self.runtime_for((depth,), site)
-        staged = self.staged(depth, site)
+        staged = self._staged_on(serving)
         if staged is not None:
             price = staged.ragged_price(depth, site)
             if price is not None:
