@@ -41,6 +41,13 @@ def _notices_said():
     yield
 
 
+@pytest.fixture
+def eager_preparation(monkeypatch):
+    """``auto`` prepares a depth after the caller's first pass there: its pay-back gate (a job too short to pay for a
+    conversion starts none; tested in test_auto.py) opened, for the tests of what the preparation does."""
+    monkeypatch.setattr("layerwise.model.backends.decisions.pays_back", lambda *args: True)
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")

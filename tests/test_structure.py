@@ -30,6 +30,10 @@ HEAVY = {
 }
 
 
+# the standard library's public names that start with an underscore (documented API, not a reach-in)
+STDLIB_PUBLIC = {("os", "_exit")}
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -41,6 +45,8 @@ def private_reach_ins(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             owner = node.value
+            if isinstance(owner, ast.Name) and (owner.id, node.attr) in STDLIB_PUBLIC:
+                continue
             if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
                 found.append(f"{path.name}:{node.lineno}: .{node.attr}")
         if isinstance(node, ast.ImportFrom):

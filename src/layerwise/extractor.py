@@ -41,6 +41,7 @@ from .encoding.tokenize import TextTokenizer, Tokenized, check_texts, special_te
 from .encoding.windows import Group, forward_windows
 from .errors import ModelLoadError, SpecError
 from .model.backends import Backend, create_backend, load_backend
+from .model.backends.base import Plan
 from .model.describe import describe
 from .model.loaded import LoadedModel
 from .model.options import ModelOptions
@@ -320,29 +321,31 @@ class Extractor:
 
     def _forward(self, toks: list[Tokenized], layers: tuple[int, ...], site: str, batch_tokens: int,
                  idle: bool = False, segments: tuple[list[int], list[tuple[int, ...]]] | None = None,
-                 depths: list[int] | None = None) -> Iterator[Group]:
+                 depths: list[int] | None = None, plan: Plan | None = None) -> Iterator[Group]:
         """Run every window of ``toks``; yield groups of finished texts (see :func:`forward_windows`; ``idle``: an
         empty group after a batch that finished none). ``segments``: ``(segment of each text, layers of each
         segment)``, each segment run to its own depth in one pipeline (``layers`` is then their union). ``depths``:
-        the deepest layer of each text, every row leaving its batch there (:meth:`Backend.start_ragged`)."""
+        the deepest layer of each text, every row leaving its batch there (:meth:`Backend.start_ragged`). ``plan``: the
+        call's runtime (:meth:`Backend.plan`, made here when not given): every batch runs on it."""
+        plan = plan if plan is not None else self.backend.plan(layers, site)
         of_text, layer_sets = segments if segments is not None else ([0] * len(toks), [layers])
         width = self.site_width(site)
 
         def runner(lays: tuple[int, ...]) -> Callable[..., Callable[[], torch.Tensor]]:
             if depths is not None:
-                return lambda ids, mask, rows: self.backend.start_ragged(ids, mask, lays, site, rows)
-            return lambda ids, mask: self.backend.start(ids, mask, lays, site)
+                return lambda ids, mask, rows: plan.start_ragged(ids, mask, lays, site, rows)
+            return lambda ids, mask: plan.start(ids, mask, lays, site)
 
         def blank(lays: tuple[int, ...]) -> Callable[[int], torch.Tensor]:  # texts without any token: [K, n, 0, W]
             return lambda n: torch.zeros((len(lays), n, 0, width), dtype=self.backend.dtype, device=self.backend.device)
 
-        cap = self.backend.batch_tokens_cap(layers, site)  # a streamed model: one batch's states within max_memory
+        cap = plan.batch_tokens_cap(layers, site)  # a streamed model: one batch's states within max_memory
         if cap is not None and cap < batch_tokens:
             batch_tokens = cap
         yield from forward_windows(toks, [runner(lays) for lays in layer_sets], max_length=self.max_length,
                                    stride=self.stride, batch_tokens=batch_tokens,
                                    pad_id=self.tokenizer.pad_token_id or 0, sort=self.sort_by_length,
-                                   empty=[blank(lays) for lays in layer_sets], ahead=self.backend.ahead(layers, site),
+                                   empty=[blank(lays) for lays in layer_sets], ahead=plan.ahead(layers, site),
                                    idle=idle, segments=of_text, depths=depths)
 
     def stream(
@@ -377,6 +380,7 @@ class Extractor:
         toks = next_chunk(0, self.text_tokenizer())
         if toks is None:
             return
+        plan = self.backend.plan(spec.layer_indices, spec.site)  # one runtime from the first record to the last
         # The next chunk is read and tokenised in a thread while this one runs through the model (the tokenizer
         # releases the GIL, and so does the forward pass). The thread uses its own copy of the tokenizer: a fast
         # tokenizer is not safe to call from two threads at once.
@@ -386,7 +390,7 @@ class Extractor:
             while toks is not None:
                 if len(toks) == CHUNK_RECORDS:
                     ahead = pool.submit(next_chunk, start + len(toks), self._prefetch_tokenizer())
-                yield from self.encode_tokenized(toks, spec, batch_tokens=batch_tokens, start=start)
+                yield from self.encode_tokenized(toks, spec, batch_tokens=batch_tokens, start=start, plan=plan)
                 start += len(toks)
                 toks = ahead.result() if ahead is not None else None
                 ahead = None
@@ -399,14 +403,16 @@ class Extractor:
         return TextTokenizer(self._tokenizer_copy, self._template, self.max_length, self.loaded.name)
 
     def encode_tokenized(
-        self, toks: list[Tokenized], spec: EncodeSpec, *, batch_tokens: int | None = None, start: int = 0
+        self, toks: list[Tokenized], spec: EncodeSpec, *, batch_tokens: int | None = None, start: int = 0,
+        plan: Plan | None = None,
     ) -> Iterator[Encoded]:
         """The model's half of :meth:`stream`: encode texts tokenised by :meth:`tokenize` (or by
         :meth:`text_tokenizer` in another process) and yield one ``Encoded(start + i, features [*D] | [n, *D],
-        toks[i])`` per text, in order."""
+        toks[i])`` per text, in order. ``plan``: the runtime of the whole stream (:meth:`Backend.plan`; default: one
+        made for this call)."""
         done: dict[int, Encoded] = {}
         following = 0
-        for step in self.encode_shared([(toks, spec)], batch_tokens=batch_tokens):
+        for step in self.encode_shared([(toks, spec)], batch_tokens=batch_tokens, plan=plan):
             for _, result in step:
                 done[result.index] = result
             while following in done:
@@ -417,7 +423,7 @@ class Extractor:
 
     def encode_shared(
         self, parts: Sequence[tuple[list[Tokenized], EncodeSpec]], *, batch_tokens: int | None = None,
-        segments: Sequence[Sequence[int]] | None = None, ragged: bool | None = None,
+        segments: Sequence[Sequence[int]] | None = None, ragged: bool | None = None, plan: Plan | None = None,
     ) -> Iterator[list[tuple[int, Encoded]]]:
         """Encode several requests' tokenised texts, each with its own spec, in one forward pass: it runs to the
         deepest layer any of them needs, and each part's layers are then combined, pooled and finished as its own
@@ -433,6 +439,8 @@ class Extractor:
             ragged: every row leaves its batch at its own part's deepest layer (batches shared by every part, each
                 part run only to its own depth: :meth:`Backend.start_ragged`). Default (``None``): where the runtime
                 offers it at no higher price per token-layer (:meth:`Backend.ragged_price` at most 1).
+            plan: the runtime every batch runs on (:meth:`Backend.plan`; default: one made for this call, so a runtime
+                decided in the background meanwhile serves from the next call on).
 
         Yields:
             One step per forward batch: ``[(part, Encoded(i, features, toks_part[i]))]`` for the texts that batch
@@ -462,8 +470,9 @@ class Extractor:
         everything = tuple(sorted({i for union in unions for i in union}))
         depths = None
         several = len({max(spec.layer_indices) for spec in specs}) > 1
+        plan = plan if plan is not None else self.backend.plan(everything, site)  # one runtime for every batch
         if several and ragged is None:
-            price = self.backend.ragged_price(max(everything), site)
+            price = plan.ragged_price(max(everything), site)
             ragged = price is not None and price <= 1.0
         if several and ragged:
             # every row leaves its batch at its own part's depth: one segment, the batches as large as they come
@@ -472,7 +481,7 @@ class Extractor:
         of_text = [segment_of[p] for p, _ in owner]
         picks = [_picks(unions[segment_of[p]], spec.layer_indices, self.backend.device) for p, spec in enumerate(specs)]
         for group in self._forward(toks, everything, site, budget, idle=True, segments=(of_text, unions),
-                                   depths=depths):
+                                   depths=depths, plan=plan):
             step: list[tuple[int, Encoded]] = []
             if group.texts:
                 mask, special = group.masks(toks)

@@ -1,4 +1,7 @@
-"""Crash safety: SIGKILL an extraction at several points of a multi-shard run, rerun, compare with a clean run."""
+"""Crash safety: SIGKILL an extraction at several points of a multi-shard run, rerun, compare with a clean run.
+
+These run ``auto``'s default path (no ``$LAYERWISE_AUTO_RUNTIME``): the store names the runtime that computed it,
+the resume continues on it, and the result equals, bit for bit, a clean run with ``backend=<that runtime>``."""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ KILLER = textwrap.dedent(
     import layerwise as lw
     import layerwise.store.writer as ex_mod
     import layerwise.store.layout as shards
-    import layerwise.model.backends.auto as auto_mod
+    import layerwise.model.backends.base as base_mod
 
     point, k, model, corpus, store = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     die = lambda: os.kill(os.getpid(), signal.SIGKILL)
@@ -46,7 +49,7 @@ KILLER = textwrap.dedent(
         return wrapped
 
     if point == "mid_encode":        # inside the forward passes of shard k's batch
-        auto_mod.AutoBackend.start = counting(auto_mod.AutoBackend.start, "before")
+        base_mod.Plan.start = counting(base_mod.Plan.start, "before")
     elif point == "shard_tmp":       # shard k written to its temporary name, not yet renamed
         real_replace = os.replace
         def replace(src, dst):
@@ -91,19 +94,39 @@ def _snapshot(store_path, level):
 
 
 def _same(a, b, level):
+    """Two complete stores hold the same records, bit for bit, computed by one runtime (named by each, and by each
+    shard)."""
     (sa, fa), (sb, fb) = a, b
     assert len(sa) == len(sb) and sa.complete and sb.complete
     np.testing.assert_array_equal(sa.lines, sb.lines)
     assert sa.errors == sb.errors
     assert sa.manifest["counts"]["records"] == sb.manifest["counts"]["records"]
     assert sa.manifest["counts"]["skipped"] == sb.manifest["counts"]["skipped"]
-    # the resumed run batches the remaining records differently (other padded lengths); the default backend
-    # promises PyTorch's states within 1e-5, so two batchings agree within that, not bit for bit
+    runtime = sa.manifest["runtime"]["name"]
+    assert sb.manifest["runtime"]["name"] == runtime
+    assert {e["runtime"] for e in sa.manifest["shards"]} == {e["runtime"] for e in sb.manifest["shards"]} == {runtime}
+    # each shard encodes its own records (a resume starts at a shard's first record), on one runtime: the same bytes
     if level == "sentence":
-        np.testing.assert_allclose(fa, fb, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(fa, fb)
     else:
         np.testing.assert_array_equal(fa[1], fb[1])
-        np.testing.assert_allclose(fa[0], fb[0], atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(fa[0], fb[0])
+
+
+def _clean(root, corpus, model, level, runtime):
+    """The uninterrupted run with ``backend=runtime`` (once per level and runtime)."""
+    clean = root / f"clean-{level}-{runtime}"
+    if not clean.exists():
+        extract(corpus, clean, model=lw.Extractor(model, backend=runtime), layers=[1, 2], combine="concat",
+                level=level, shard_records=4, batch_tokens=64, progress=False)
+    return clean
+
+
+@pytest.fixture
+def default_path(monkeypatch):
+    """``auto`` as a user meets it: no runtime named."""
+    monkeypatch.delenv("LAYERWISE_AUTO_RUNTIME", raising=False)
+    return {k: v for k, v in os.environ.items() if k != "LAYERWISE_AUTO_RUNTIME"} | {"HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -127,23 +150,10 @@ def setup(tmp_path_factory, tiny_dirs):
         ("word", "shard_tmp", 7),
     ],
 )
-def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, point, k):
+def test_sigkill_then_rerun_equals_clean_run(setup, default_path, level, point, k):
     root, corpus, texts, script, model = setup
-    clean = root / f"clean-{level}"
-    if not clean.exists():
-        extract(
-            corpus,
-            clean,
-            model=tiny_extractors["bert"],
-            layers=[1, 2],
-            combine="concat",
-            level=level,
-            shard_records=4,
-            batch_tokens=64,
-            progress=False,
-        )
     store = root / f"killed-{level}-{point}-{k}"
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = default_path
     proc = subprocess.run(
         [sys.executable, str(script), point, str(k), model, str(corpus), str(store), level],
         env=env,
@@ -162,7 +172,7 @@ def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, poin
     summary = extract(
         corpus,
         store,
-        model=tiny_extractors["bert"],
+        model=lw.Extractor(model),
         layers=[1, 2],
         combine="concat",
         level=level,
@@ -172,7 +182,8 @@ def test_sigkill_then_rerun_equals_clean_run(setup, tiny_extractors, level, poin
     )
     assert summary.status == "complete" and summary.resumed_from == done_before
     assert summary.records == len(texts) - done_before  # finished shards were not redone
-    _same(_snapshot(store, level), _snapshot(clean, level), level)
+    runtime = lw.open_store(store).manifest["runtime"]["name"]
+    _same(_snapshot(store, level), _snapshot(_clean(root, corpus, model, level, runtime), level), level)
     assert not [p for p in store.iterdir() if ".tmp-" in p.name]  # no half-written file survives the resume
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every shard file is listed again
@@ -195,13 +206,13 @@ def _start_and_kill(cmd: list[str], store, env) -> bool:
     return True
 
 
-def test_external_sigkill_of_the_command(setup, tiny_extractors):
+def test_external_sigkill_of_the_command(setup, tiny_extractors, default_path):
     """A real `layerwise extract` process killed from outside once its first shards exist, then rerun.
 
     The kill must land mid-run: if a corpus is done before 3 shards are seen, a 10x larger one is tried (never a skip).
     """
     root, corpus, texts, _, model = setup
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = default_path
     for repeat in (40, 400, 4000):
         big = root / f"big-{repeat}.txt"
         big.write_text("\n".join(texts * repeat) + "\n")
@@ -217,6 +228,8 @@ def test_external_sigkill_of_the_command(setup, tiny_extractors):
     assert rerun.returncode == 0, rerun.stderr
     st = lw.open_store(store)
     assert st.complete and len(st) == len(texts) * repeat
-    want = tiny_extractors["bert"].encode(texts * repeat, layers=[1, 2], combine="concat", pool="mean")
+    runtime = st.manifest["runtime"]["name"]
+    assert {e["runtime"] for e in st.manifest["shards"]} == {runtime}
+    want = lw.Extractor(model, backend=runtime).encode(texts * repeat, layers=[1, 2], combine="concat", pool="mean")
     np.testing.assert_allclose(st.to_numpy(), want, atol=1e-5, rtol=0)
     assert json.loads((store / "manifest.json").read_text())["counts"]["records"] == len(want)

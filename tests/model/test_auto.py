@@ -14,6 +14,7 @@ import layerwise.model.backends.openvino as ovb
 import layerwise.model.backends.ort as ob
 from layerwise.model.backends import AutoBackend, TorchBackend
 from layerwise.model.backends.auto import RaceRecord
+from layerwise.model.backends.race import Racer
 
 COMPILED = ("onnx", "openvino")
 
@@ -53,7 +54,7 @@ def test_other_sites_run_on_torch(tiny_extractors):
     assert ex.backend.runtime_for([1], "attention") == "torch"
 
 
-def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch):
+def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch, eager_preparation):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     ex = lw.Extractor(tiny_extractors["roberta"].loaded)
     real = ob.OnnxBackend.forward
@@ -69,10 +70,10 @@ def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch):
     assert f"torch at depths [2] ({inexact} not within 1e-05 of PyTorch there)" in ex.backend.runtime()
 
 
-def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypatch, tmp_path):
+def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
-    times = ex.backend.race(2)  # the real race: every available runtime ran
+    times = ex.backend.racer.race(2)  # the real race: every available runtime ran
     assert set(times) == {"torch", *ex.backend.compiled_runtimes} and all(0 < s < 5 for s in times.values())
     calls = []
 
@@ -80,7 +81,7 @@ def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypa
         calls.append(depth)
         return {"torch": 0.002, "onnx": 0.001} | {r: 0.003 for r in runtimes if r != "onnx"}
 
-    monkeypatch.setattr(AutoBackend, "race", fake)
+    monkeypatch.setattr(Racer, "race", fake)
     reference = lw.Extractor(ex.loaded, backend="torch")
     for layers in (1, 2, 1, [0, 2]):
         np.testing.assert_allclose(ex.encode(TEXTS, layers=layers), reference.encode(TEXTS, layers=layers), atol=1e-5)
@@ -103,9 +104,9 @@ def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypa
     assert len(record) == 1 and all(set(t) == {"torch", *ex.backend.compiled_runtimes} for t in record.values())
 
 
-def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypatch, tmp_path):
+def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.001} | {r: 0.002 for r in
+    monkeypatch.setattr(Racer, "race", lambda self, depth, runtimes: {"torch": 0.001} | {r: 0.002 for r in
                                                                                                 runtimes})
     built = []
     real = ob.OnnxBackend.build
@@ -119,7 +120,7 @@ def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypat
     assert "torch at depths [2] (PyTorch fastest here: 1.0 ms" in ex.backend.runtime()
 
 
-def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, tmp_path):
+def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
     """A fresh cache: the first vector comes back while the race is still running (held here until the test lets
     it go); then the winner takes over and gives the same states."""
     import threading
@@ -127,7 +128,7 @@ def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, t
 
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     release, when = threading.Event(), {}
-    real = AutoBackend.race
+    real = Racer.race
 
     def held(self, depth, runtimes):
         when["race started"] = time.monotonic()
@@ -136,7 +137,7 @@ def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, t
         when["race finished"] = time.monotonic()
         return {name: (0.0 if name == "onnx" else s) for name, s in times.items()}  # ONNX Runtime wins
 
-    monkeypatch.setattr(AutoBackend, "race", held)
+    monkeypatch.setattr(Racer, "race", held)
     ex = lw.Extractor(tiny_extractors["distilbert"].loaded, onnx_cache=tmp_path)
     reference = lw.Extractor(ex.loaded, backend="torch")
     first = ex.encode(TEXTS, layers=-1)
@@ -154,12 +155,29 @@ def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, t
     assert ex.backend.prepared[2] > 0
 
 
+def test_a_job_too_short_to_pay_back_starts_no_conversion(tiny_extractors, monkeypatch, tmp_path):
+    """The default path: a script's few texts run on PyTorch and export nothing; the caller's work at a depth counts,
+    and once it says a compiled runtime pays back (a job runs about as long again as it has), the depth is prepared."""
+    monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    for _ in range(3):
+        ex.encode(TEXTS, layers=-1)
+    assert ex.backend.settle(timeout=10) and ex.backend.pending() == []
+    assert ex.backend.runtime_for([2], "block") == "torch" and not list(tmp_path.glob("*.onnx"))
+    busy = ex.backend.decisions.preparation_seconds(2)
+    assert busy > 0
+    ex.backend.decisions.spent(2, busy * 100)  # a long job's work at depth 2 so far
+    assert ex.backend.pending() == [2] and ex.backend.settle(timeout=120)
+    assert ex.backend.runtime_for([2], "block") in COMPILED and list(tmp_path.glob("*.onnx"))
+
+
 def test_race_record_is_keyed_by_what_decides_a_race(tmp_path):
-    w, v, pair = "w" * 64, "v" * 64, ["torch", "onnx"]
-    key = RaceRecord.key(w, 2, pair)
-    others = [RaceRecord.key(w, 4, pair), RaceRecord.key(v, 2, pair),
-              RaceRecord.key(w, 2, [*pair, "openvino"])]  # threads, weights, runtimes
-    assert len({key, *others}) == 4 and RaceRecord.key(w, 2, pair[::-1]) == key
+    w, v, pair, cpu, versions = "w" * 64, "v" * 64, ["torch", "onnx"], "EPYC", {"torch": "2", "onnx": "1"}
+    key = RaceRecord.key(w, 2, pair, cpu, versions)
+    others = [RaceRecord.key(w, 4, pair, cpu, versions), RaceRecord.key(v, 2, pair, cpu, versions),
+              RaceRecord.key(w, 2, [*pair, "openvino"], cpu, versions), RaceRecord.key(w, 2, pair, "Xeon", versions),
+              RaceRecord.key(w, 2, pair, cpu, {**versions, "onnx": "2"})]  # threads, weights, runtimes, CPU, versions
+    assert len({key, *others}) == 6 and RaceRecord.key(w, 2, pair[::-1], cpu, versions) == key
     record = RaceRecord(tmp_path)
     assert record.get(key) is None
     record.put(key, {"torch": 0.2, "onnx": 0.1})
@@ -195,7 +213,7 @@ def test_torch_when_onnx_cannot_serve(arch_extractors, tiny_extractors):
     assert llama.backend.onnx is None and "family table" in llama.backend.runtime()
     left = lw.Extractor(tiny_extractors["bert"].loaded, padding_side="left")
     assert left.backend.onnx is None and "pads on the right, not 'left'" in left.backend.runtime()
-    assert isinstance(left.backend, TorchBackend) and left.backend.padding_side == "left"
+    assert isinstance(left.backend.torch, TorchBackend) and left.backend.torch.padding_side == "left"
 
 
 def test_one_export_per_model_every_depth_a_cut_of_it(tiny_extractors, tmp_path, monkeypatch, capfd):
@@ -281,7 +299,7 @@ def test_auto_int8_keeps_the_layers_on_openvino_where_installed(default_extracto
         assert q.describe()["precision"] == "int8" and "dynamic" in q.describe()["runtime"]
         return
     assert q.describe()["precision"] == "int8-weights" and "with int8 weights (nncf" in q.describe()["runtime"]
-    monkeypatch.setattr("layerwise.model.backends.auto.openvino_available", lambda: False)
+    monkeypatch.setattr("layerwise.model.backends.policy.openvino_available", lambda: False)
     assert lw.Extractor(default_extractor.loaded, quantize="int8").describe()["precision"] == "int8"
 
 
@@ -295,7 +313,7 @@ def test_int8_is_timed_against_float32_once_and_said_when_slower(tiny_extractors
     real = ex.describe()["int8_timing"]
     assert set(real["ms_per_batch"]) >= {"int8 ONNX Runtime", "float32 PyTorch", "float32 ONNX Runtime"}, real
     assert all(t > 0 for t in real["ms_per_batch"].values()) and isinstance(real["slower"], bool)
-    monkeypatch.setattr(AutoBackend, "timed", lambda self, depth, contestants: {
+    monkeypatch.setattr("layerwise.model.backends.quantized.timed", lambda loaded, depth, contestants, stop: {
         name: (0.002 if name.startswith("int8") else 0.001 if name == "float32 ONNX Runtime" else 0.003)
         for name in contestants})
     slow = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tmp_path)

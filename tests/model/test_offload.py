@@ -1,11 +1,17 @@
-"""auto's background builds (torch's ONNX export, OpenVINO's conversion, ONNX Runtime's int8) run in a child process,
-so they never hold this process's GIL; a child that fails hands the step back; a stopped preparation kills it."""
+"""auto's background builds (torch's ONNX export, OpenVINO's compilation, ONNX Runtime's int8) run in a child process,
+so they never hold this process's GIL; a child that fails hands the step back; a stopped preparation kills it; a child
+never outlives its parent."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +26,7 @@ pytest.importorskip("onnxruntime")
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés " * 20]
 
 
-def test_background_export_and_conversion_run_in_a_child(tiny_extractors, monkeypatch, tmp_path):
+def test_background_export_and_conversion_run_in_a_child(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
     """This process cannot export nor convert (both refused here): the background preparation still serves a
     compiled runtime, built by the child, and its states equal PyTorch's."""
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
@@ -29,7 +35,7 @@ def test_background_export_and_conversion_run_in_a_child(tiny_extractors, monkey
         raise AssertionError("built in the caller's process")
 
     monkeypatch.setattr(ob, "export_module", refused)
-    monkeypatch.setattr(ovb, "convert_graph", refused)
+    monkeypatch.setattr(ovb, "compile_graph", refused)
     ran = []
     real = offload.run
     monkeypatch.setattr(offload, "run", lambda step, *a: ran.append(step) or real(step, *a))
@@ -39,9 +45,9 @@ def test_background_export_and_conversion_run_in_a_child(tiny_extractors, monkey
     np.testing.assert_array_equal(ex.encode(TEXTS, layers=-1), reference)  # PyTorch, meanwhile
     assert ex.backend.settle(timeout=300)
     depth = loaded.num_layers
-    assert "layerwise.model.backends.ort:export_saved" in ran and ex.backend.exact(depth)
+    assert "layerwise.model.backends.ort:export_saved" in ran and ex.backend.decisions.exact(depth)
     if ovb.openvino_available():
-        assert "layerwise.model.backends.openvino:convert_graph" in ran
+        assert "layerwise.model.backends.openvino:compile_graph" in ran
     assert "failed" not in ex.backend.runtime()
     np.testing.assert_allclose(ex.encode(TEXTS, layers=-1), reference, atol=1e-5, rtol=0)
 
@@ -72,7 +78,7 @@ def test_a_child_that_fails_hands_the_step_back(tiny_extractors, monkeypatch, tm
         path = ob.export(loaded, 1, tmp_path / "g.onnx")
     assert not offload.active()
     assert path.exists() and path.with_name(path.name + ".data").exists()
-    assert not list(tmp_path.glob(".export-model-*"))  # the file handed to the child is gone
+    assert not list(tmp_path.glob(".g.onnx.tmp-*"))  # the file handed to the child is gone
     assert "it runs in this process" in capfd.readouterr().err
 
 
@@ -109,3 +115,75 @@ def test_a_step_is_a_function_of_layerwise_only(capsys):
     assert offload.main(["os:system", "true"]) == 2  # nothing outside layerwise runs
     assert offload.main(["layerwise.model.backends.ort:no_such_step"]) == 2
     assert "has no function 'no_such_step'" in capsys.readouterr().err
+
+
+# a parent that starts a step in a child and says the child's PID; the step reads its model from a FIFO that nobody
+# writes, so the child would wait there for ever
+PARENT = textwrap.dedent("""
+    import subprocess, sys, threading
+
+    class Told(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            print(self.pid, flush=True)
+
+    subprocess.Popen = Told
+    from layerwise.model.backends import offload
+    with offload.offloaded(threading.Event()):
+        offload.run("layerwise.model.backends.ort:export_saved", sys.argv[1], "1", "0", "0", sys.argv[2])
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # a zombie waiting for PID 1 to reap it has ended
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_child_dies_with_its_parent(tmp_path):
+    """kill -9 of the parent during a build: the child is gone within 2 s (not re-parented to PID 1 for minutes)."""
+    fifo = tmp_path / "m.pt"
+    os.mkfifo(fifo)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(fifo), str(tmp_path / "g.onnx")],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        time.sleep(0.5)
+        assert not _gone(child)  # waiting for its model
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert _wait_gone(child, 2.0)
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_child_ends_when_its_pipe_from_the_parent_closes(tmp_path):
+    """The portable half: without the kernel's signal, the child watches its stdin (a pipe from the parent) and ends
+    when it closes."""
+    fifo = tmp_path / "m.pt"
+    os.mkfifo(fifo)
+    child = subprocess.Popen([sys.executable, "-m", "layerwise.model.backends.offload",
+                              "layerwise.model.backends.ort:export_saved", str(fifo), "1", "0", "0",
+                              str(tmp_path / "g.onnx")], stdin=subprocess.PIPE, env={**os.environ, offload.WATCH: "1"})
+    try:
+        time.sleep(0.5)
+        assert child.poll() is None
+        child.stdin.close()
+        assert child.wait(timeout=5) == 3
+    finally:
+        child.kill()
+        child.wait()

@@ -65,8 +65,9 @@ def test_precision_is_always_explicit(default_extractor, tmp_path):
     cos = torch.nn.functional.cosine_similarity(a[mask.bool()], b[mask.bool()], dim=-1)
     gap = float((a - b).abs().max())
     assert float(cos.min()) > 0.99 and (gap > 1e-4 if BF16_CPU else gap <= 1e-5)  # really bf16, or really exact
-    xml = fp32.backend.path_for(6).read_text()
-    assert 'element_type="f16"' not in xml and 'element_type="f32"' in xml  # weights saved in float32
+    # compiled from the float32 ONNX graph, no IR copy of its weights (none in float16): the blob is all it adds
+    assert fp32.backend.path_for(6).exists() and fp32.backend.path_for(6).suffix == ".blob"
+    assert not list(tmp_path.glob("*.xml")) and not list(tmp_path.glob("*.bin"))
 
 
 def test_a_compiled_precision_other_than_the_one_asked_is_refused(tiny_extractors, tmp_path, monkeypatch):
@@ -79,6 +80,9 @@ def test_a_compiled_precision_other_than_the_one_asked_is_refused(tiny_extractor
         def __init__(self, compiled):
             self.compiled = compiled
 
+        def __getattr__(self, name):
+            return getattr(self.compiled, name)
+
         def get_property(self, name):
             return backend.ov.Type.f16 if name == "INFERENCE_PRECISION_HINT" else self.compiled.get_property(name)
 
@@ -86,11 +90,14 @@ def test_a_compiled_precision_other_than_the_one_asked_is_refused(tiny_extractor
         def __init__(self):
             self.core = real()
 
-        def set_property(self, *args):
-            self.core.set_property(*args)
+        def __getattr__(self, name):
+            return getattr(self.core, name)
 
         def compile_model(self, *args):
             return Reports(self.core.compile_model(*args))
+
+        def import_model(self, *args):
+            return Reports(self.core.import_model(*args))
 
     monkeypatch.setattr(backend.ov, "Core", Core)
     with pytest.raises(lw.ModelLoadError, match=r"OpenVINO compiled layers 0..2 in f16, not the f32 asked for "
@@ -123,7 +130,7 @@ def test_converted_once_per_depth_and_read_from_the_cache(tiny_extractors, tmp_p
     assert calls == [(2, False)] and "to OpenVINO in" in capfd.readouterr().err
     lw.Extractor(loaded, backend="openvino", onnx_cache=tmp_path).encode(TEXTS, layers=2)  # a new process
     assert calls == [(2, False), (2, True)] and "to OpenVINO in" not in capfd.readouterr().err
-    assert len(list(tmp_path.glob("*-openvino-*.xml"))) == 1 and len(list(tmp_path.glob("*-openvino-*.bin"))) == 1
+    assert len(list(tmp_path.glob("*-openvino-*.blob"))) == 1 and not list(tmp_path.glob("*.xml"))  # no IR copy
 
 
 def test_a_batch_larger_or_smaller_than_the_streams(tiny_extractors, tmp_path):
@@ -171,15 +178,17 @@ def test_int8_weights_keep_the_layers(default_extractor, tmp_path, capfd):
         assert cos.min() > 0.99 and np.abs(a - b).max() > 1e-5, layer  # close, and really quantised
     out = capfd.readouterr().out
     assert out == "", out
-    xml = q.backend.path_for(6).read_text()
+    xml = q.backend.ir_path(6).read_text()
     assert xml.count('element_type="u8"') >= 36  # the 6 x (q, k, v, out, up, down) weights, compressed
-    fp32_bin = lw.Extractor(default_extractor.loaded, backend="openvino", onnx_cache=tmp_path).backend.build(6)
-    assert q.backend.path_for(6).with_suffix(".bin").stat().st_size < 0.4 * fp32_bin.with_suffix(".bin").stat().st_size
+    fp32_weights = q.backend.onnx.export_files(6)[1]  # the float32 export's weights
+    assert q.backend.ir_path(6).with_suffix(".bin").stat().st_size < 0.4 * fp32_weights.stat().st_size
+    assert q.backend.path_for(6).stat().st_size < 0.4 * fp32_weights.stat().st_size  # its compiled blob too
     settings = q.backend.compiled([6])[0]
     assert int(settings.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == ovb.DYNAMIC_QUANTIZATION_GROUP
 
 
-def test_auto_bfloat16_races_pytorch_and_openvino_bf16(tiny_extractors, tiny_dirs, tmp_path, monkeypatch):
+def test_auto_bfloat16_races_pytorch_and_openvino_bf16(tiny_extractors, tiny_dirs, tmp_path, monkeypatch,
+                                                       eager_preparation):
     """compute_dtype="bfloat16" under auto: PyTorch bf16 and OpenVINO's bf16 hint, each checked against the other
     token by token (cosine >= BF16_AGREE) and timed; the precision is bfloat16 whichever serves."""
     from layerwise.model.backends.auto import BF16_AGREE
@@ -271,7 +280,7 @@ def test_int8_full_quantizes_activations_and_states_its_fidelity(default_extract
     assert shares == sorted(shares, reverse=True) and len(shares) == 5
     assert "int8 weights and activations" in q.describe()["runtime"]
     assert q.backend.runtime_for([6], "block") == "openvino"
-    xml = q.backend.openvino.path_for(6).read_text()
+    xml = q.backend.openvino.ir_path(6).read_text()
     assert xml.count('type="FakeQuantize"') >= 36 - len(report["kept_in_float"])
     assert capfd.readouterr().out == ""
 
@@ -299,11 +308,11 @@ def test_int8_full_keeps_the_measured_most_sensitive_products_in_float(tiny_extr
     assert set(report["most_sensitive"][0]["matmuls"]) <= set(kept)  # the measured head of the ranking
     import openvino as ov
 
-    graph = ov.Core().read_model(str(q.backend.path_for(2)))
+    graph = ov.Core().read_model(str(q.backend.ir_path(2)))
     still = {name for _, names in int8.activation_quantizers(graph) for name in names}
     assert not still & set(kept) and still
     bundled = lw.Extractor(loaded, backend="openvino", quantize="int8-full", onnx_cache=tmp_path)
-    assert bundled.backend.path_for(2) != q.backend.path_for(2)
+    assert bundled.backend.ir_path(2) != q.backend.ir_path(2) and bundled.backend.path_for(2) != q.backend.path_for(2)
 
 
 def test_int8_full_refusals(tiny_extractors, tmp_path, monkeypatch):

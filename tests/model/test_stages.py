@@ -10,9 +10,9 @@ import torch
 
 import layerwise as lw
 from layerwise.errors import ModelLoadError
-from layerwise.model.backends.auto import AutoBackend
 from layerwise.model.backends.ort import OnnxBackend, cut_stage
 from layerwise.model.backends.ort_stages import OrtStages
+from layerwise.model.backends.race import Racer
 from layerwise.model.backends.stages import Staged, Stages
 from layerwise.model.capture import keep_counts
 
@@ -84,7 +84,7 @@ def test_rows_leave_at_their_depth_with_the_full_graphs_states(tiny_extractors, 
     assert price is not None and price >= 1.0 and ov.ragged_price(deepest, "block") == price
     assert len(list(tmp_path.glob(f"*-s{deepest}-*.onnx"))) == 1  # the one-layer graph, cut and cached
     if runtime == "openvino":
-        assert len(list(tmp_path.glob(f"*-s{deepest}-openvino-*.xml"))) == 1  # and converted
+        assert len(list(tmp_path.glob(f"*-s{deepest}-openvino-*.blob"))) == 1  # and compiled
 
     enc = loaded.tokenizer(TEXTS, padding=True, return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -152,7 +152,8 @@ def test_a_layer_that_reads_more_than_the_state_and_mask_is_refused(tmp_path):
 def auto_on(runtime: str, tiny_extractors, tmp_path, monkeypatch) -> lw.Extractor:
     """``auto`` on the tiny BERT, its race won by ``runtime`` (skipped where auto does not run it)."""
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    monkeypatch.setattr(AutoBackend, "race", lambda self, depth, runtimes: {"torch": 0.003, runtime: 0.001} |
+    monkeypatch.setattr("layerwise.model.backends.decisions.pays_back", lambda *args: True)  # prepared at once
+    monkeypatch.setattr(Racer, "race", lambda self, depth, runtimes: {"torch": 0.003, runtime: 0.001} |
                         {r: 0.002 for r in runtimes if r != runtime})
     ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
     if runtime not in ex.backend.compiled_runtimes:

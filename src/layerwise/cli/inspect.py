@@ -25,6 +25,14 @@ def inspect(
         _show(open_store(store), store, sample, as_json)
 
 
+def _runtime(manifest: dict[str, Any]) -> str:
+    """The runtime that computed the store, its version and why it was chosen (``-`` for a store that predates it)."""
+    runtime = manifest.get("runtime")
+    if not isinstance(runtime, dict):
+        return "- (not recorded)"
+    return f"{runtime.get('name')}: {runtime.get('label')} ({runtime.get('why')})"
+
+
 def _show(st: Any, store: str, sample: int, as_json: bool) -> None:
     if as_json:
         print(json.dumps(st.manifest, indent=2))
@@ -36,6 +44,7 @@ def _show(st: Any, store: str, sample: int, as_json: bool) -> None:
         ("status", st.manifest.get("status")),
         ("model", f"{m['name']} ({m.get('family')}, {m.get('num_layers')} layers) weights "
                   f"{str(m.get('fingerprint'))[:12]}"),
+        ("runtime", _runtime(st.manifest)),
         ("layers / site", f"{list(o.layer_indices)} / {o.site}"),
         ("combine", f"{o.combine}" + (f" {list(o.weights)}" if o.weights else "")),
         ("level", o.level + (f", pool {o.pool}" if o.pool else "") + (f", subword {o.subword}" if o.subword else "")),

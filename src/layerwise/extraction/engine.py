@@ -48,17 +48,20 @@ import torch
 from ..corpus.readers import BadRecord, Item, ReadOptions, Record
 from ..corpus.sources import Source, open_source
 from ..encoding.spec import EncodeSpec
-from ..errors import ExtractError
+from ..errors import ExtractError, LayerwiseError
 from ..extractor import Extractor, check_budget
 from ..model.options import ModelOptions
 from ..provenance import HashingStream
 from ..store import STORE_DTYPES, StoreWriter
+from ..store.manifest import read_manifest
 from .input_check import InputCheck
 from .options import ExtractOptions
+from .runtime import pinned, recorded_runtime, store_runtime
 from .shards import shard_tensors, store_header
 
 SHARD_BYTES = 32 << 20  # target shard size (32 MB of features); bounds memory per shard
 TOKENS_PER_RECORD = 48  # a guess for token/word-level shard sizing (rows per record)
+RUNTIME_SAMPLE = 64  # the first records, read before the run: their tokens size the corpus for the runtime's choice
 
 
 @dataclass
@@ -358,11 +361,32 @@ def extract(
     stream = HashingStream(stdin if stdin is not None else sys.stdin.buffer) if source.is_stdin else None
     items = source.records(reading, stdin=io.BufferedReader(stream) if stream is not None else None,
                            digest=check.digest if check is not None else None)
-    first = next(items, None)
-    items = itertools.chain([first] if first is not None else [], items)
+    first = list(itertools.islice(items, RUNTIME_SAMPLE))  # read before the store is touched; sized the runtime
+    items = itertools.chain(first, items)
+    header["runtime"] = _runtime(ex, spec, output, options, source, first)
     writer = StoreWriter(output, header, check=options.resume_check)
     return _write(ex, spec, writer, items, source, reading, options, on_shard,
                   _StdinRecords(stream) if stream is not None else None, check)
+
+
+def _runtime(ex: Extractor, spec: EncodeSpec, output: str | os.PathLike, options: ExtractOptions, source: Source,
+             first: list[Item]) -> dict[str, str]:
+    """The runtime that computes this store (:func:`~layerwise.extraction.runtime.store_runtime`): the one a store
+    being resumed records, else decided from the corpus' size (its record count, the first records' tokens)."""
+    old: dict[str, Any] | None = None
+    if not options.overwrite:
+        try:
+            old = read_manifest(output)
+        except LayerwiseError:
+            old = None  # a new store (or one the writer refuses, with its own message)
+    if old is not None and old.get("status") == "complete" and isinstance(old.get("runtime"), dict):
+        return dict(old["runtime"])  # nothing is computed
+    texts = [r.text for r in first if isinstance(r, Record) and r.text]
+    tokens = float(np.mean([len(t) for t in ex.tokenizer(texts)["input_ids"]])) if texts else 32.0
+    count = None if source.is_stdin else source.count()
+    if count is not None:
+        count = min(count, options.max_records or count) // max(1, options.num_shards)
+    return store_runtime(ex, spec, recorded=recorded_runtime(old), records=count, tokens_per_record=tokens)
 
 
 def _write(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, items: Iterator[Item], source: Source,
@@ -396,7 +420,8 @@ def _fill(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, state: str, item
     total = source.count() if show else None
     with tqdm(total=total, initial=writer.done_records, disable=not show, unit="rec", desc="extract",
               file=sys.stderr, dynamic_ncols=True) as bar:
-        run.loop(items, source.name, bar)
+        with pinned(ex, writer.manifest.get("runtime")):  # one runtime from the first record to the last
+            run.loop(items, source.name, bar)
     run.finish()
     return summary
 

@@ -69,6 +69,7 @@ from ..store.writer import identity
 from .cluster import RayCluster
 from .options import ExtractOptions
 from .pool import IO_CPUS, TOKENIZE_CPUS, check_object_store, cluster_resources, local_resources, size_pool
+from .runtime import pinned, recorded_runtime, store_runtime
 from .stall import PROGRESS, StallWatchdog, mark
 
 DEFAULT_PART_RECORDS = 10_000
@@ -194,8 +195,9 @@ class EncodeWorker:
             t0 = time.perf_counter()
             records = [i for i in items if not isinstance(i, BadRecord)]
             budget = job.options.batch_tokens or self.ex.batch_tokens  # default: this worker's device's budget
-            shard = (shard_tensors(self.ex, job.spec, records, job.reading.keep, budget, toks=toks)
-                     if records else None)
+            with pinned(self.ex, job.header.get("runtime")):  # the store's runtime, in every worker
+                shard = (shard_tensors(self.ex, job.spec, records, job.reading.keep, budget, toks=toks)
+                         if records else None)
             errors = [(i.line, i.reason) for i in items if isinstance(i, BadRecord)]
             facts["encode_seconds"] = time.perf_counter() - t0
             mark(job.progress, "encoded", int(part))
@@ -258,6 +260,18 @@ def _finished_parts(output: str, header: dict[str, Any], parts: list[dict[str, A
     except StoreError as exc:
         raise ExtractError(f"{exc} (a part of an earlier Ray run into {output!r}; --overwrite redoes them)") \
             from exc
+
+
+def _recorded_runtime(out: str, parts: int) -> str | None:
+    """The runtime the parts already on disk record (a resume continues on it), or ``None``."""
+    for part in range(parts):
+        try:
+            name = recorded_runtime(read_manifest(part_path(out, part)))
+        except (StoreError, OSError):
+            continue
+        if name is not None:
+            return name
+    return None
 
 
 def _open_output(out: str, header: dict[str, Any], overwrite: bool, lock: StoreLock) -> dict[str, Any] | None:
@@ -366,6 +380,8 @@ def extract(
             spec = spec.resolve(ex)
             header = store_header(ex, spec, source, reading, quick_input=True)
             header["model_options"] = options_of_model.replace(backend=ex.options.backend).to_dict()  # the workers'
+            recorded = _recorded_runtime(out, len(parts)) if not options.overwrite else None
+            header["runtime"] = store_runtime(ex, spec, recorded=recorded, records=source.count())  # every worker's
             top = _open_output(out, header, options.overwrite, lock)
             if top is not None:
                 return _summary(top, len(top["parts"]), started, workers=0)

@@ -85,10 +85,11 @@ def shard_tensors(
             rows.append(vec.reshape(-1, d).numpy())
             ids.append(res.tokens.ids)
         tokens += len(res.tokens.ids)
+    runtime = ex.backend.runtime_name(spec.layer_indices, spec.site)  # what computed it (a store's is pinned)
     tensors, meta = shard_rows(spec.level, [r.line for r in records], feats if feats is not None else rows, d, dtype,
                                token_ids=ids, words=own if words else (),
                                columns={k: [r.fields.get(k) for r in records] for k in keep}, tokens=tokens)
-    return tensors, meta, tokens
+    return tensors, {**meta, "runtime": runtime}, tokens
 
 
 __all__ = ["shard_items", "shard_tensors", "store_header", "tokenize_records"]

@@ -259,7 +259,7 @@ def first_damaged(store: Path, entries: list[dict[str, Any]], expected: Expected
 
 def entry_of(store: Path, name: str) -> dict[str, Any]:
     """The manifest entry a shard file's own header and ``lines`` give (records, rows, tokens, first and last line,
-    bytes, sha256, a stream's ``input_prefix``).
+    bytes, sha256, a stream's ``input_prefix``, the ``runtime`` that computed it).
 
     Raises:
         StoreCorruptError: the file cannot be read as a shard (no ``lines``/``features``, no records).
@@ -278,6 +278,8 @@ def entry_of(store: Path, name: str) -> dict[str, Any]:
     prefix = shard.json_meta("input_prefix")
     if prefix is not None:
         entry["input_prefix"] = prefix
+    if shard.metadata.get("runtime"):
+        entry["runtime"] = shard.metadata["runtime"]  # what computed it
     entry["sha256"] = file_sha256(path)
     return entry
 
@@ -312,7 +314,8 @@ class VerifyReport:
     """What :func:`verify_store` found.
 
     Attributes:
-        store: the directory. shards, records: how many the manifest lists.
+        store: the directory. shards, records: how many the manifest lists. runtimes: the runtime the store records
+            (``torch``, ``onnx``, ``openvino``, ...), and any other one a shard names (each is a problem).
         problems: one line per problem, naming the file (empty: intact).
         notes: facts that are not damage: hashes absent (format 2), unlisted shard files, a run not finished.
     """
@@ -320,6 +323,7 @@ class VerifyReport:
     store: str
     shards: int = 0
     records: int = 0
+    runtimes: list[str] = field(default_factory=list)  # the runtime(s) that computed the shards, as recorded
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -355,6 +359,7 @@ def verify_store(path: str | os.PathLike) -> VerifyReport:
             sub = verify_store(part.path)
             report.shards += sub.shards
             report.records += sub.records
+            report.runtimes += [r for r in sub.runtimes if r not in report.runtimes]
             report.problems += [f"{part.path.name}/{p}" for p in sub.problems]
             report.notes += [f"{part.path.name}: {n}" for n in sub.notes]
         return report
@@ -363,6 +368,13 @@ def verify_store(path: str | os.PathLike) -> VerifyReport:
     expected = Expected.of(manifest)
     for e in entries:
         report.problems += shard_problems(store, e, expected, full=True)
+    recorded = (manifest.get("runtime") or {}).get("name") if isinstance(manifest.get("runtime"), dict) else None
+    report.runtimes = [recorded] if recorded else []
+    for e in entries:  # a store is computed by one runtime from its first record to its last
+        if e.get("runtime") and recorded and e["runtime"] != recorded:
+            report.problems.append(f"{e['file']}: computed by {e['runtime']!r}, the store by {recorded!r} (a store "
+                                   f"mixes no runtimes: rerun the extract command with --overwrite)")
+            report.runtimes += [e["runtime"]] if e["runtime"] not in report.runtimes else []
     if manifest["format_version"] < 3:
         report.notes.append("format 2: no sha256 recorded for the shards (sizes and headers checked, not every byte); "
                             "extract again with this version to record them")

@@ -88,7 +88,7 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
 # a shard's metadata keys that let `layerwise recover` rebuild its store's manifest
 STORE_HEADER, AFTER_LINE = "store_header", "after_line"
 DESCRIBED = ("format_version", "layerwise_version", "created", "spec", "model", "model_options", "tokenizer", "input",
-             "feature_shape", "part")
+             "feature_shape", "part", "runtime")
 
 
 def store_description(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +336,8 @@ class StoreWriter:
         self.shards.append(
             {"file": name, "records": int(lines.shape[0]), "rows": int(tensors["features"].shape[0]), "tokens": tokens,
              "first_line": int(lines[0]), "last_line": int(lines[-1]), "bytes": written.bytes,
-             "sha256": written.sha256, **_prefix_entry(metadata)}
+             "sha256": written.sha256, **_prefix_entry(metadata),
+             **({"runtime": metadata["runtime"]} if "runtime" in metadata else {})}
         )
         return written.bytes
 

@@ -209,5 +209,62 @@ class Backend(ABC):
         """The depths still being prepared off the caller's path (``auto``'s background work); none here."""
         return []
 
+    def plan(self, layers: Sequence[int], site: str) -> "Plan":
+        """What runs every batch of one call for ``layers`` at ``site``: decided once, before its first batch, so a
+        call never changes runtime in its middle. Here: this backend, named :attr:`name`."""
+        return Plan(self.name, self)
+
+    def runtime_name(self, layers: Sequence[int], site: str) -> str:
+        """The runtime a call for ``layers`` at ``site`` would run on now (what a store and a response record):
+        :attr:`name` here; ``auto`` says ``"torch"``, ``"onnx"`` or ``"openvino"``."""
+        return self.name
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.loaded.name!r}, device={self.device}, dtype={self.dtype})"
+
+
+class Plan:
+    """One call's runtime: :attr:`backend` runs every batch the call starts (:meth:`start`, :meth:`ahead`,
+    :meth:`batch_tokens_cap`); :attr:`ragged` runs its rows to their own depths when the caller takes
+    :meth:`ragged_price`'s offer (:meth:`start_ragged`). :attr:`runtime` names the runtime (``"torch"``, ``"onnx"``,
+    ``"openvino"``, or a backend's name). Made by :meth:`Backend.plan`.
+
+    Args:
+        runtime: the name of what runs the call.
+        backend: runs the call's batches.
+        ragged: runs a batch whose rows need different depths (default: ``backend``).
+        price: the ragged price (see :meth:`Backend.ragged_price`) as ``price(depth, site)`` (default:
+            ``ragged.ragged_price``).
+    """
+
+    def __init__(self, runtime: str, backend: Backend, ragged: Backend | None = None,
+                 price: Callable[[int, str], float | None] | None = None):
+        self.runtime, self.backend = runtime, backend
+        self.ragged = ragged if ragged is not None else backend
+        self._price = price
+
+    def ragged_price(self, depth: int, site: str) -> float | None:
+        """:meth:`Backend.ragged_price` of this call (``None``: rows cannot leave a batch early)."""
+        return self._price(depth, site) if self._price is not None else self.ragged.ragged_price(depth, site)
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
+              site: str) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start` on :attr:`backend`: ``[batch, tokens]`` in, a wait for ``[K, batch, tokens, W]``."""
+        return self.backend.start(input_ids, attention_mask, layers, site)
+
+    def start_ragged(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
+                     depths: Sequence[int]) -> Callable[[], torch.Tensor]:
+        """:meth:`Backend.start_ragged` on :attr:`ragged`: ``[batch, tokens]`` in, a wait for ``[K, batch, tokens,
+        W]``."""
+        return self.ragged.start_ragged(input_ids, attention_mask, layers, site, depths)
+
+    def ahead(self, layers: Sequence[int], site: str) -> int:
+        """:meth:`Backend.ahead` of :attr:`backend`."""
+        return self.backend.ahead(layers, site)
+
+    def batch_tokens_cap(self, layers: Sequence[int], site: str) -> int | None:
+        """:meth:`Backend.batch_tokens_cap` of :attr:`backend`."""
+        return self.backend.batch_tokens_cap(layers, site)
+
+    def __repr__(self) -> str:
+        return f"Plan({self.runtime!r}, {type(self.backend).__name__})"

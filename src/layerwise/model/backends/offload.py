@@ -12,19 +12,29 @@ strings), run as ``python -m layerwise.model.backends.offload STEP ARGS...``: ne
 which re-runs a user's script that has no ``if __name__ == "__main__"`` guard. The child sees the parent's
 ``sys.path``. A step that fails in the child (a missing interpreter, a class it cannot import, any error) is run
 again in the calling process, where the same error, if any, is raised with its real traceback; the child's last lines
-are said once. When the preparation is
-stopped (process exit), the child is killed and :class:`Stopped` raised in the waiting thread.
+are said once. When the preparation is stopped (process exit), the child is killed and :class:`Stopped` raised in the
+waiting thread.
+
+A child never outlives its parent (a server killed with ``kill -9`` during a build): on Linux the kernel sends it
+``SIGKILL`` when the thread that started it ends (``PR_SET_PDEATHSIG``, set before the step's interpreter starts), and
+everywhere the child watches a pipe from its parent (its stdin) and exits at once when the pipe closes. A step writes
+only into the temporary directory its parent's :meth:`~layerwise.model.backends.cache.GraphCache.put` made (named
+after the parent's PID), so what a killed child leaves is a dead process's temporary file, which the next trim or
+``layerwise cache --clear`` removes.
 
 The steps: :func:`layerwise.model.backends.ort.export_saved` (a truncated model written by
 :func:`~layerwise.model.backends.ort.save_truncated` to an ONNX graph), :func:`layerwise.model.backends.openvino.
-convert_graph` (an ONNX graph to OpenVINO's IR), :func:`layerwise.model.backends.ort.quantize_graph` (ONNX Runtime's
-dynamic int8). This module imports none of them (it runs whichever it is named).
+compile_graph` (an ONNX graph or IR compiled by OpenVINO into a blob), :func:`layerwise.model.backends.openvino.
+convert_graph` (an ONNX graph to OpenVINO's int8 IR), :func:`layerwise.model.backends.ort.quantize_graph` (ONNX
+Runtime's dynamic int8). This module imports none of them (it runs whichever it is named).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +45,8 @@ from ...errors import LayerwiseError
 from ...notices import notice
 
 NICE = 10  # the child's CPU priority below the caller's
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal the child gets when the thread that started it ends
+WATCH = "LAYERWISE_OFFLOAD_WATCH"  # set in a child's environment: it exits when its stdin (a pipe from us) closes
 _LOCAL = threading.local()
 
 
@@ -64,14 +76,47 @@ def _child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the parent's imports, a source checkout too
     env.setdefault("OMP_NUM_THREADS", "1")  # a trace and a conversion need no thread pool; the caller needs the cores
     env["LAYERWISE_QUIET"] = "1"
+    env[WATCH] = "1"  # the child ends when its pipe from us closes
     return env
 
 
-def _lower_priority() -> None:
-    try:
-        os.nice(NICE)
-    except OSError:  # not permitted here: the child runs at the caller's priority
-        pass
+def _child_setup(parent: int) -> Callable[[], None]:
+    """What the child runs between fork and exec: a lower CPU priority, and on Linux ``SIGKILL`` when its parent
+    ends (``PR_SET_PDEATHSIG``; exit at once if the parent ended before that was set)."""
+
+    def setup() -> None:
+        try:
+            os.nice(NICE)
+        except OSError:  # not permitted here: the child runs at the caller's priority
+            pass
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            except (OSError, AttributeError):  # no prctl: the pipe watch (see main) still ends the child
+                pass
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
+
+    return setup
+
+
+def watch_parent(fd: int = 0) -> threading.Thread:
+    """In a child: a daemon thread that reads the descriptor ``fd`` (default: stdin, a pipe from the parent) until it
+    closes, then ends the process at once (the parent died, or gave up the step); returns the thread. It reads the raw
+    descriptor (never ``sys.stdin``, whose buffer lock would stall the interpreter's exit)."""
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:
+            pass
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, name="layerwise-parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(step: str, *args: str) -> bool:
@@ -86,8 +131,8 @@ def run(step: str, *args: str) -> bool:
         raise Stopped
     try:
         proc = subprocess.Popen([sys.executable, "-m", __name__, step, *args], env=_child_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_lower_priority if os.name == "posix" else None)
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_child_setup(os.getpid()) if os.name == "posix" else None)
     except OSError as exc:
         notice(f"could not start a child process for {step} ({exc}); it runs in this process")
         return False
@@ -102,8 +147,12 @@ def run(step: str, *args: str) -> bool:
             if stop.is_set():
                 proc.kill()
                 proc.wait()
+                if proc.stdin is not None:
+                    proc.stdin.close()
                 raise Stopped from None
     reader.join(5)
+    if proc.stdin is not None:  # held open while the child ran: its end of the pipe closes when we die
+        proc.stdin.close()
     if code != 0:
         tail = "".join(err[-5:]).strip().replace("\n", " | ")
         notice(f"{step} in a child process failed (exit {code}: {tail[-400:]}); it runs in this process")
@@ -126,8 +175,10 @@ def step_function(step: str) -> Callable[..., object]:
 
 def main(argv: list[str] | None = None) -> int:
     """The child's entry: ``STEP ARGS...``; exit 0 when done, 2 for an unknown step, 1 (with the traceback on
-    stderr) when the step failed."""
+    stderr) when the step failed, 3 when its parent's pipe closed first (``$LAYERWISE_OFFLOAD_WATCH``)."""
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get(WATCH) == "1":
+        watch_parent()
     try:
         function = step_function(argv[0] if argv else "")
     except (LayerwiseError, ImportError) as exc:

@@ -5,8 +5,12 @@ throughput hint and a queue of asynchronous infer requests that keeps every stre
 pool) with the forward pass executed by OpenVINO; ``backend="auto"`` (see :mod:`layerwise.model.backends.auto`)
 times it against ONNX Runtime and PyTorch where it is installed and exact. The graph is the ONNX export of
 :mod:`layerwise.model.backends.ort` (the encoder cut after the deepest requested layer, ``hidden_0 .. hidden_d`` as
-outputs), converted to OpenVINO's IR and saved with its float32 weights (never compressed to float16) under the
-same cache directory, keyed by the weights' sha256, the family, the depth and the OpenVINO version.
+outputs), compiled by OpenVINO straight from that ONNX graph (no IR copy of the weights is written) and cached as
+a compiled blob under the same cache directory, keyed by the graph (the weights' sha256, the family, the depth), the
+compile settings, the CPU and the OpenVINO version. A quantised graph (``quantize=``) is first saved as OpenVINO's IR
+(its weights in int8), and compiled from it. Every file goes through :meth:`GraphCache.put
+<layerwise.model.backends.cache.GraphCache.put>` (written once across processes, the cache trimmed after each write,
+blobs included), and a compiled model holds a lease on its blob while it is open.
 
 Precision is explicit: OpenVINO runs float32 by default on a CPU with native bf16 (AVX-512 BF16, AMX) in bfloat16
 unless told otherwise, which would be a silent loss. This backend always sets ``INFERENCE_PRECISION_HINT``: ``f32``
@@ -27,7 +31,7 @@ explicitly). On SST-2 dev sentences with the default model it kept a last-layer 
 Speed: the model is compiled with ``PERFORMANCE_HINT=THROUGHPUT`` (OpenVINO picks the number of streams for the
 cores it is given), and one padded batch is cut by rows into as many parts as there are streams, each run as an
 asynchronous infer request; the requested states are copied once, straight into the result ``[K, batch, tokens,
-width]``. Compiled blobs are cached too (OpenVINO's ``CACHE_DIR``), so a second process skips compilation.
+width]``. The compiled blob is what a second process imports, so it skips the compilation.
 
 Example::
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -59,13 +64,13 @@ from ..loading import load_model
 from ..options import ModelOptions
 from . import offload
 from .base import LOADING_FIELDS, Backend, refuse_options
-from .cache import GraphCache
+from .cache import GraphCache, Leases
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
 from .openvino_stages import OpenVinoStages
-from .ort import BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity, weights_bytes
+from .ort import ATTEMPTS, BUILD_LOCK, OnnxBackend, check_quantize, measure_fidelity, weights_bytes
 from .stages import Staged
 
-IR_FORMAT = 1  # bump when the converted graph changes
+IR_FORMAT = 2  # bump when the converted or compiled graph changes (2: float32 compiled from the ONNX graph, no IR)
 DYNAMIC_QUANTIZATION_GROUP = 128  # activations of int8-weight products quantised per 128 values (32: 0.9975, 1.8x)
 PRECISION_HINTS = {"float32": "f32", "bfloat16": "bf16"}  # compute_dtype -> INFERENCE_PRECISION_HINT
 PRECISIONS = {"int8": "int8-weights", "int8-full": "int8-full"}  # quantize -> the precision a store records
@@ -174,6 +179,8 @@ class OpenVinoBackend(Staged, Backend):
         self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (reduced precision only)
         self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # depth -> (compiled model, infer requests)
+        self._wrote = 0  # graphs this backend wrote to the cache (a build that wrote none found them built)
+        self.leases = Leases()  # on the blob of each compiled model, held while it is open
         # (depth, request slot) -> the started batch whose result it holds (per depth: auto prepares a new depth in
         # the background while the caller runs another)
         self._holding: dict[tuple[int, int], _Pending] = {}
@@ -201,8 +208,26 @@ class OpenVinoBackend(Staged, Backend):
         """The graph depth serving ``layers``: the deepest, at least 1."""
         return self.onnx.depth_for(layers)
 
-    def path_for(self, depth: int) -> Path:
-        """Where the converted graph for ``depth`` is cached (``.xml`` beside its ``.bin``)."""
+    def compile_config(self) -> dict[str, Any]:
+        """What every graph of this backend is compiled with: the throughput hint, :attr:`threads`, the precision hint
+        and, for int8 weights, the dynamic quantisation's group size."""
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": self.threads,
+                                  "INFERENCE_PRECISION_HINT": PRECISION_HINTS[self.compute]}
+        if self.quantize == "int8":
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
+        return config
+
+    def blob_path(self, source: Path, prefix: str) -> Path:
+        """Where the graph ``source`` (an ONNX graph or IR of the cache, whose name is its key) compiled with
+        :meth:`compile_config` is cached: ``<prefix>-<digest>.blob``, keyed by the source, the settings, the CPU and
+        the OpenVINO version (a blob runs only where it was compiled)."""
+        key = {"source": source.name, "config": self.compile_config(), **self.ir_version(), "cpu": cpu_model()}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        return self.root / f"{prefix}-{digest}.blob"
+
+    def ir_path(self, depth: int) -> Path:
+        """Where the quantised IR for ``depth`` is cached (``quantize`` only: ``.xml`` beside its ``.bin``, and the
+        calibration report ``.json`` for ``int8-full``), what its blob is compiled from."""
         key = {"weights": self.fingerprint(), "family": self.loaded.architecture, "depth": depth, "site": "block",
                "format": IR_FORMAT, "openvino": openvino_version(), "onnx": self.onnx.path_for(depth).name,
                "quantize": self.quantize, "nncf": openvino_version("nncf") if self.quantize else None,
@@ -211,35 +236,89 @@ class OpenVinoBackend(Staged, Backend):
         suffix = f"-{self.quantize}" if self.quantize else ""
         return self.root / f"{self.loaded.architecture}-d{depth}-openvino{suffix}-{digest}.xml"
 
+    def path_for(self, depth: int) -> Path:
+        """Where the compiled graph for ``depth`` is cached (a ``.blob``; with ``int8-full``, its calibration report
+        ``.json`` beside it): compiled from the ONNX cut of the export, or from the quantised IR (:meth:`ir_path`)."""
+        source = self.ir_path(depth) if self.quantize else self.onnx.path_for(depth)
+        suffix = f"-{self.quantize}" if self.quantize else ""
+        return self.blob_path(source, f"{self.loaded.architecture}-d{depth}-openvino{suffix}")
+
     def fingerprint(self) -> str:
         """The weights' sha256 (shared with the exporter, computed once)."""
         return self.onnx.fingerprint()
 
+    def _complete(self, blob: Path) -> bool:
+        return blob.exists() and (self.quantize != "int8-full" or report_path(blob).exists())
+
     def build(self, depth: int) -> Path:
-        """The cached IR for ``depth``, exported and converted now if absent (the time is said on stderr)."""
+        """The cached compiled graph (blob) for ``depth``, compiled now if absent from the ONNX cut (exported now if
+        absent), or from the quantised IR (converted now if absent); the time is said on stderr (nothing when another
+        process built it meanwhile)."""
         path = self.path_for(depth)
-        if path.exists() and path.with_suffix(".bin").exists() and (
-                self.quantize != "int8-full" or report_path(path).exists()):
+        if self._complete(path):
             return path
+        cache = GraphCache(self.root)
+        weights = weights_bytes(self.loaded)
         t0 = time.perf_counter()
-        graph = str(self.onnx.float_graph(depth))
-        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
-        if self.quantize == "int8-full":  # calibrated on the tokenizer's batches, in this process
-            model, report = quantize_full(lambda: self.ov.convert_model(graph), self.loaded.tokenizer,
-                                          self.calibration or [])
-            report_path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-            self.ov.save_model(model, str(tmp), compress_to_fp16=False)  # float32 weights: fp32 means fp32
-        else:
-            self.convert(graph, tmp, self.quantize)
-        os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
-        os.replace(tmp, path)
+        with BUILD_LOCK:
+            wrote = self._wrote
+            files, lease = cache.hold(lambda: self._source(depth, cache), ATTEMPTS)
+            try:
+                def write(tmp: Path) -> None:
+                    self.compile_source(files[0], tmp / path.name)
+                    if self.quantize == "int8-full":  # the calibration's report, beside the blob it describes
+                        shutil.copyfile(report_path(files[0]), report_path(tmp / path.name))
+
+                if cache.put(path, write, weights, keep=files, ready=lambda: self._complete(path)):
+                    self._wrote += 1
+            finally:
+                lease.release()
+            if self._wrote == wrote:
+                return path
         seconds = time.perf_counter() - t0
         self.convert_seconds[depth] = seconds
         what = f"layers 0..{depth}" + {None: "", "int8": ", int8 weights",
                                        "int8-full": ", int8 weights and activations"}[self.quantize]
-        notice(f"converted {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, cached at {path}")
-        GraphCache(self.root).grew(path, weights_bytes(self.loaded))
+        notice(f"compiled {self.loaded.name} ({what}) to OpenVINO in {seconds:.1f} s, cached at {path}")
+        cache.say(weights)
         return path
+
+    def _source(self, depth: int, cache: GraphCache) -> list[Path]:
+        """The files the blob of ``depth`` is compiled from, the graph first: the ONNX cut and the export it reads, or
+        the quantised IR (converted now, from the cut, if absent)."""
+        if not self.quantize:
+            return [self.onnx.float_graph(depth, cache), *self.onnx.export_files(depth)]
+        ir = self.ir_path(depth)
+        files = [ir, ir.with_suffix(".bin")] + ([report_path(ir)] if self.quantize == "int8-full" else [])
+        if all(f.exists() for f in files):
+            return files
+        (graph, *reads), lease = cache.hold(lambda: [self.onnx.float_graph(depth, cache),
+                                                     *self.onnx.export_files(depth)], ATTEMPTS)
+        try:
+            def write(tmp: Path) -> None:
+                out = tmp / ir.name
+                if self.quantize == "int8-full":  # calibrated on the tokenizer's batches, in this process
+                    model, report = quantize_full(lambda: self.ov.convert_model(str(graph)), self.loaded.tokenizer,
+                                                  self.calibration or [])
+                    report_path(out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+                    self.ov.save_model(model, str(out), compress_to_fp16=False)  # float32 weights: fp32 means fp32
+                else:
+                    self.convert(graph, out, self.quantize)
+
+            if cache.put(ir, write, weights_bytes(self.loaded), keep=(graph, *reads),
+                         ready=lambda: all(f.exists() for f in files)):
+                self._wrote += 1
+        finally:
+            lease.release()
+        return files
+
+    def compile_source(self, graph: Path, out: Path) -> None:
+        """Compile ``graph`` (an ONNX graph or IR) with :meth:`compile_config` and write the blob to ``out``: in a child
+        process where the caller's thread offloads its build steps (``auto``'s background,
+        :mod:`~layerwise.model.backends.offload`), else here (:func:`compile_graph`)."""
+        config = json.dumps(self.compile_config(), sort_keys=True)
+        if not offload.run(f"{__name__}:compile_graph", os.fspath(graph), os.fspath(out), config):
+            compile_graph(graph, out, config)
 
     @staticmethod
     def convert(graph: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> None:
@@ -250,7 +329,8 @@ class OpenVinoBackend(Staged, Backend):
 
     @staticmethod
     def ir_version() -> dict[str, Any]:
-        """What a converted graph's cache key holds besides the model: the IR format and OpenVINO's version."""
+        """What a converted or compiled graph's cache key holds besides the model: the format and OpenVINO's
+        version."""
         return {"format": IR_FORMAT, "openvino": openvino_version()}
 
     def compiled(self, layers: Sequence[int]) -> tuple[Any, list[Any]]:
@@ -261,17 +341,12 @@ class OpenVinoBackend(Staged, Backend):
         with BUILD_LOCK:
             return self._compile(depth)
 
-    def compile_path(self, path: Path, what: str) -> tuple[Any, list[Any]]:
-        """Compile the IR at ``path`` (``what`` it runs, for the error: ``"layers 0..6"``) with this backend's
-        settings (throughput hint, threads, precision hint, blob cache); returns it and one infer request per
-        stream. A compiled precision other than the hint is refused (``ModelLoadError``), never recorded."""
-        core = self.ov.Core()
-        core.set_property({"CACHE_DIR": str(self.root / "openvino-blobs")})
-        config: dict[str, Any] = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_NUM_THREADS": self.threads,
-                                  "INFERENCE_PRECISION_HINT": PRECISION_HINTS[self.compute]}
-        if self.quantize == "int8":
-            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = DYNAMIC_QUANTIZATION_GROUP
-        compiled = core.compile_model(str(path), "CPU", config)
+    def open_compiled(self, path: Path, what: str) -> tuple[Any, list[Any]]:
+        """The compiled model of the blob at ``path`` (``what`` it runs, for the error: ``"layers 0..6"``), imported
+        with :meth:`compile_config`, and one infer request per stream. A compiled precision other than the hint is
+        refused (``ModelLoadError``), never recorded."""
+        config = self.compile_config()
+        compiled = self.ov.Core().import_model(path.read_bytes(), "CPU", config)
         ran = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         if ran != config["INFERENCE_PRECISION_HINT"]:  # never a precision other than the one recorded
             raise ModelLoadError(f"OpenVINO compiled {what} in {ran}, not the {config['INFERENCE_PRECISION_HINT']} "
@@ -282,9 +357,10 @@ class OpenVinoBackend(Staged, Backend):
 
     def _compile(self, depth: int) -> tuple[Any, list[Any]]:
         if depth not in self._compiled:
-            path = self.build(depth)
-            GraphCache.touch(path, path.with_suffix(".bin"))  # used: the last to be evicted
-            self._compiled[depth] = self.compile_path(path, f"layers 0..{depth}")
+            # the blob leased while the compiled model is open: no process evicts it meanwhile
+            (path,), lease = GraphCache(self.root).hold(lambda: [self.build(depth)], ATTEMPTS)
+            self.leases.hold(depth, lease)
+            self._compiled[depth] = self.open_compiled(path, f"layers 0..{depth}")
             if self.precision != "float32" and self.loaded.dtype == torch.float32:  # once per depth, warned if low
                 self.fidelity[depth] = measure_fidelity(self, depth)
                 if self.quantize == "int8-full":  # what calibration measured and kept in float
@@ -347,6 +423,16 @@ class OpenVinoBackend(Staged, Backend):
         return torch.from_numpy(out)
 
 
+def compile_graph(graph: str | os.PathLike, out: str | os.PathLike, config: str | dict[str, Any]) -> None:
+    """Compile ``graph`` (an ONNX graph, read with the weights file beside it, or an IR) for the CPU with ``config``
+    (OpenVINO's properties, or them as JSON: a child process's step, :mod:`~layerwise.model.backends.offload`, passes
+    strings) and write the compiled blob to ``out`` (what :meth:`OpenVinoBackend.open_compiled` imports)."""
+    ov = require_openvino()
+    settings = json.loads(config) if isinstance(config, str) else dict(config)
+    blob = ov.Core().compile_model(os.fspath(graph), "CPU", settings).export_model()
+    Path(out).write_bytes(blob.getvalue() if hasattr(blob, "getvalue") else blob)
+
+
 def convert_graph(graph: str | os.PathLike, out: str | os.PathLike, quantize: str | None = None) -> None:
     """Convert the ONNX graph ``graph`` to OpenVINO's IR at ``out`` (``.xml`` and its ``.bin``), its float32 weights
     kept (never compressed to float16: fp32 means fp32); ``quantize="int8"``: the weights of every matrix product
@@ -390,4 +476,5 @@ class _Pending:
 
 
 __all__ = ["DYNAMIC_QUANTIZATION_GROUP", "OpenVinoBackend", "PRECISIONS", "PRECISION_HINTS", "check_precision",
-           "copy_states", "openvino_available", "openvino_version", "report_path", "require_openvino"]
+           "compile_graph", "convert_graph", "copy_states", "openvino_available", "openvino_version", "report_path",
+           "require_openvino"]

@@ -1,6 +1,6 @@
 """OpenVINO's half of the one-layer chain (:mod:`~layerwise.model.backends.stages`): layer ``k`` (``k >= 2``) cut
-from the ONNX export as a graph of its own (:meth:`~layerwise.model.backends.ort.OnnxBackend.stage_graph`), converted
-and compiled like the depth graphs, cached on disk beside them; each step of the chain cut by rows across the infer
+from the ONNX export as a graph of its own (:meth:`~layerwise.model.backends.ort.OnnxBackend.stage_graph`), compiled
+like the depth graphs and cached as a blob beside them; each step of the chain cut by rows across the infer
 requests (one per stream).
 
 On the default model (2-core AMD EPYC, 2026-11-26) a chain of a 128-sentence SST-2 batch ran in 1.02x the graph's
@@ -17,10 +17,7 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -29,7 +26,7 @@ import numpy as np
 import torch
 
 from .cache import GraphCache
-from .ort import BUILD_LOCK, weights_bytes
+from .ort import ATTEMPTS, BUILD_LOCK, weights_bytes
 from .stages import Stages
 
 if TYPE_CHECKING:
@@ -57,37 +54,39 @@ class OpenVinoStages(Stages):
 
     # ---- graphs ----------------------------------------------------------------------------------------------
     def path_for(self, layer: int) -> Path:
-        """Where the converted graph of ``layer`` alone is cached (``.xml`` beside its ``.bin``)."""
+        """Where the compiled graph of ``layer`` alone is cached (a ``.blob``, compiled from its ONNX stage graph)."""
         b = self.backend
-        key = {"weights": b.fingerprint(), "family": b.loaded.architecture, "stage": layer, "stages": STAGE_FORMAT,
-               "onnx": b.onnx.path_for(layer).name, **b.ir_version()}
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-        return b.root / f"{b.loaded.architecture}-s{layer}-openvino-{digest}.xml"
+        return b.blob_path(b.onnx.stage_path(layer), f"{b.loaded.architecture}-s{layer}-openvino-f{STAGE_FORMAT}")
 
     def build(self, layer: int) -> Path:
-        """The cached IR of ``layer`` alone, cut and converted now if absent (the time is said on stderr)."""
+        """The cached compiled graph of ``layer`` alone, cut and compiled now if absent (the time is logged)."""
         path = self.path_for(layer)
-        if path.exists() and path.with_suffix(".bin").exists():
+        if path.exists():
             return path
+        b = self.backend
+        cache = GraphCache(b.root)
         t0 = time.perf_counter()
-        graph = str(self.backend.onnx.stage_graph(layer))
-        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.xml")
-        self.backend.convert(graph, tmp)
-        os.replace(tmp.with_suffix(".bin"), path.with_suffix(".bin"))
-        os.replace(tmp, path)
-        log.info("converted layer %d of %s alone to OpenVINO in %.1f s", layer, self.backend.loaded.name,
-                 time.perf_counter() - t0)
-        GraphCache(self.backend.root).grew(path, weights_bytes(self.backend.loaded))
+        with BUILD_LOCK:
+            files, lease = cache.hold(lambda: [b.onnx.stage_graph(layer), *b.onnx.export_files(layer)], ATTEMPTS)
+            try:
+                wrote = cache.put(path, lambda tmp: b.compile_source(files[0], tmp / path.name),
+                                  weights_bytes(b.loaded), keep=files)
+            finally:
+                lease.release()
+        if wrote:
+            log.info("compiled layer %d of %s alone for OpenVINO in %.1f s", layer, b.loaded.name,
+                     time.perf_counter() - t0)
         return path
 
     def compiled(self, layer: int) -> tuple[Any, list[Any]]:
-        """The compiled graph of ``layer`` alone and its infer requests (one per stream), compiled on first use."""
+        """The compiled graph of ``layer`` alone and its infer requests (one per stream), compiled on first use; its
+        blob leased while it is open."""
         if layer not in self._compiled:
             with BUILD_LOCK:
                 if layer not in self._compiled:
-                    path = self.build(layer)
-                    GraphCache.touch(path, path.with_suffix(".bin"))
-                    self._compiled[layer] = self.backend.compile_path(path, f"layer {layer}")
+                    (path,), lease = GraphCache(self.backend.root).hold(lambda: [self.build(layer)], ATTEMPTS)
+                    self.backend.leases.hold(("stage", layer), lease)
+                    self._compiled[layer] = self.backend.open_compiled(path, f"layer {layer}")
         return self._compiled[layer]
 
     # ---- the steps of the chain -----------------------------------------------------------------------------

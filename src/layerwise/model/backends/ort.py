@@ -25,8 +25,10 @@ int8 export quantises the score products and the embeddings too). Fidelity and s
 
 Exports are cached on disk under ``$LAYERWISE_CACHE/onnx`` (default ``~/.cache/layerwise/onnx``; ``cache=``),
 keyed by the weights' sha256, the family, the depth, the site, the quantisation and the exporter versions, and
-written atomically, so the cost (a few seconds, said on stderr the first time) is paid once per model across
-processes. Only the ``block`` site is exported (the other sites are hooks inside a layer).
+written through :meth:`GraphCache.put <layerwise.model.backends.cache.GraphCache.put>` (atomically, once across the
+processes that share the cache: a second one waits for the first's export), so the cost (a few seconds, said on stderr
+the first time) is paid once per model. A session holds a lease on the graphs it reads, so no other process evicts
+them while it is open. Only the ``block`` site is exported (the other sites are hooks inside a layer).
 
 Rows of one batch that need different depths leave it at their own depth through a chain of one-layer graphs cut
 from the same export (:mod:`~layerwise.model.backends.ort_stages`, opened only where mixed depths are asked for).
@@ -54,15 +56,17 @@ from ...notices import notice
 from ..loaded import LoadedModel
 from ..options import QUANTIZE_MODES, ModelOptions
 from .base import LOADING_FIELDS, Backend
-from .cache import GraphCache
+from .cache import GraphCache, Leases
 from .ort_stages import OrtStages
 from .stages import Staged
 
 EXPORT_FORMAT = 3  # bump when the exported graph changes (outputs, opset, quantisation recipe, cut graphs)
 EXPORT_WHOLE_BYTES = 2 * 10**9  # a model up to this size is exported once, whole; each depth is cut from it
 # one build at a time in a process: torch's ONNX exporter keeps global state, and a server may build the same depth
-# from two threads at once (a request and the warming of --warm depths); OpenVINO's conversion takes it too
+# from two threads at once (a request and the warming of --warm depths); OpenVINO's conversion takes it too. Between
+# processes, GraphCache.put's entry locks (taken after this one) keep a graph from being built twice.
 BUILD_LOCK = threading.RLock()
+ATTEMPTS = 3  # builds of a graph that other processes evicted before it could be leased, before giving up
 
 
 def require_ort() -> Any:
@@ -163,12 +167,19 @@ def _atomic(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def scratch_prefix(path: Path) -> str:
+    """The name prefix of a scratch file or directory beside ``path``: ``.<name>.tmp-<PID>-``, so that what a killed
+    process leaves is known as a dead process's temporary file (:class:`~layerwise.model.backends.cache.GraphCache`)."""
+    return f".{path.name}.tmp-{os.getpid()}-"
+
+
 def export(loaded: LoadedModel, depth: int, path: Path) -> Path:
     """Export the model truncated after layer ``depth`` with outputs ``hidden_0 .. hidden_depth`` to ``path``, its
-    weights in ``path.onnx.data`` beside it (atomically: both whole, or the graph absent). ``depth`` 0 exports one
-    layer (the graph needs a layer to trace). In ``auto``'s background preparation the export runs in a child
-    process (:mod:`layerwise.model.backends.offload`: it holds the GIL for seconds), which rebuilds the truncated
-    copy from a file beside ``path`` (:func:`save_truncated`)."""
+    weights in ``path.onnx.data`` beside it (atomically: both whole, or the graph absent; the cache writes it into a
+    temporary directory of :meth:`~layerwise.model.backends.cache.GraphCache.put`). ``depth`` 0 exports one layer (the
+    graph needs a layer to trace). In ``auto``'s background preparation the export runs in a child process
+    (:mod:`layerwise.model.backends.offload`: it holds the GIL for seconds), which rebuilds the truncated copy from a
+    file beside ``path`` (:func:`save_truncated`)."""
     import tempfile
 
     from . import offload
@@ -178,7 +189,7 @@ def export(loaded: LoadedModel, depth: int, path: Path) -> Path:
     cls_id, sep_id = loaded.tokenizer.cls_token_id or 0, loaded.tokenizer.sep_token_id or 0
     if offload.active():
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, saved = tempfile.mkstemp(prefix=".export-model-", suffix=".pt", dir=path.parent)
+        fd, saved = tempfile.mkstemp(prefix=scratch_prefix(path), suffix=".pt", dir=path.parent)
         os.close(fd)
         try:
             save_truncated(model, saved)
@@ -243,7 +254,7 @@ def export_module(module: nn.Module, depth: int, cls_id: int, sep_id: int, path:
     mask[1, 5:] = 0
     names = output_names(depth)
     path.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))  # a graph over 2 GB comes in many files
+    work = Path(tempfile.mkdtemp(prefix=scratch_prefix(path), dir=path.parent))  # a graph over 2 GB: many files
     try:
         with torch.no_grad(), warnings.catch_warnings():
             # tracer warnings about Python-side shape checks; the graph is verified against PyTorch where it is used
@@ -398,6 +409,8 @@ class OnnxBackend(Staged, Backend):
         self.export_seconds: dict[int, float] = {}  # exported depth -> seconds spent exporting it in this process
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (quantised only)
         self._sessions: dict[int, Any] = {}
+        self._wrote = 0  # graphs this backend wrote to the cache (a build that wrote none found them built)
+        self.leases = Leases()  # on what each open session reads, held while it is open
         self.stages = OrtStages(self)  # one-layer graphs, opened only when rows of mixed depths are run
 
     @staticmethod
@@ -451,47 +464,83 @@ class OnnxBackend(Staged, Backend):
         base = cut.with_name(cut.name.replace(f"-d{whole}-", f"-all{whole}-", 1))
         return base, base.with_name(base.name + ".data")
 
-    def float_graph(self, depth: int) -> Path:
-        """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's conversion start from): a cut of
+    def exported(self, depth: int, cache: GraphCache | None = None) -> list[Path]:
+        """The exported graph that ``depth``'s cut reads (:meth:`export_files`), exported now if absent (through
+        :meth:`GraphCache.put <layerwise.model.backends.cache.GraphCache.put>`: a process that finds another one
+        exporting it waits for that export)."""
+        cache = cache or GraphCache(self.root)
+        base, data = self.export_files(depth)
+        with BUILD_LOCK:
+            if not self.intact(depth):
+                whole = self.export_depth(depth)
+                self.path_for(depth).unlink(missing_ok=True)  # a cut of an export that is gone
+                t0 = time.perf_counter()
+                if cache.put(base, lambda tmp: export(self.loaded, whole, tmp / base.name), weights_bytes(self.loaded),
+                             ready=lambda: self.intact(depth)):
+                    self.export_seconds[whole] = time.perf_counter() - t0
+                    self._wrote += 1
+        return [base, data]
+
+    def float_graph(self, depth: int, cache: GraphCache | None = None) -> Path:
+        """The cached float32 graph for ``depth`` (what quantisation and OpenVINO's compilation start from): a cut of
         the exported graph (:meth:`export_depth`), which is exported now if absent. The cut holds no weights: it
         reads the exported graph's ``.onnx.data``, so every depth of a model shares one copy of them on disk."""
         cut = self.path_for(depth)
+        cache = cache or GraphCache(self.root)
         with BUILD_LOCK:
-            base, _ = self.export_files(depth)
-            if not self.intact(depth):
-                t0 = time.perf_counter()
-                export(self.loaded, self.export_depth(depth), base)
-                self.export_seconds[self.export_depth(depth)] = time.perf_counter() - t0
-                cut.unlink(missing_ok=True)  # cut from a graph that is gone
-            if not cut.exists():
-                cut_graph(base, depth, cut)
+            (base, data), lease = cache.hold(lambda: self.exported(depth, cache), ATTEMPTS)
+            try:
+                if cache.put(cut, lambda tmp: cut_graph(base, depth, tmp / cut.name), weights_bytes(self.loaded),
+                             keep=(base, data)):
+                    self._wrote += 1
+            finally:
+                lease.release()
         return cut
+
+    def stage_path(self, layer: int) -> Path:
+        """Where the graph of ``layer`` alone (:meth:`stage_graph`) is cached."""
+        return self.path_for(layer).with_name(self.path_for(layer).name.replace(f"-d{layer}-", f"-s{layer}-", 1))
 
     def stage_graph(self, layer: int) -> Path:
         """The cached float32 graph of ``layer`` alone (``layer >= 2``), run from ``hidden_<layer-1>`` and the mask
         (:func:`cut_stage`), cut from the exported graph that serves ``layer`` (exported now if absent)."""
         if layer < 2:
             raise SpecError(f"a stage graph runs one layer from 2 on (layers 0..1 are the depth-1 graph), not {layer}")
-        self.float_graph(layer)  # the export it is cut from, in the cache
-        base, _ = self.export_files(layer)
-        path = self.path_for(layer).with_name(self.path_for(layer).name.replace(f"-d{layer}-", f"-s{layer}-", 1))
+        path = self.stage_path(layer)
+        cache = GraphCache(self.root)
         with BUILD_LOCK:
-            if not path.exists():
-                cut_stage(base, layer - 1, layer, path)
+            (base, data), lease = cache.hold(lambda: self.exported(layer, cache), ATTEMPTS)
+            try:
+                cache.put(path, lambda tmp: cut_stage(base, layer - 1, layer, tmp / path.name),
+                          weights_bytes(self.loaded), keep=(base, data))
+            finally:
+                lease.release()
         return path
 
     def build(self, depth: int) -> Path:
         """The cached graph for ``depth``, cut from the exported graph (exported now if absent) and quantised if
-        asked; what it cost is said on stderr."""
+        asked; what it cost is said on stderr (nothing when another process built it meanwhile)."""
         path = self.path_for(depth, self.quantize)
+        cache = GraphCache(self.root)
+        weights = weights_bytes(self.loaded)
         with BUILD_LOCK:
             if path.exists() and (self.quantize or self.intact(depth)):
                 return path
             t0 = time.perf_counter()
-            exported = set(self.export_seconds)
-            full = self.float_graph(depth)
+            exported, wrote = set(self.export_seconds), self._wrote
             if self.quantize:
-                quantize_graph(full, path)
+                (full, *reads), lease = cache.hold(lambda: [self.float_graph(depth, cache), *self.export_files(depth)],
+                                                   ATTEMPTS)
+                try:
+                    if cache.put(path, lambda tmp: quantize_graph(full, tmp / path.name), weights,
+                                 keep=(full, *reads)):
+                        self._wrote += 1
+                finally:
+                    lease.release()
+            else:
+                self.float_graph(depth, cache)
+            if self._wrote == wrote:  # another process built it meanwhile (this one waited for it)
+                return path
         seconds = time.perf_counter() - t0
         what = f"layers 0..{depth}" + (f", {self.quantize}" if self.quantize else "")
         if set(self.export_seconds) != exported:
@@ -499,7 +548,7 @@ class OnnxBackend(Staged, Backend):
                    f"depth, and cut {what} from it, in {seconds:.1f} s, cached at {path}")
         else:
             notice(f"cut {what} of {self.loaded.name} from its exported graph in {seconds:.2f} s, cached at {path}")
-        GraphCache(self.root).grew(path, weights_bytes(self.loaded), keep=self.export_files(depth))
+        cache.say(weights)
         return path
 
     def intact(self, depth: int) -> bool:
@@ -534,9 +583,11 @@ class OnnxBackend(Staged, Backend):
 
     def _open(self, depth: int) -> Any:
         if depth not in self._sessions:
-            # used, with the export it reads: the last to be evicted
-            GraphCache.touch(self.path_for(depth, self.quantize), *self.export_files(depth))
-            self._sessions[depth] = self.ort.InferenceSession(str(self.build(depth)), self.options(),
+            # leased, with the export it reads, for as long as the session is open: no process evicts them meanwhile
+            (path, *_), lease = GraphCache(self.root).hold(
+                lambda: [self.build(depth), *(() if self.quantize else self.export_files(depth))], ATTEMPTS)
+            self.leases.hold(depth, lease)
+            self._sessions[depth] = self.ort.InferenceSession(str(path), self.options(),
                                                               providers=["CPUExecutionProvider"])
             if self.quantize:  # once per depth: how close int8 stays to float32 on this model (warned when not)
                 self.fidelity[depth] = measure_fidelity(self, depth)

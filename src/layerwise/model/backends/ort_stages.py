@@ -54,8 +54,9 @@ class OrtStages(Stages):
         use."""
         if layer not in self._sessions:
             b = self.backend
-            path = b.stage_graph(layer)
-            GraphCache.touch(path, *b.export_files(layer))
+            # leased with the export it reads while the session is open (the backend holds the lease)
+            (path, *_), lease = GraphCache(b.root).hold(lambda: [b.stage_graph(layer), *b.export_files(layer)])
+            b.leases.hold(("stage", layer), lease)
             self._sessions[layer] = b.ort.InferenceSession(str(path), b.options(), providers=["CPUExecutionProvider"])
         return self._sessions[layer]
 
