@@ -241,7 +241,7 @@ def test_dead_processes_temporary_files_are_counted_and_cleared(tmp_path):
     said = runner.invoke(app, ["cache", "--dir", str(root)]).stdout
     assert "3 temporary files of dead processes" in said and "being written by" in said, said
     cleared = runner.invoke(app, ["cache", "--dir", str(root), "--clear"])
-    assert "removed 1 cached graphs (0 MB) and 3 temporary files of dead processes" in cleared.stdout, \
+    assert "removed 1 cached graphs (1 kB) and 3 temporary files of dead processes" in cleared.stdout, \
         cleared.stdout
     assert sorted(p.name for p in root.iterdir()) == sorted([live.name, "notes.txt"])
 

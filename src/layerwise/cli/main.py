@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("serve", "serve", "Serve layerwise's API (POST /v1/encode), OpenAI's (POST /v1/embeddings, GET "
                                 "/v1/models) and TEI's"),
     "cache": ("cache", "cache", "List the graph cache (exported and compiled graphs, least recently used first, "
-                                "and who holds them) with its size and limit"),
+                                "with the processes holding them), the temporary files of builds"),
     "explore": ("explore", "explore", "Open the layer explorer at http://127.0.0.1:8765 (works offline: nothing is "
                                       "fetched from the network)."),
 }

@@ -57,8 +57,8 @@ def verify(
     if report.ok:
         shards, records = (f"{n:,} {what}{'s' if n != 1 else ''}" for n, what in
                            ((report.shards, "shard"), (report.records, "record")))
-        by = f", computed by {', '.join(report.runtimes)}" if report.runtimes else ""
-        err_console.print(f"{store}: intact ({shards}, {records}{by})", highlight=False, soft_wrap=True)
+        by = f"; computed by {', '.join(report.runtimes)}" if report.runtimes else ""
+        err_console.print(f"{store}: intact ({shards}, {records}){by}", highlight=False, soft_wrap=True)
         return
     err_console.print(f"{store}: damaged ({len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}); "
                       f"{_advice(store)}", highlight=False, soft_wrap=True)

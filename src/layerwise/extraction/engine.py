@@ -374,7 +374,7 @@ def _runtime(ex: Extractor, spec: EncodeSpec, output: str | os.PathLike, options
     """The runtime that computes this store (:func:`~layerwise.extraction.runtime.store_runtime`): the one a store
     being resumed records, else decided from the corpus' size (its record count, the first records' tokens)."""
     old: dict[str, Any] | None = None
-    if not options.overwrite:
+    if not options.overwrite and os.path.isdir(output):
         try:
             old = read_manifest(output)
         except LayerwiseError:

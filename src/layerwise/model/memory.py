@@ -52,8 +52,10 @@ def parse_size(value: object, name: str = "max_memory") -> int:
 
 
 def human(size: float) -> str:
-    """``1.23 GB`` / ``456 MB``: a size in the units of the messages (powers of 1000)."""
-    return f"{size / 1e9:,.2f} GB" if abs(size) >= 1e9 else f"{size / 1e6:,.0f} MB"
+    """``1.23 GB`` / ``456 MB`` / ``300 kB``: a size in the units of the messages (powers of 1000)."""
+    if abs(size) >= 1e9:
+        return f"{size / 1e9:,.2f} GB"
+    return f"{size / 1e6:,.0f} MB" if abs(size) >= 1e6 else f"{size / 1e3:,.0f} kB"
 
 
 @dataclass(frozen=True)

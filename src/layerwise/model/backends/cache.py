@@ -72,6 +72,8 @@ LEASE = re.compile(r"^(?P<name>.+)\.lease-(?P<pid>\d+)$")
 SAY_WAIT_S = 1.0  # a wait for another process's build longer than this is said
 
 _LEASES_GUARD = threading.Lock()
+_FRESH: dict[str, "Lease"] = {}  # a graph this process just wrote -> its lease, until hold() takes its own
+_LIMITS: dict[str, int] = {}  # cache root -> the limit its last trim in this process used (a released lease's trim)
 _LEASED: dict[str, list[int]] = {}  # lease file -> [descriptor, holds] of this process
 
 
@@ -158,14 +160,18 @@ def _remove(path: Path) -> None:
 
 class Lease:
     """This process's hold on cache entries (see the module docstring): while it is held, no process evicts them.
-    :meth:`release` gives it back (once; the process's exit does too)."""
+    :meth:`release` gives it back (once; the process's exit does too), and trims the cache ``root`` to the limit its
+    last write used: an entry kept over the limit only because it was in use goes once nobody uses it."""
 
-    def __init__(self, files: list[Path]):
+    def __init__(self, files: list[Path], root: Path | None = None):
         self.files = files
+        self.root = root
         self._released = False
 
     def release(self) -> None:
-        """Give the lease back: the lease files this process holds no other lease through are removed."""
+        """Give the lease back: the lease files this process holds no other lease through are removed; where that
+        frees an entry, the cache is trimmed again."""
+        freed = False
         with _LEASES_GUARD:
             if self._released:
                 return
@@ -179,6 +185,12 @@ class Lease:
                     del _LEASED[str(path)]
                     path.unlink(missing_ok=True)
                     os.close(held[0])
+                    freed = True
+        if freed and self.root is not None:
+            try:
+                GraphCache(self.root).trim(_LIMITS.get(str(self.root), cache_limit()))
+            except Exception:  # noqa: BLE001 - a release (often at exit) never fails for a trim; the next write trims
+                pass
 
 
 def _release_all(held: dict) -> None:
@@ -323,7 +335,7 @@ class GraphCache:
                     held[1] += 1
                     files.append(path)
             self.touch(*paths)
-            return Lease(files)
+            return Lease(files, self.root)
 
     def hold(self, build: Callable[[], Sequence[Path]], attempts: int = 3) -> tuple[list[Path], Lease]:
         """``build()`` (which finds or builds a graph and returns the files that opening it reads, the graph first)
@@ -336,6 +348,10 @@ class GraphCache:
             files = [Path(f) for f in build()]
             lease = self.lease(*files)
             if lease is not None:
+                with _LEASES_GUARD:
+                    fresh = [_FRESH.pop(str(f)) for f in files if str(f) in _FRESH]
+                for held in fresh:  # the put's own lease, held from its write to this lease: no eviction between
+                    held.release()
                 return files, lease
         raise ModelLoadError(f"other processes evicted {files[0].name} from the graph cache {self.root} {attempts} "
                              f"times before it could be opened: they fill it past its limit; raise "
@@ -383,7 +399,15 @@ class GraphCache:
                     for f in made:
                         os.replace(f, self.root / f.name)
                     self.touch(*(self.root / f.name for f in made), *keep)
-                    self.trim(cache_limit(weights_bytes), keep=(path, *keep))
+                    fresh = self.lease(self.root / path.name)  # held until hold() leases it (no eviction between)
+                    if fresh is not None:
+                        with _LEASES_GUARD:
+                            before = _FRESH.pop(str(self.root / path.name), None)
+                            _FRESH[str(self.root / path.name)] = fresh
+                        if before is not None:
+                            before.release()
+                    _LIMITS[str(self.root)] = limit = cache_limit(weights_bytes)
+                    self.trim(limit, keep=(path, *keep), writing=True)
             finally:
                 _remove(tmp)
             return True
@@ -406,9 +430,27 @@ class GraphCache:
                 FileLock(path).remove()
         return dead
 
-    def trim(self, limit: int, keep: Iterable[Path] = ()) -> list[Entry]:
+    def _only_fresh(self, entry: Entry) -> bool:
+        """Whether the one hold on ``entry`` is this process's lease from its own write (a put not yet followed by a
+        hold): then this process may evict it (the lease guards against the others); the lease is released."""
+        if entry.holders != [os.getpid()]:
+            return False
+        path = str(self._lock_file(entry.name, f"lease-{os.getpid()}"))
+        with _LEASES_GUARD:
+            fresh = [k for k, lease in _FRESH.items() if path in map(str, lease.files)]
+            held = _LEASED.get(path)
+            if not fresh or held is None or held[1] != len(fresh):
+                return False
+            leases = [_FRESH.pop(k) for k in fresh]
+        for lease in leases:
+            lease.root = None  # (no trim of its own: this trim is running)
+            lease.release()
+        return True
+
+    def trim(self, limit: int, keep: Iterable[Path] = (), writing: bool = False) -> list[Entry]:
         """Remove the dead processes' temporary files, then the least recently used entries until the cache is within
-        ``limit`` bytes, never those of ``keep`` (what was just built) nor those a live process holds a lease on;
+        ``limit`` bytes, never those of ``keep`` (what was just built) nor those a live process holds a lease on
+        (``writing``, a put's own trim: but for this process's leases on graphs it wrote that no hold took up);
         returns the removed entries (also added to :attr:`removed`)."""
         if not self.root.is_dir():
             return []
@@ -421,7 +463,7 @@ class GraphCache:
             for entry in entries:
                 if total <= limit:
                     break
-                if entry.name in kept or entry.holders:
+                if entry.name in kept or (entry.holders and not (writing and self._only_fresh(entry))):
                     continue
                 for f in entry.files:
                     try:
