@@ -313,7 +313,7 @@ def test_int8_is_timed_against_float32_once_and_said_when_slower(tiny_extractors
     real = ex.describe()["int8_timing"]
     assert set(real["ms_per_batch"]) >= {"int8 ONNX Runtime", "float32 PyTorch", "float32 ONNX Runtime"}, real
     assert all(t > 0 for t in real["ms_per_batch"].values()) and isinstance(real["slower"], bool)
-    monkeypatch.setattr("layerwise.model.backends.quantized.timed", lambda loaded, depth, contestants, stop: {
+    monkeypatch.setattr("layerwise.model.backends.quantized.timed", lambda loaded, depth, contestants, *rest: {
         name: (0.002 if name.startswith("int8") else 0.001 if name == "float32 ONNX Runtime" else 0.003)
         for name in contestants})
     slow = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tmp_path)

@@ -25,7 +25,7 @@ from ...errors import ModelLoadError
 from ...notices import notice
 from ..capture import capture
 from ..discovery import probe_batch
-from . import policy
+from . import offload, policy
 from .offload import Stopped
 from .policy import LABELS, Decision, pays_back
 from .preparer import Preparer
@@ -146,7 +146,9 @@ class Decisions:
         exact: dict[str, bool] = {}
         for c in candidates if choice != "torch" and first != "torch" else ():
             self.racer.check_stopped()
-            exact[c] = self.exact(depth, c)
+            t0, waited = time.perf_counter(), offload.waited()
+            exact[c] = self.exact(depth, c)  # built (in a child), opened and checked: the caller's share back after it
+            self.racer.pace(time.perf_counter() - t0 - (offload.waited() - waited))
         if choice == "fastest" and race is None and any(exact.values()):
             race = self.racer.timed_race(depth, [c for c in exact if exact[c]])
             with self._lock:

@@ -4,7 +4,8 @@ torch's ONNX export (tracing and the exporter's graph passes) and OpenVINO's con
 Python's GIL for one to three seconds at a time. Run in the background thread of ``auto``, they froze every other
 thread of the process for that long: a server's other requests waited up to 2.4 s (``./dev bench cold_start``). Under
 :func:`offloaded` (entered by ``auto``'s background thread, never on a caller's path) those steps run in a child
-Python process instead, at a lower CPU priority (``nice`` 10): the parent thread only waits on it, so the caller's
+Python process instead, at the lowest CPU priority (``SCHED_IDLE`` on Linux: it runs on a core the caller leaves idle;
+``nice`` 10 elsewhere): the parent thread only waits on it, so the caller's
 threads keep the interpreter, and on a machine with few cores the child yields the CPU to them.
 
 A step is a file-to-file function of layerwise named ``"layerwise.<module>:<function>"`` (its arguments are
@@ -38,6 +39,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -89,6 +91,10 @@ def _child_setup(parent: int) -> Callable[[], None]:
             os.nice(NICE)
         except OSError:  # not permitted here: the child runs at the caller's priority
             pass
+        try:  # Linux: runs only on a core the caller leaves idle
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
@@ -139,6 +145,29 @@ def run(step: str, *args: str) -> bool:
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr or ()), daemon=True)
     reader.start()
+    started = time.monotonic()
+    try:
+        code = _wait(proc, stop)
+    finally:
+        _LOCAL.waited = getattr(_LOCAL, "waited", 0.0) + time.monotonic() - started
+    reader.join(5)
+    if proc.stdin is not None:  # held open while the child ran: its end of the pipe closes when we die
+        proc.stdin.close()
+    if code != 0:
+        tail = "".join(err[-5:]).strip().replace("\n", " | ")
+        notice(f"{step} in a child process failed (exit {code}: {tail[-400:]}); it runs in this process")
+        return False
+    return True
+
+
+def waited() -> float:
+    """Seconds this thread has spent waiting for its children's steps (a background step's own work is its wall time
+    less what it waited: :meth:`~layerwise.model.backends.preparer.Activity.pace`)."""
+    return float(getattr(_LOCAL, "waited", 0.0))
+
+
+def _wait(proc: subprocess.Popen, stop: threading.Event) -> int:
+    """The child's exit code; killed (and :class:`Stopped` raised) once ``stop`` is set."""
     while True:
         try:
             code = proc.wait(timeout=0.1)
@@ -150,14 +179,7 @@ def run(step: str, *args: str) -> bool:
                 if proc.stdin is not None:
                     proc.stdin.close()
                 raise Stopped from None
-    reader.join(5)
-    if proc.stdin is not None:  # held open while the child ran: its end of the pipe closes when we die
-        proc.stdin.close()
-    if code != 0:
-        tail = "".join(err[-5:]).strip().replace("\n", " | ")
-        notice(f"{step} in a child process failed (exit {code}: {tail[-400:]}); it runs in this process")
-        return False
-    return True
+    return code
 
 
 def step_function(step: str) -> Callable[..., object]:

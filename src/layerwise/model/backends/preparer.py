@@ -8,11 +8,13 @@ Future, ready means done). :meth:`Preparer.settle` waits for them, :meth:`Prepar
 :mod:`~layerwise.model.backends.offload`).
 
 Background jobs wait for a quiet moment of the caller's (:class:`Activity`): none of its forward passes for
-:data:`QUIET_S`, or one kept busy for :data:`GRACE_S` (a long job gains from the compiled runtime), so a script's one
-short call is neither slowed by the preparation nor kept waiting for it at exit. Their export and conversion steps run
-in a child process at a lower priority (:func:`~layerwise.model.backends.offload.offloaded`), so the caller keeps the
-interpreter and, on a machine with few cores, the CPU. A timing run asks for the machine to itself
-(:meth:`Activity.alone`).
+:data:`QUIET_S`, or one kept busy for :data:`GRACE_S`, so a script's one short call is neither slowed by the
+preparation nor kept waiting for it at exit. While the caller is at work, the background takes :data:`SHARE` of the
+machine: its export and compilation run in a child process that the scheduler runs only on a core the caller leaves
+idle (:func:`~layerwise.model.backends.offload.offloaded`), and each of its own steps in this process (a check, one
+run of a race, which holds the caller's passes for its duration, :meth:`Activity.alone`) is followed by a pause nine
+times as long (:meth:`Activity.pace`). On the 2-core development machine that kept the caller at 0.9x or more of
+PyTorch alone while a depth was prepared (``./dev bench background_cost``).
 
 Locks: :class:`Preparer` holds one (``_lock``: its map of Futures), :class:`Activity` one (``_lock``: the caller's
 passes); neither is held while the other is taken, nor while a job runs.
@@ -45,6 +47,7 @@ from .offload import Stopped
 QUIET_S = 0.25  # a background job starts once the caller has made no forward pass for this long...
 GRACE_S = 3.0  # ...or once the caller has kept the model busy this long
 HOLD_S = 10.0  # the longest the caller waits for a timing run alone, and for its own passes to end before one
+SHARE = 0.1  # the share of the machine the background's own steps take while the caller is at work (see pace)
 Key = tuple[str, int, str]  # (model, depth, purpose)
 _LIVE: "weakref.WeakSet[Preparer]" = weakref.WeakSet()  # preparers whose worker may be running (stopped at exit)
 
@@ -64,6 +67,7 @@ class Activity:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self._busy = 0
+        self._waiting = 0  # passes held by a timing run (at work, all the same)
         self._last = 0.0  # time.monotonic() when the caller's last pass ended or was planned
         self._alone = False
 
@@ -77,7 +81,9 @@ class Activity:
         """One forward pass of the caller's; it waits (at most :data:`HOLD_S`) while a timing run holds the
         machine."""
         with self._lock:
+            self._waiting += 1
             self._lock.wait_for(lambda: not self._alone, HOLD_S)
+            self._waiting -= 1
             self._busy += 1
         try:
             yield
@@ -100,6 +106,22 @@ class Activity:
             with self._lock:
                 self._alone = False
                 self._lock.notify_all()
+
+    def busy(self) -> bool:
+        """Whether the caller is at work: a pass running or held, or one that ended less than :data:`QUIET_S` ago."""
+        with self._lock:
+            return bool(self._busy or self._waiting) or time.monotonic() - self._last < QUIET_S
+
+    def pace(self, seconds: float, stop: threading.Event) -> None:
+        """After a background step that took ``seconds`` of the caller's machine: while the caller is at work, wait
+        until the step is :data:`SHARE` of the time since it started (the caller keeps the rest), or until the caller
+        goes quiet or ``stop`` is set. An idle caller's background runs at full speed, and so does a step the caller
+        waits for (not in a background job)."""
+        if not offload.active():
+            return
+        until = time.monotonic() + seconds * (1.0 / SHARE - 1.0)
+        while not stop.is_set() and self.busy() and time.monotonic() < until:
+            stop.wait(0.02)
 
     def quiet(self, stop: threading.Event) -> None:
         """Return once the caller is idle for :data:`QUIET_S` or has been busy for :data:`GRACE_S` (or ``stop`` is
@@ -240,4 +262,4 @@ class Preparer:
         cf.wait(running, timeout=timeout)
 
 
-__all__ = ["Activity", "Counted", "GRACE_S", "HOLD_S", "Key", "Preparer", "QUIET_S"]
+__all__ = ["Activity", "Counted", "GRACE_S", "HOLD_S", "Key", "Preparer", "QUIET_S", "SHARE"]

@@ -82,8 +82,8 @@ class Int8Timing:
                 raise Stopped
             if backend is not router.torch:
                 backend.warm(list(range(depth + 1)))
-        with router.preparer.activity.alone():
-            times = timed(router.loaded, depth, contestants, router.racer.check_stopped)
+        times = timed(router.loaded, depth, contestants, router.racer.check_stopped, router.preparer.activity.alone,
+                      router.racer.pace)
         return int8_report(depth, str(router.quantize), times)
 
 

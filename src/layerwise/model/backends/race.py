@@ -17,9 +17,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import torch
 
@@ -42,9 +43,11 @@ def race_batches(loaded: LoadedModel) -> list[torch.Tensor]:
 
 
 def timed(loaded: LoadedModel, depth: int, contestants: Mapping[str, Backend],
-          stop: Callable[[], Any] = lambda: None) -> dict[str, float]:
+          stop: Callable[[], Any] = lambda: None, hold: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+          pace: Callable[[float], Any] = lambda seconds: None) -> dict[str, float]:
     """Seconds per batch of each of ``contestants`` through layers ``0..depth`` on :func:`race_batches` (best of
-    :data:`RACE_ROUNDS`, alternating, after a warm-up each). ``stop`` is called between runs (it raises to stop)."""
+    :data:`RACE_ROUNDS`, alternating, after a warm-up each). ``stop`` is called between runs (it raises to stop);
+    each run is made within ``hold()`` (the machine to itself) and followed by ``pace(its seconds)``."""
     batches = race_batches(loaded)
     layers = list(range(depth + 1))
 
@@ -58,16 +61,21 @@ def timed(loaded: LoadedModel, depth: int, contestants: Mapping[str, Backend],
         for done in started:
             done()
 
-    best = {name: float("inf") for name in contestants}
-    for backend in contestants.values():
+    def run(backend: Backend) -> float:
         stop()
-        runs(backend)  # warm-up: first-call allocations
-    for _ in range(RACE_ROUNDS):
-        for name, backend in contestants.items():
-            stop()
+        with hold():
             t0 = time.perf_counter()
             runs(backend)
-            best[name] = min(best[name], (time.perf_counter() - t0) / len(batches))
+            seconds = time.perf_counter() - t0
+        pace(seconds)
+        return seconds
+
+    best = {name: float("inf") for name in contestants}
+    for backend in contestants.values():
+        run(backend)  # warm-up: first-call allocations
+    for _ in range(RACE_ROUNDS):
+        for name, backend in contestants.items():
+            best[name] = min(best[name], run(backend) / len(batches))
     return best
 
 
@@ -96,11 +104,15 @@ class Racer:
 
     def race(self, depth: int, runtimes: Sequence[str] = ("onnx", "openvino")) -> dict[str, float]:
         """Seconds per batch of PyTorch and each of ``runtimes`` available, through layers ``0..depth``, with the
-        machine to the race (:func:`timed`): ``{"torch": s, "onnx": s, ...}``."""
+        machine to each of its runs (:func:`timed`, paced): ``{"torch": s, "onnx": s, ...}``."""
         contestants: dict[str, Backend] = {"torch": self.torch}
         contestants.update({n: b for n, b in self.compiled().items() if n in runtimes})
-        with self.activity.alone():
-            return timed(self.loaded, depth, contestants, self.check_stopped)
+        return timed(self.loaded, depth, contestants, self.check_stopped, self.activity.alone, self.pace)
+
+    def pace(self, seconds: float) -> None:
+        """After a background step of ``seconds``: the caller's share back (:meth:`Activity.pace
+        <layerwise.model.backends.preparer.Activity.pace>`)."""
+        self.activity.pace(seconds, self.stopping)
 
     def key(self, runtimes: Sequence[str]) -> str:
         """The ``races.json`` key of a race of ``runtimes`` of this model on this machine."""
