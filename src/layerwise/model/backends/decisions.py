@@ -250,6 +250,8 @@ class Decisions:
             return False
         if self._gain is None:  # read once: what this machine's races say a compiled runtime gains
             self._gain = policy.prior_gain(self.races.read() if self.races is not None else {})
+        if not pays_back(busy, self._gain, policy.PREPARE_CACHED_S):  # not even the cheapest preparation: no need to
+            return False  # look for the graph (its path digests the weights)
         return pays_back(busy, self._gain, self.preparation_seconds(depth))
 
     def pinned_runtime(self, depth: int, runtime: str) -> str:
