@@ -49,6 +49,39 @@ def eager_preparation(monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def tiny_graphs(tmp_path_factory, tiny_extractors) -> Path:
+    """A graph cache holding the tiny BERT's compiled graphs, built once per session: its export, the cuts of depths
+    1 and 2 and their OpenVINO blobs (where installed); no one-layer stages, no race. Tests of what ``auto`` decides
+    start from a copy (:func:`tiny_graph_cache`) instead of exporting and compiling again in child processes."""
+    from layerwise.model.backends import OnnxBackend, OpenVinoBackend
+    from layerwise.model.backends.openvino import openvino_available
+
+    root = tmp_path_factory.mktemp("tiny-graphs")
+    loaded = tiny_extractors["bert"].loaded
+    runtimes = [OnnxBackend(loaded, cache=root)]
+    if openvino_available():
+        runtimes.append(OpenVinoBackend(loaded, exporter=runtimes[0]))
+    for backend in runtimes:
+        backend.warm([0, 1])
+        backend.warm([0, 1, 2])
+    (root / "races.json").unlink(missing_ok=True)
+    return root
+
+
+@pytest.fixture
+def tiny_graph_cache(tiny_graphs, tmp_path) -> Path:
+    """A fresh graph cache (``tmp_path / "graphs"``) holding a copy of :func:`tiny_graphs`' (no races, no locks)."""
+    import shutil
+
+    target = tmp_path / "graphs"
+    target.mkdir()
+    for path in tiny_graphs.iterdir():
+        if path.is_file():
+            shutil.copy2(path, target / path.name)
+    return target
+
+
+@pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {fam: build(fam, root / fam) for fam in FAMILIES}

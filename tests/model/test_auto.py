@@ -70,9 +70,10 @@ def test_inexact_graph_falls_back_to_torch(tiny_extractors, monkeypatch, eager_p
     assert f"torch at depths [2] ({inexact} not within 1e-05 of PyTorch there)" in ex.backend.runtime()
 
 
-def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
+def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypatch, tiny_graph_cache,
+                                                        eager_preparation):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tiny_graph_cache)
     times = ex.backend.racer.race(2)  # the real race: every available runtime ran
     assert set(times) == {"torch", *ex.backend.compiled_runtimes} and all(0 < s < 5 for s in times.values())
     calls = []
@@ -94,24 +95,25 @@ def test_fastest_exact_runtime_is_timed_once_per_model(tiny_extractors, monkeypa
     # rows leave a batch early on PyTorch only: a token-layer there costs what the race measured against the winner
     assert ex.backend.ragged_price(2, "block") == pytest.approx(2.0)
 
-    again = lw.Extractor(ex.loaded, onnx_cache=tmp_path)  # a later process on this machine: no race
+    again = lw.Extractor(ex.loaded, onnx_cache=tiny_graph_cache)  # a later process on this machine: no race
     for layers in (2, 1):
         again.encode(TEXTS, layers=layers)
         assert again.backend.settle(timeout=120)
     assert calls == [1] and again.backend.runtime_for([2], "block") == "onnx"
     assert "(timed earlier on this machine)" in again.backend.runtime()
-    record = json.loads((tmp_path / "races.json").read_text())
+    record = json.loads((tiny_graph_cache / "races.json").read_text())
     assert len(record) == 1 and all(set(t) == {"torch", *ex.backend.compiled_runtimes} for t in record.values())
 
 
-def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
+def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypatch, tiny_graph_cache,
+                                                       eager_preparation):
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     monkeypatch.setattr(Racer, "race", lambda self, depth, runtimes: {"torch": 0.001} | {r: 0.002 for r in
                                                                                                 runtimes})
     built = []
     real = ob.OnnxBackend.build
     monkeypatch.setattr(ob.OnnxBackend, "build", lambda self, depth: built.append(depth) or real(self, depth))
-    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tiny_graph_cache)
     for layers in (1, 2, 0):
         ex.encode(TEXTS, layers=layers)
         assert ex.backend.settle(timeout=120)
@@ -120,7 +122,7 @@ def test_when_pytorch_wins_no_later_depth_is_exported(tiny_extractors, monkeypat
     assert "torch at depths [2] (PyTorch fastest here: 1.0 ms" in ex.backend.runtime()
 
 
-def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, tmp_path, eager_preparation):
+def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, tiny_graph_cache, eager_preparation):
     """A fresh cache: the first vector comes back while the race is still running (held here until the test lets
     it go); then the winner takes over and gives the same states."""
     import threading
@@ -138,7 +140,7 @@ def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, t
         return {name: (0.0 if name == "onnx" else s) for name, s in times.items()}  # ONNX Runtime wins
 
     monkeypatch.setattr(Racer, "race", held)
-    ex = lw.Extractor(tiny_extractors["distilbert"].loaded, onnx_cache=tmp_path)
+    ex = lw.Extractor(tiny_extractors["distilbert"].loaded, onnx_cache=tiny_graph_cache)
     reference = lw.Extractor(ex.loaded, backend="torch")
     first = ex.encode(TEXTS, layers=-1)
     when["first vector"] = time.monotonic()

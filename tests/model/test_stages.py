@@ -149,28 +149,29 @@ def test_a_layer_that_reads_more_than_the_state_and_mask_is_refused(tmp_path):
     assert not (tmp_path / "stage.onnx").exists()
 
 
-def auto_on(runtime: str, tiny_extractors, tmp_path, monkeypatch) -> lw.Extractor:
-    """``auto`` on the tiny BERT, its race won by ``runtime`` (skipped where auto does not run it)."""
+def auto_on(runtime: str, tiny_extractors, cache, monkeypatch) -> lw.Extractor:
+    """``auto`` on the tiny BERT with the graph cache ``cache`` (the session's depth graphs, no stages), its race won
+    by ``runtime`` (skipped where auto does not run it)."""
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
     monkeypatch.setattr("layerwise.model.backends.decisions.pays_back", lambda *args: True)  # prepared at once
     monkeypatch.setattr(Racer, "race", lambda self, depth, runtimes: {"torch": 0.003, runtime: 0.001} |
                         {r: 0.002 for r in runtimes if r != runtime})
-    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=cache)
     if runtime not in ex.backend.compiled_runtimes:
         pytest.skip(f"auto runs no {runtime} here")
     return ex
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, runtime, tmp_path,
+def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_extractors, runtime, tiny_graph_cache,
                                                                          monkeypatch):
-    ex = auto_on(runtime, tiny_extractors, tmp_path, monkeypatch)
+    ex = auto_on(runtime, tiny_extractors, tiny_graph_cache, monkeypatch)
     ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120) and ex.backend.runtime_for([2], "block") == runtime
-    assert not list(tmp_path.glob("*-s2-*"))  # one depth asked: no one-layer graph built
+    assert not list(tiny_graph_cache.glob("*-s2-*"))  # one depth asked: no one-layer graph built
     # the first ask for mixed rows: PyTorch's price against the race's winner, while the stages are prepared
     assert ex.backend.ragged_price(2, "block") == pytest.approx(3.0)
-    assert ex.backend.settle(timeout=120) and list(tmp_path.glob("*-s2-*"))
+    assert ex.backend.settle(timeout=120) and list(tiny_graph_cache.glob("*-s2-*"))
     serving = ex.backend.compiled_runtimes[runtime]
     price = ex.backend.ragged_price(2, "block")
     assert price is not None and price >= 1.0 and price == serving.ragged_price(2, "block")
@@ -208,14 +209,15 @@ def test_a_deeper_chain_covers_the_shallower_depths(tiny_extractors, tmp_path, m
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, runtime, tmp_path, monkeypatch):
+def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, runtime, tiny_graph_cache,
+                                                              monkeypatch):
     """``auto`` prepares the stages in the background while its caller runs; the chain is timed with the caller's
     next forward pass held (and its running ones let finish), so the price is the chain's alone, not its share of a
     busy machine. The held pass runs as soon as the timing ends, with the right states."""
     import threading
     import time
 
-    ex = auto_on(runtime, tiny_extractors, tmp_path, monkeypatch)
+    ex = auto_on(runtime, tiny_extractors, tiny_graph_cache, monkeypatch)
     want = ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120)
     seen: dict[str, object] = {}

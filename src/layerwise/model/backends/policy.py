@@ -196,10 +196,10 @@ def pays_back(torch_seconds: float, gain: float, prepare_seconds: float) -> bool
 
 
 def preparation_seconds(weights_bytes: int, share: float, cached: bool) -> float:
-    """What preparing a depth should cost before one was timed here: :data:`PREPARE_CACHED_S` where its exported graph
-    is cached (a cut, a check, a race), else :data:`PREPARE_S_PER_MB` per MB of the weights, times the ``share`` of
-    the layers the depth runs."""
-    return PREPARE_CACHED_S if cached else PREPARE_S_PER_MB * weights_bytes / 2**20 * share
+    """What preparing a depth should cost before one was timed here: :data:`PREPARE_CACHED_S` (a cut, a check, a race)
+    and, unless its exported graph is cached, :data:`PREPARE_S_PER_MB` per MB of the weights times the ``share`` of the
+    layers the depth runs."""
+    return PREPARE_CACHED_S + (0.0 if cached else PREPARE_S_PER_MB * weights_bytes / 2**20 * share)
 
 
 def prior_gain(races: Mapping[str, Mapping[str, float]]) -> float:
