@@ -409,22 +409,27 @@ def _disk_full_at(monkeypatch, n):
 
 @pytest.mark.parametrize("level", ["sentence", "token"])
 def test_full_disk_is_one_clear_message_and_the_rerun_resumes(bert, tmp_path, corpus, monkeypatch, level):
+    """On ``auto``'s default path: the resumed store names one runtime and equals, bit for bit, a clean run with
+    ``backend=<that runtime>``."""
+    monkeypatch.delenv("LAYERWISE_AUTO_RUNTIME", raising=False)
     kw = dict(layers=[1, 2], keep=["id", "label"], shard_records=2, level=level)
     store = tmp_path / "s"
-    _disk_full_at(monkeypatch, 2)
-    with pytest.raises(lw.StoreError) as info:
-        extract(corpus, store, model=bert, **kw)
+    with monkeypatch.context() as full:
+        _disk_full_at(full, 2)
+        with pytest.raises(lw.StoreError) as info:
+            extract(corpus, store, model=lw.Extractor(bert.loaded), **kw)
     text = str(info.value)
     assert "no space left on the device while writing shard-000001.safetensors" in text
     assert repr(str(store)) in text and "2 records in 1 finished shards are safe" in text
     assert "rerun the same command: it resumes after the last finished shard" in text
     assert not [p.name for p in store.iterdir() if ".tmp-" in p.name]  # the temporary file is gone
     assert len(open_store(store)) == 2 and not open_store(store).complete
-    monkeypatch.undo()
-    summary = extract(corpus, store, model=bert, **kw)  # space freed: the same command resumes
+    summary = extract(corpus, store, model=lw.Extractor(bert.loaded), **kw)  # space freed: the same command resumes
     assert summary.status == "complete" and summary.resumed_from == 2 and summary.records == 4
-    extract(corpus, tmp_path / "clean", model=bert, **kw)
-    assert_same(open_store(store), open_store(tmp_path / "clean"))
+    runtime = open_store(store).manifest["runtime"]["name"]
+    assert {e["runtime"] for e in open_store(store).manifest["shards"]} == {runtime}
+    extract(corpus, tmp_path / "clean", model=lw.Extractor(bert.loaded, backend=runtime), **kw)
+    assert_same(open_store(store), open_store(tmp_path / "clean"), tol=0.0)
 
 
 def test_full_disk_on_the_manifest_is_the_same_message(bert, tmp_path, corpus, monkeypatch):
