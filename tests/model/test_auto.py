@@ -289,6 +289,9 @@ def test_store_refuses_to_mix_precisions(tiny_extractors, tmp_path):
     loaded = tiny_extractors["bert"].loaded
     spec = lw.EncodeSpec(layers=-1, pool="mean")
     lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded, quantize="int8"))
+    runtime = lw.open_store(tmp_path / "s").manifest["runtime"]
+    assert runtime["name"] in COMPILED and "quantize='int8' runs on" in runtime["why"]  # what computed it, named
+    assert {e["runtime"] for e in lw.open_store(tmp_path / "s").manifest["shards"]} == {runtime["name"]}
     with pytest.raises(Exception, match="precision"):
         lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded))
 

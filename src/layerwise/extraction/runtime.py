@@ -67,15 +67,18 @@ def _auto(ex: Extractor, backend: AutoBackend, spec: EncodeSpec, records: int | 
     if spec.site != "block" or not backend.compiled_runtimes or backend.loaded.streams(depth):
         return Decision("torch", "the compiled runtimes serve the block site of a model held whole only"
                         if backend.compiled_runtimes else f"ONNX Runtime {backend.why_torch}")
+    if backend.quantize:  # int8 exists on one runtime only: the one that serves it
+        served = backend.serving(depth)
+        return Decision(served, f"quantize={backend.quantize!r} runs on {LABELS[served]} here")
     choice = policy.runtime_choice()
     if choice != "fastest":
         return backend.decisions.decide_now(depth, choice)
     race = backend.racer.recorded()
     if race is not None:
-        use = policy.winner(race)
-        if use == "torch" or backend.decisions.exact(depth, str(use)):
-            return Decision(str(use), f"{policy.race_line(race, depth, True)}")
-        return Decision("torch", f"{LABELS[str(use)]} won the race here but is not exact at depth {depth}")
+        won = str(policy.winner(race))
+        if won == "torch" or backend.decisions.exact(depth, won):
+            return Decision(won, f"{policy.race_line(race, depth, True)}")
+        return Decision("torch", f"{LABELS[won]} won the race here but is not exact at depth {depth}")
     if not records:
         return Decision("torch", "no race recorded for this model here, and the corpus size is unknown (stdin)")
     per_token = torch_seconds_per_token(ex, depth)
