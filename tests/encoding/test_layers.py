@@ -102,7 +102,8 @@ def test_out_of_range_in_strings_lists_and_slices(spec, pattern):
     assert 'layers="-4:"' in str(info.value)
 
 
-@pytest.mark.parametrize("spec", ["first", "1-3", "1:2:3:4", "", "layer_3", "4 5", "1.5", "-4 :: 2 :"])
+@pytest.mark.parametrize("spec", ["first", "1-3", "1:2:3:4", "", "layer_3", "4 5", "1.5", "-4 :: 2 :",
+                                  "\u0663", "\uff13", "-\u0662:", "1:\u0663"])  # digits: ASCII only (\u0663 is 3)
 def test_malformed_string(spec):
     with pytest.raises(ValueError, match=rf"malformed layer spec {re.escape(repr(spec))}: expected an int") as info:
         resolve_layers(spec, num_layers=6)

@@ -233,3 +233,40 @@ def test_external_sigkill_of_the_command(setup, tiny_extractors, default_path):
     want = lw.Extractor(model, backend=runtime).encode(texts * repeat, layers=[1, 2], combine="concat", pool="mean")
     np.testing.assert_allclose(st.to_numpy(), want, atol=1e-5, rtol=0)
     assert json.loads((store / "manifest.json").read_text())["counts"]["records"] == len(want)
+
+
+FIRST_MANIFEST = textwrap.dedent(
+    """
+    import os, signal, sys
+    import layerwise as lw
+    real = os.replace
+
+    def replace(src, dst):  # killed with the first manifest written to its temporary name, not yet renamed
+        if str(dst).endswith("manifest.json"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(src, dst)
+
+    os.replace = replace
+    lw.extract(sys.argv[2], sys.argv[3], lw.EncodeSpec(layers=[1, 2], combine="concat"),
+               model=lw.Extractor(sys.argv[1], device="cpu"),
+               options=lw.ExtractOptions(shard_records=4, progress=False))
+    """
+)
+
+
+def test_a_kill_during_the_first_manifest_write_does_not_wedge_the_store(setup, default_path, tmp_path):
+    """Killed while its first manifest is a temporary file: the directory holds only layerwise's own leftovers and a
+    dead writer's lock. The same command takes it over (one line says so), completes, and the store verifies."""
+    root, corpus, texts, _, model = setup
+    script, store = tmp_path / "first.py", tmp_path / "store"
+    script.write_text(FIRST_MANIFEST)
+    proc = subprocess.run([sys.executable, str(script), model, str(corpus), str(store)], env=default_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    left = sorted(p.name for p in store.iterdir())
+    assert any(n.startswith(".manifest.json.tmp-") for n in left) and "manifest.json" not in left, left
+    summary = lw.extract(corpus, store, lw.EncodeSpec(layers=[1, 2], combine="concat"), model=lw.Extractor(model),
+                         options=lw.ExtractOptions(shard_records=4, progress=False))
+    assert summary.status == "complete" and summary.total_records == len(texts)
+    assert any("killed before its first manifest was written" in r for r in summary.repairs), summary.repairs
+    assert lw.open_store(store, verify=True).verify().ok

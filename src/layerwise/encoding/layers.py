@@ -67,8 +67,8 @@ from .vocab import SITES
 LayerSpec = Union[int, str, range, Sequence[Union[int, str]]]
 
 LAYER_NAMES = ("embeddings", "last", "second_to_last", "all")
-_SLICE_RE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?$")
-_INT_RE = re.compile(r"^\s*-?\d+\s*$")
+_SLICE_RE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*(?::\s*(-?\d+)?\s*)?$", re.ASCII)  # ASCII digits only
+_INT_RE = re.compile(r"^\s*-?\d+\s*$", re.ASCII)
 # a model has at most a few hundred layers: "0, 1, ..., 300" is ~1,400 characters. Longer specs are refused before any
 # parsing, so a hostile spec (a service request, a JSON file) costs nothing and no message repeats megabytes of it
 MAX_SPEC_CHARS = 2_000

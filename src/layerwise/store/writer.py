@@ -47,6 +47,7 @@ from .layout import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    TEMP_RE,
     atomic_write_bytes,
     is_disk_full,
     list_shards,
@@ -56,7 +57,7 @@ from .layout import (
     write_json,
     write_shard,
 )
-from .lock import LOCK, StoreLock
+from .lock import LOCK, StoreLock, lock_state, pid_alive
 from .manifest import is_store_manifest, read_manifest, shard_counts, without_manifest
 
 OpenState = Literal["new", "resume", "complete"]
@@ -89,6 +90,20 @@ def identity(header: dict[str, Any]) -> dict[str, Any]:
 STORE_HEADER, AFTER_LINE = "store_header", "after_line"
 DESCRIBED = ("format_version", "layerwise_version", "created", "spec", "model", "model_options", "tokenizer", "input",
              "feature_shape", "part", "runtime")
+
+
+def killed_before_manifest(store: Path) -> bool:
+    """Whether ``store`` (a directory without a manifest) holds only what a run killed before its first manifest
+    leaves: layerwise's own temporary files of ended processes (``.manifest.json.tmp-PID``, ...) and at most the lock
+    file of a writer that is not running; at least one of them."""
+    names = [p.name for p in store.iterdir()]
+    temps = [TEMP_RE.match(n) for n in names if n != LOCK]
+    if not names or not all(temps) or (not temps and LOCK not in names):
+        return False
+    if any(pid_alive(int(m.group(2))) for m in temps if m is not None):
+        return False
+    state = lock_state(store)
+    return state is None or not state.live
 
 
 def store_description(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -166,6 +181,10 @@ class StoreWriter:
         self.repairs = []
         if store.exists() and not store.is_dir():
             raise StoreError(f"store path {str(store)!r} is a file; give a directory (new or a layerwise store)")
+        if store.is_dir() and not mpath.exists() and killed_before_manifest(store):
+            removed = remove_temporaries(store)
+            self.repairs.append(f"took over {str(store)!r}: a run was killed before its first manifest was written "
+                                f"(removed {removed} half-written file{'s' if removed != 1 else ''} of its own)")
         if store.is_dir() and any(p.name != LOCK for p in store.iterdir()) and not mpath.exists():
             raise StoreError(
                 f"{str(store)!r} exists, is not empty and is not a layerwise store (no {MANIFEST}); "
