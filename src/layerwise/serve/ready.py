@@ -7,18 +7,21 @@ runtime decided (the compiled graph exported, checked and raced in the backgroun
 meanwhile, so nothing waits for it). A server that warms several depths will batch requests of different depths
 together, so it also prepares what lets each row leave a batch at its own depth (on ONNX Runtime or OpenVINO, under
 ``auto`` or named, the one-layer graphs of :mod:`~layerwise.model.backends.stages`). Until then it answers 503 with
-what is still being prepared, which is what a load balancer's readiness probe expects.
+what is still being prepared, which is what a load balancer's readiness probe expects. Once ready it stays ready:
+a request at a depth nobody warmed is served at once (by PyTorch until its runtime is decided), and that depth's
+preparation is said in ``preparing``, never in the status.
 
 Example::
 
     $ layerwise serve --warm 3 --warm -4:
     $ curl -s localhost:8000/ready
-    {"ready": true, "depths": {"3": "onnx", "6": "onnx"}, "pending": [], "error": null}
+    {"ready": true, "depths": {"3": "onnx", "6": "onnx"}, "pending": [], "preparing": [], "error": null}
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, ContextManager, Sequence
 
 from ..encoding.layers import LayerSpec, resolve_layers
@@ -71,21 +74,31 @@ class Readiness:
                     prepare(max(self.depths), alone=None if lock is None else lambda: lock)
                 else:  # auto queues its stages in its background preparation (pending() until done); others: no-op
                     self.ex.backend.ragged_price(max(self.depths), "block")
+            while set(self.ex.backend.pending()) & set(self.depths):  # the warmed depths' background preparation
+                time.sleep(0.1)
         except Exception as exc:  # said by /ready; requests still run (and say their own errors)
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.done.set()
 
     def state(self) -> dict[str, Any]:
-        """``{"ready": bool, "depths": {depth: runtime or "preparing"}, "pending": [depths], "error": str | None}``;
-        ready once the warming finished without error and nothing is pending."""
-        pending = sorted(set(self.ex.backend.pending()) | (set() if self.done.is_set() else set(self.depths)))
-        runtime_for = getattr(self.ex.backend, "runtime_for", None)
-        depths = {str(d): "preparing" if d in pending else
-                  (runtime_for(list(range(d + 1)), "block") if runtime_for else self.ex.backend.name)
-                  for d in self.depths}
-        return {"ready": self.done.is_set() and not pending and self.error is None, "depths": depths,
-                "pending": pending, "error": self.error}
+        """``{"ready": bool, "depths": {depth: runtime or "preparing"}, "pending": [warmed depths not ready],
+        "preparing": [other depths being prepared], "error": str | None}``. Ready once the warming of the default and
+        ``--warm`` depths finished without error, and from then on: a request at another depth, and what the
+        background prepares for it, is said in ``preparing`` and never changes the status."""
+        warming = [] if self.done.is_set() else list(self.depths)
+        background = [d for d in self.ex.backend.pending() if d not in warming]
+        return {"ready": self.done.is_set() and self.error is None,
+                "depths": {str(d): "preparing" if d in warming else self._runtime(d) for d in self.depths},
+                "pending": warming, "preparing": sorted(background), "error": self.error}
 
+    def _runtime(self, depth: int) -> str:
+        """The runtime serving a warmed ``depth``, asked without side effects (no call is planned)."""
+        decisions = getattr(self.ex.backend, "decisions", None)
+        decided = decisions.decided().get(depth) if decisions is not None else None
+        if decided is not None:
+            return decided.runtime
+        runtime_for = getattr(self.ex.backend, "runtime_for", None)
+        return runtime_for(list(range(depth + 1)), "block") if runtime_for else self.ex.backend.name
 
 __all__ = ["Readiness", "warm_depths"]

@@ -109,8 +109,9 @@ async def health() -> dict:
 @router.get("/ready",
                   responses={503: {"description": "Still preparing: the depths pending, or the error"}})
 async def ready(request: Request) -> JSONResponse:
-    """200 once the default request's depth and every ``--warm`` depth are prepared, else 503; both with
-    ``{"ready", "depths", "pending", "error"}``. Answered on the event loop, like ``/health``."""
+    """200 once the default request's depth and every ``--warm`` depth are prepared (and from then on), else 503; both
+    with ``{"ready", "depths", "pending", "preparing", "error"}`` (``preparing``: other depths requests asked for,
+    prepared in the background; never in the status). Answered on the event loop, like ``/health``."""
     state = request.app.state.readiness.state()
     return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
