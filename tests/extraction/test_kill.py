@@ -270,3 +270,29 @@ def test_a_kill_during_the_first_manifest_write_does_not_wedge_the_store(setup, 
     assert summary.status == "complete" and summary.total_records == len(texts)
     assert any("killed before its first manifest was written" in r for r in summary.repairs), summary.repairs
     assert lw.open_store(store, verify=True).verify().ok
+
+
+def test_ctrl_c_says_what_is_safe_and_the_rerun_resumes(setup, default_path, tmp_path):
+    """SIGINT (Ctrl-C) on `layerwise extract`: exit 130 with one line saying how many records are safe and that the
+    same command resumes; it does."""
+    root, corpus, texts, _, model = setup
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join(texts * 400) + "\n")
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "layerwise.cli.main", "extract", str(big), "-o", str(store), "--model", model,
+           "--device", "cpu", "--layers", "1,2", "--shard-records", "8", "--batch-tokens", "64"]
+    proc = subprocess.Popen(cmd, env=default_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and len(list(store.glob("shard-*.safetensors"))) < 3:
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    line = [ln for ln in err.splitlines() if ln.startswith("interrupted:")]
+    assert line and "finished shards of" in line[0] and "rerun the same command to resume" in line[0], err[-2000:]
+    safe = int(line[0].split()[1].replace(",", ""))
+    assert safe == len(lw.open_store(store))
+    rerun = subprocess.run(cmd, env=default_path, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert lw.open_store(store).complete and len(lw.open_store(store)) == len(texts) * 400

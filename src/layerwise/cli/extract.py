@@ -51,6 +51,20 @@ def ray_line(done: Any, output: str) -> str:
             f"{done.skipped:,} skipped in {done.seconds:.1f}s -> {output}")
 
 
+def interrupted(output: str) -> str:
+    """The line an interrupted (Ctrl-C) extract says: how many records its finished shards hold, and that the same
+    command resumes after them."""
+    from ..store.manifest import read_manifest
+
+    try:
+        shards = read_manifest(output)["shards"]
+    except (LayerwiseError, OSError, KeyError, TypeError):
+        return f"interrupted: nothing of {output} was finished; rerun the same command to start it again"
+    records = sum(int(e.get("records", 0)) for e in shards)
+    return (f"interrupted: {records:,} records in {len(shards):,} finished shard{'s' if len(shards) != 1 else ''} of "
+            f"{output} are safe; rerun the same command to resume after them")
+
+
 @model_flags
 def extract(
     input: str = typer.Argument(
@@ -170,7 +184,11 @@ def extract(
                 err_console.print(ray_line(done, output), highlight=False, soft_wrap=True)
             return
         ex = model()
-        summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
+        try:
+            summary = run_extract(input, output, spec, model=ex, reading=reading, options=options)
+        except KeyboardInterrupt:
+            err_console.print(interrupted(output), highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
     for repair in summary.repairs:  # said even with --quiet: the store was damaged
         err_console.print(f"[yellow]repaired:[/yellow] {repair}", highlight=False, soft_wrap=True)
     if not quiet:
