@@ -148,22 +148,36 @@ def test_a_slow_head_after_keep_alive_is_closed_by_the_header_timeout(server):
 
 
 def test_a_connection_past_the_cap_gets_503_and_the_open_ones_are_served(server):
+    """Past the cap, a request is answered 503 at once (not by the header timeout), but for the orchestrator's probes:
+    GET /health and /ready are answered on the probe slots (200 at the cap); past those, 503 on connecting."""
+    from layerwise.serve.connections import PROBE_SLOTS
+
     held = [connect(server) for _ in range(CAP)]
+    probes = []
     try:
         for sock in held:  # each has begun a request: in its head phase, well within the header timeout
             sock.sendall(b"GET /health HTTP/1.1\r\n")
         time.sleep(0.2)  # the server has accepted them all
         with connect(server) as extra:
+            extra.sendall(b"POST /v1/encode HTTP/1.1\r\n")
             got, took = until_closed(extra)
         head, _, body = got.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower(), got
         assert f"content-length: {len(body)}".encode() in head and b"connections" in body, got
         assert took < HEAD / 2, took  # refused at once, not by the header timeout
+        with connect(server) as probe:  # a liveness probe at the cap
+            probe.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert read_response(probe).startswith(b"HTTP/1.1 200")
+        probes = [connect(server) for _ in range(PROBE_SLOTS)]  # every probe slot taken, idle
+        time.sleep(0.2)
+        with connect(server) as beyond:
+            got, took = until_closed(beyond)
+        assert got.startswith(b"HTTP/1.1 503") and took < HEAD / 2, (got, took)
         for sock in held:
             sock.sendall(b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n")
             assert read_response(sock).startswith(b"HTTP/1.1 200")
     finally:
-        for sock in held:
+        for sock in held + probes:
             sock.close()
 
 
@@ -212,7 +226,8 @@ def test_refusals_on_the_connection_are_counted(server):
         for sock in held:
             sock.sendall(b"GET /health HTTP/1.1\r\n")
         time.sleep(0.2)
-        with connect(server) as extra:
+        with connect(server) as extra:  # past the cap, not a probe
+            extra.sendall(b"GET /v1/model HTTP/1.1\r\n")
             assert until_closed(extra)[0].startswith(b"HTTP/1.1 503")
     finally:
         for sock in held:

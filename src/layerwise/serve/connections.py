@@ -15,7 +15,10 @@ limit (CLI flag)              default  what happens when it is reached
 (``--keep-alive-timeout``)             keep-alive timer, ``timeout_keep_alive``)
 ``max_connections``           1024     a connection beyond this many open ones is answered 503 at once, before
 (``--max-connections``)                its request is read (``Retry-After: 1``, ``Connection: close``), and
-                                       closed; the open ones are untouched
+                                       closed; the open ones are untouched. :data:`PROBE_SLOTS` more are kept for
+                                       orchestrators' probes: there only ``GET``/``HEAD`` ``/health`` and ``/ready``
+                                       are answered (a Kubernetes liveness probe sees 200 at the cap), anything
+                                       else 503
 ============================  =======  ========================================================================
 
 How. uvicorn 0.54 (h11 or httptools) has no header or body read timeout: a connection that sends nothing, or a
@@ -58,6 +61,8 @@ def plain_response(status: str, text: str, *headers: str) -> bytes:
 
 
 TIMEOUT_408 = plain_response("408 Request Timeout", "Request Timeout")
+PROBE_SLOTS = 8  # connections past the cap kept for GET/HEAD /health and /ready
+PROBES = (b"GET /health", b"HEAD /health", b"GET /ready", b"HEAD /ready")
 BUSY_503 = plain_response("503 Service Unavailable", "Too many open connections; retry in a moment", "retry-after: 1")
 
 
@@ -108,19 +113,36 @@ class LimitedH11(H11Protocol):
         self.timeout_keep_alive = self.limits.keep_alive_timeout  # type: ignore[assignment]  # call_later takes float
         self.deadline: asyncio.TimerHandle | None = None
         self.phase: str | None = None
+        self.probe_only = False  # a connection past the cap: only /health and /ready are answered on it
+        self.head = b""  # its first bytes, until its request line is whole
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            log.warning("refused a connection: %d open (--max-connections %d)", len(self.connections) - 1,
-                        self.limits.max_connections)
-            transport.write(BUSY_503)
-            transport.close()
-            self.count(503)
+        open_now = len(self.connections)
+        if open_now > self.limits.max_connections + PROBE_SLOTS:
+            self.refuse(open_now)
             return
+        self.probe_only = open_now > self.limits.max_connections
         self.arm()
 
+    def refuse(self, open_now: int) -> None:
+        """Answer 503 (``Retry-After: 1``) and close: the cap is reached."""
+        log.warning("refused a connection: %d open (--max-connections %d)", open_now - 1,
+                    self.limits.max_connections)
+        self.transport.write(BUSY_503)
+        self.transport.close()
+        self.count(503)
+
     def data_received(self, data: bytes) -> None:
+        if self.probe_only:  # past the cap: a probe is answered, anything else refused once its line is known
+            self.head += data
+            if b"\n" not in self.head and len(self.head) < 1024:
+                return
+            line = self.head.split(b"\n", 1)[0]
+            if not any(line.startswith(p) and line[len(p):len(p) + 1] in (b" ", b"?") for p in PROBES):
+                self.refuse(len(self.connections))
+                return
+            self.probe_only, data, self.head = False, self.head, b""
         super().data_received(data)
         self.arm()
 
