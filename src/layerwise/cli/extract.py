@@ -189,6 +189,12 @@ def extract(
         except KeyboardInterrupt:
             err_console.print(interrupted(output), highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
+    report(summary, ex, output, quiet)
+
+
+def report(summary: Any, ex: Extractor, output: str, quiet: bool) -> None:
+    """What a local run says when it ends: what its resume repaired (even with ``--quiet``), the model, the summary
+    line, and where the skipped records are listed."""
     for repair in summary.repairs:  # said even with --quiet: the store was damaged
         err_console.print(f"[yellow]repaired:[/yellow] {repair}", highlight=False, soft_wrap=True)
     if not quiet:

@@ -383,9 +383,10 @@ def _runtime(ex: Extractor, spec: EncodeSpec, output: str | os.PathLike, options
         return dict(old["runtime"])  # nothing is computed
     texts = [r.text for r in first if isinstance(r, Record) and r.text]
     tokens = float(np.mean([len(t) for t in ex.tokenizer(texts)["input_ids"]])) if texts else 32.0
-    count = None if source.is_stdin else source.count()
-    if count is not None:
-        count = min(count, options.max_records or count) // max(1, options.num_shards)
+    def count() -> int | None:  # the records this run encodes (a scan of the input: only if the choice needs it)
+        found = None if source.is_stdin else source.count()
+        return None if found is None else min(found, options.max_records or found) // max(1, options.num_shards)
+
     return store_runtime(ex, spec, recorded=recorded_runtime(old), records=count, tokens_per_record=tokens)
 
 

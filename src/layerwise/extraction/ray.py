@@ -381,7 +381,7 @@ def extract(
             header = store_header(ex, spec, source, reading, quick_input=True)
             header["model_options"] = options_of_model.replace(backend=ex.options.backend).to_dict()  # the workers'
             recorded = _recorded_runtime(out, len(parts)) if not options.overwrite else None
-            header["runtime"] = store_runtime(ex, spec, recorded=recorded, records=source.count())  # every worker's
+            header["runtime"] = store_runtime(ex, spec, recorded=recorded, records=source.count)  # every worker's
             top = _open_output(out, header, options.overwrite, lock)
             if top is not None:
                 return _summary(top, len(top["parts"]), started, workers=0)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -61,7 +61,7 @@ def torch_seconds_per_token(ex: Extractor, depth: int) -> float:
     return best / ids.numel()
 
 
-def _auto(ex: Extractor, backend: AutoBackend, spec: EncodeSpec, records: int | None,
+def _auto(ex: Extractor, backend: AutoBackend, spec: EncodeSpec, count: Callable[[], int | None] | int | None,
           tokens_per_record: float) -> Decision:
     depth = max(max(spec.layer_indices), 1)
     if spec.site != "block" or not backend.compiled_runtimes or backend.loaded.streams(depth):
@@ -79,13 +79,12 @@ def _auto(ex: Extractor, backend: AutoBackend, spec: EncodeSpec, records: int | 
         if won == "torch" or backend.decisions.exact(depth, won):
             return Decision(won, f"{policy.race_line(race, depth, True)}")
         return Decision("torch", f"{LABELS[won]} won the race here but is not exact at depth {depth}")
+    records = count() if callable(count) else count  # (counted only here: no scan of a corpus when a race decides)
     if not records:
         return Decision("torch", "no race recorded for this model here, and the corpus size is unknown (stdin)")
     per_token = torch_seconds_per_token(ex, depth)
     alone = records * tokens_per_record * per_token
-    gain = policy.prior_gain(backend.races.read() if backend.races is not None else {})
-    megabytes = sum(p.numel() * p.element_size() for p in backend.loaded.model.parameters()) / 2**20
-    prepare = policy.PREPARE_S_PER_MB * megabytes * (depth / max(1, backend.loaded.num_layers))
+    gain, prepare = backend.decisions.gain(), backend.decisions.preparation_seconds(depth)
     said = (f"{records:,} records of about {tokens_per_record:.0f} tokens take about {alone:.0f} s on PyTorch; a "
             f"compiled runtime {gain:.2f}x faster would save {alone * (1 - 1 / gain):.0f} s after about "
             f"{prepare:.0f} s of preparation")
@@ -95,14 +94,16 @@ def _auto(ex: Extractor, backend: AutoBackend, spec: EncodeSpec, records: int | 
     return Decision(decision.runtime, f"{said}: prepared first; {decision.why}")
 
 
-def store_runtime(ex: Extractor, spec: EncodeSpec, *, recorded: str | None = None, records: int | None = None,
+def store_runtime(ex: Extractor, spec: EncodeSpec, *, recorded: str | None = None,
+                  records: Callable[[], int | None] | int | None = None,
                   tokens_per_record: float = 32.0) -> dict[str, str]:
     """The runtime that computes a store of ``spec`` (resolved) with ``ex``: ``{"name", "label", "why"}``, said in
     one ``layerwise:`` line (see the module docstring).
 
     Args:
         recorded: the runtime the store being resumed names (:func:`recorded_runtime`).
-        records: how many records the run will encode (``None``: unknown).
+        records: how many records the run will encode (``None``: unknown), or a function that counts them (called
+            only where the choice depends on it).
         tokens_per_record: their mean length in tokens (measured on the first records).
 
     Raises:

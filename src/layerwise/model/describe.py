@@ -42,7 +42,7 @@ def describe(ex: Described) -> dict[str, Any]:
     precision ``fidelity`` (per depth served: the minimum cosine to float32 of
     every layer on the sample sentences, :mod:`layerwise.model.fidelity`; for ``int8-full`` also its ``calibration``
     report); for ``quantize="int8"`` under ``auto``, once timed, ``int8_timing`` (the int8 runtimes against float32 on
-    this machine, :meth:`layerwise.model.backends.auto.AutoBackend.time_int8`).
+    this machine, :meth:`layerwise.model.backends.quantized.Int8Timing.measure`).
     """
     backend = ex.backend
     lm = backend.loaded

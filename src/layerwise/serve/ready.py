@@ -95,7 +95,7 @@ class Readiness:
     def _runtime(self, depth: int) -> str:
         """The runtime serving a warmed ``depth``, asked without side effects (no call is planned)."""
         decisions = getattr(self.ex.backend, "decisions", None)
-        decided = decisions.decided().get(depth) if decisions is not None else None
+        decided = decisions.decision(depth) if decisions is not None else None
         if decided is not None:
             return decided.runtime
         runtime_for = getattr(self.ex.backend, "runtime_for", None)

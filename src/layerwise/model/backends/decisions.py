@@ -7,9 +7,8 @@ runs either on the caller's path (a named or pinned runtime, :meth:`Decisions.de
 ``"runtime"`` job (:meth:`Decisions.background`), and never both for one key: both go through the
 :class:`~layerwise.model.backends.preparer.Preparer`'s Future of ``(model, depth, purpose)``.
 
-Its lock (``_lock``) owns ``_depths``, ``_race`` and ``_pin``; it is never held while a runtime is built, checked or
-timed, nor while a Future is waited for.
-"""
+Its lock (``_lock``) owns ``_depths``, ``_race``, ``_pin`` and ``_gain``; it is never held while a runtime is built,
+checked or timed, nor while a Future is waited for."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from ..capture import capture
 from ..discovery import probe_batch
 from . import offload, policy
 from .offload import Stopped
+from .ort import weights_bytes
 from .policy import LABELS, Decision, pays_back
 from .preparer import Preparer
 from .race import Racer
@@ -77,6 +77,12 @@ class Decisions:
         with self._lock:
             return {d: s.decision for d, s in self._depths.items() if s.decision is not None}
 
+    def decision(self, depth: int) -> Decision | None:
+        """``depth``'s decision, or ``None`` while it is undecided."""
+        with self._lock:
+            state = self._depths.get(depth)
+            return state.decision if state is not None else None
+
     def pin(self) -> str | None:
         """The runtime calls are pinned to now (:meth:`pinned`), or ``None``."""
         with self._lock:
@@ -99,13 +105,8 @@ class Decisions:
 
     @contextlib.contextmanager
     def pinned(self, runtime: str) -> Iterator[None]:
-        """Within it, every call for the block site runs on ``runtime`` (``"torch"``, ``"onnx"``, ``"openvino"``),
-        prepared on the caller's path where needed: a store is computed by one runtime from its first record to its
-        last (:mod:`~layerwise.extraction.runtime`).
-
-        Raises:
-            ModelLoadError: ``runtime`` is not one of them.
-        """
+        """Within it, every block-site call runs on ``runtime`` (``"torch"``, ``"onnx"``, ``"openvino"``; else
+        ``ModelLoadError``), prepared on the caller's path: a store's one runtime (extraction/runtime.py)."""
         if runtime not in LABELS:
             raise ModelLoadError(f"unknown runtime {runtime!r}. Valid runtimes are: {', '.join(LABELS)}")
         with self._lock:
@@ -181,11 +182,8 @@ class Decisions:
 
     def decide_now(self, depth: int, choice: str = "fastest") -> Decision:
         """Decide ``depth`` on the caller's path under ``choice`` (:data:`~layerwise.model.backends.policy.CHOICES`):
-        the job of the background if one is queued or running for it (waited for), else one run now.
-
-        Raises:
-            ModelLoadError: the preparation was stopped (the process is exiting).
-        """
+        the background's job if one is queued or running for it (waited for), else one run now; ``ModelLoadError``
+        when the preparation was stopped (the process is exiting)."""
         with self._lock:
             decision = self._state(depth).decision
         if decision is not None and choice == "fastest":
@@ -237,8 +235,8 @@ class Decisions:
         onnx = self.compiled().get("onnx")
         exported = getattr(onnx, "export_files", None)
         cached = exported is not None and all(p.exists() for p in exported(depth))
-        weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
-        return policy.preparation_seconds(weights, (depth + 1) / (self.loaded.num_layers + 1), cached)
+        share = (depth + 1) / (self.loaded.num_layers + 1)
+        return policy.preparation_seconds(weights_bytes(self.loaded), share, cached)
 
     def worth_preparing(self, depth: int) -> bool:
         """Whether the caller's work at ``depth`` so far says preparing a compiled runtime pays back: a job is
@@ -248,11 +246,21 @@ class Decisions:
             busy, decided = self._state(depth).busy, self._state(depth).decision is not None
         if busy <= 0 or decided or self.preparer.future((self.loaded.name, depth, "runtime")) is not None:
             return False
-        if self._gain is None:  # read once: what this machine's races say a compiled runtime gains
-            self._gain = policy.prior_gain(self.races.read() if self.races is not None else {})
-        if not pays_back(busy, self._gain, policy.PREPARE_CACHED_S):  # not even the cheapest preparation: no need to
-            return False  # look for the graph (its path digests the weights)
-        return pays_back(busy, self._gain, self.preparation_seconds(depth))
+        gain = self.gain()
+        if not pays_back(busy, gain, policy.PREPARE_CACHED_S):  # not even the cheapest preparation: no need to look
+            return False  # for the graph (its path digests the weights)
+        return pays_back(busy, gain, self.preparation_seconds(depth))
+
+    def gain(self) -> float:
+        """The speed-up over PyTorch this machine's races say a compiled runtime gives
+        (:func:`~layerwise.model.backends.policy.prior_gain`; ``races.json`` read once)."""
+        with self._lock:
+            known = self._gain
+        if known is None:
+            known = policy.prior_gain(self.races.read() if self.races is not None else {})
+            with self._lock:
+                self._gain = known
+        return known
 
     def pinned_runtime(self, depth: int, runtime: str) -> str:
         """``runtime`` for ``depth`` (a pinned store's), built and checked now; refused, saying what to run, where it
@@ -271,7 +279,6 @@ class Decisions:
                                  f"and this store is computed by it: pass --overwrite to recompute it, or "
                                  f"--backend torch into another directory")
         return runtime
-
 
     def describe(self, named: Mapping[str, str], pending: Sequence[int]) -> str:
         """Which runtime serves which depth and why (``named``: each runtime with its version; ``pending``: the depths

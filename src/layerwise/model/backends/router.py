@@ -153,18 +153,10 @@ class AutoBackend(Backend):
     def serving(self, depth: int) -> str:
         """The runtime serving layers ``0..depth`` of the block site now: under ``fastest`` PyTorch until the
         background decided it; a named or pinned runtime prepared now; a quantised model's int8 runtime."""
-        if self.quantize and self.compiled_runtimes:
-            assert self.int8 is not None
+        if self.int8 is not None and self.compiled_runtimes:  # quantised: int8 exists on its runtime only
             self.int8.queue(depth)
             return "openvino" if self.openvino is not None else "onnx"
         return self.decisions.serving(depth)
-
-    def time_int8(self, depth: int) -> dict[str, Any]:
-        """``quantize``: the int8 runtimes against float32 at ``depth``, timed now
-        (:meth:`~layerwise.model.backends.quantized.Int8Timing.measure`)."""
-        if self.int8 is None:
-            raise ModelLoadError("time_int8 times a quantised model's int8 runtimes: load it with quantize='int8'")
-        return self.int8.measure(depth)
 
     # ---- the plan of a call -------------------------------------------------------------------------------
     def runtime_name(self, layers: Sequence[int], site: str) -> str:
@@ -193,7 +185,7 @@ class AutoBackend(Backend):
 
     def _queue_stages(self, depth: int) -> None:
         """Queue the one-layer graphs up to ``depth`` of the runtime serving it (once per depth)."""
-        decision = self.decisions.decided().get(depth)
+        decision = self.decisions.decision(depth)
         staged = self._staged_on(decision.runtime if decision is not None else "torch")
         if staged is not None and not staged.stages.prepared(depth):
             job = lambda: staged.prepare_ragged(depth, alone=self.preparer.activity.alone)  # noqa: E731
@@ -222,7 +214,7 @@ class AutoBackend(Backend):
                 return None
             return times["torch"] / times[use]
 
-        undecided = use == "torch" and depth not in self.decisions.decided() and site == "block"
+        undecided = use == "torch" and site == "block" and self.decisions.decision(depth) is None
         spent = (lambda seconds: self.decisions.spent(depth, seconds)) if undecided else None
         return Counted(self.preparer.activity, use, backend, ragged=self.torch, price=price, spent=spent)
 
