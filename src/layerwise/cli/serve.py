@@ -37,6 +37,12 @@ def serve(
         "(a deadline, not an idle time); then 408 and close."),
     keep_alive_timeout: float = typer.Option(
         5.0, "--keep-alive-timeout", help="Seconds an idle connection is kept open after an answer."),
+    send_timeout: float = typer.Option(
+        30.0, "--send-timeout", help="Seconds a client may read nothing of an answer before it is dropped and the "
+        "answer's memory freed (a slow reader that keeps reading is served)."),
+    max_unsent_bytes: int = typer.Option(
+        64 << 20, "--max-unsent-bytes", help="Most bytes of answers held for clients at once (being made, or waiting "
+        "in send buffers); a request that would pass it: 503 with Retry-After. At least --max-response-bytes."),
     max_connections: int = typer.Option(
         1024, "--max-connections", help="Most open connections; one more is answered 503 (Retry-After: 1) and "
         "closed before its request is read."),
@@ -62,7 +68,11 @@ def serve(
     model_options: ModelOptions,
 ) -> None:
     """Serve layerwise's API (POST /v1/encode), OpenAI's (POST /v1/embeddings, GET /v1/models) and TEI's (POST
-    /embed, /, /embed_all, /tokenize, GET /info), /health, /ready, /metrics and OpenAPI docs at /docs."""
+    /embed, /, /embed_all, /tokenize, GET /info), /health, /ready, /metrics and OpenAPI docs at /docs.
+
+    --max-memory is the server's memory ceiling: a request that would take the process past it is shed with 503 and
+    Retry-After (default: what it holds at start plus 90% of what it may still take); the weights are fit under it
+    too."""
     from ..serve import ConnectionLimits, Limits
     from ..serve import serve as run
     from ..serve.security import api_key_from, default_allowed_hosts
@@ -72,9 +82,11 @@ def serve(
             raise LayerwiseError(f"--port {port} is not a TCP port; give one in 1..65535 (e.g. --port 8000)")
         limits = Limits(max_texts=max_texts, max_text_chars=max_text_chars, max_body_bytes=max_body_bytes,
                         max_batch_tokens=max_batch_tokens, max_response_bytes=max_response_bytes,
-                        max_queue_tokens=max_queue_tokens, max_request_tokens=max_request_tokens)
+                        max_queue_tokens=max_queue_tokens, max_request_tokens=max_request_tokens,
+                        max_unsent_bytes=max_unsent_bytes, max_memory=model_options.max_memory)
         connections = ConnectionLimits(header_timeout=header_timeout, body_timeout=body_timeout,
-                                       keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
+                                       keep_alive_timeout=keep_alive_timeout, max_connections=max_connections,
+                                       send_timeout=send_timeout)
         origins = check_origins(cors_origin or [])  # said before the model loads
         named = _aliases(aliases_file, alias or [])
         ex = extractor(model_options)
@@ -91,7 +103,7 @@ def serve(
         app = create_app(ex, limits, explorer, aliases=named, api_key=key, allowed_hosts=hosts,
                          warm=[parse_layers(w) for w in warm or []],  # a bad alias or --warm: said now
                          cors_origins=origins)
-    _say_serving(ex, host, port, key, named)
+    _say_serving(ex, host, port, key, named, app.state.service.ceilings)
     run(app, host=host, port=port, log_level=log_level, connections=connections)
 
 
@@ -119,9 +131,11 @@ def _aliases(aliases_file: str | None, given: list[str]) -> dict[str, dict]:
     return named
 
 
-def _say_serving(ex, host: str, port: int, key: str | None, named: dict[str, dict]) -> None:
-    """What is served where, the aliases, and the warnings a user must see before the first request: no API key
-    beyond loopback, weights streamed block by block."""
+def _say_serving(ex, host: str, port: int, key: str | None, named: dict[str, dict], ceilings=None) -> None:
+    """What is served where, the aliases, the memory ceiling, and the warnings a user must see before the first
+    request: no API key beyond loopback, weights streamed block by block, a ceiling already passed."""
+    from ..model.memory import human
+    from ..serve.ceilings import resident_bytes
     from ..serve.security import is_loopback
 
     if not is_loopback(host) and not key:
@@ -131,6 +145,15 @@ def _say_serving(ex, host: str, port: int, key: str | None, named: dict[str, dic
     err_console.print(f"layerwise serving {ex!r} on http://{host}:{port} (docs at /docs)", highlight=False)
     for name, fields in named.items():
         err_console.print(f"alias {name}: {fields}", highlight=False)
+    if ceilings is not None and ceilings.max_memory:
+        rss = resident_bytes()
+        err_console.print(f"memory ceiling {human(ceilings.max_memory)} ({ceilings.source}); {human(rss)} resident "
+                          f"now; answers held for clients at most {human(ceilings.max_unsent_bytes)}", highlight=False,
+                          soft_wrap=True)
+        if rss >= ceilings.max_memory:
+            err_console.print(f"[bold yellow]warning:[/bold yellow] the server already holds {human(rss)}, at or "
+                              f"over --max-memory {human(ceilings.max_memory)}: every request will be shed with 503; "
+                              f"raise --max-memory", highlight=False, soft_wrap=True)
     weights = ex.describe()["weights"]
     if weights.get("streamed"):
         err_console.print(f"[bold yellow]note:[/bold yellow] the weights exceed --max-memory "

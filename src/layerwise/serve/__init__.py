@@ -66,7 +66,9 @@ def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     app = model if isinstance(model, FastAPI) else create_app(model, limits, aliases=aliases)
     metrics = getattr(app.state, "metrics", None)  # an app of create_app's: refusals below it are counted too
     refused = metrics.refused if metrics is not None else None
-    uvicorn.run(app, host=host, port=port, log_level=log_level, http=connections.protocol(refused))
+    service = getattr(app.state, "service", None)  # its ceilings count the send buffers of the connections
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
+                http=connections.protocol(refused, service.ceilings if service is not None else None))
 
 
 __all__ = [

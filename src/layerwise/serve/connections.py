@@ -13,6 +13,11 @@ limit (CLI flag)              default  what happens when it is reached
                                        408 and close (only close if the answer has started)
 ``keep_alive_timeout``        5 s      no next request begins this long after an answer: closed (uvicorn's own
 (``--keep-alive-timeout``)             keep-alive timer, ``timeout_keep_alive``)
+``send_timeout``              30 s     the client has received nothing of an answer for this long (the bytes it
+(``--send-timeout``)                   has not acknowledged, in the server's and the kernel's send buffers, have
+                                       not shrunk): the connection is reset and the answer's memory freed (as
+                                       nginx's ``send_timeout``: between two reads, so a slow reader that keeps
+                                       reading is served)
 ``max_connections``           1024     a connection beyond this many open ones is answered 503 at once, before
 (``--max-connections``)                its request is read (``Retry-After: 1``, ``Connection: close``), and
                                        closed; the open ones are untouched. :data:`PROBE_SLOTS` more are kept for
@@ -38,6 +43,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
+
+try:  # Unix: the kernel's unacknowledged bytes of a socket (see LimitedH11.unacked)
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover - Windows
+    fcntl = termios = None  # type: ignore[assignment]
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar
 
@@ -45,6 +58,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import LayerwiseError
+from .ceilings import Ceilings
 
 log = logging.getLogger("layerwise.serve")
 
@@ -74,9 +88,10 @@ class ConnectionLimits:
     body_timeout: float = 30.0
     keep_alive_timeout: float = 5.0
     max_connections: int = 1024
+    send_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "send_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
                 raise LayerwiseError(f"--{name.replace('_', '-')} (ConnectionLimits.{name}) must be seconds in "
@@ -86,11 +101,15 @@ class ConnectionLimits:
             raise LayerwiseError(f"--max-connections (ConnectionLimits.max_connections) must be an int in "
                                  f"1..{MAX_CONNECTIONS}, got {n!r} (default {DEFAULTS['max_connections']})")
 
-    def protocol(self, refused: Callable[[int], None] | None = None) -> type[LimitedH11]:
+    def protocol(self, refused: Callable[[int], None] | None = None,
+                 ceilings: Ceilings | None = None) -> type[LimitedH11]:
         """The uvicorn HTTP protocol class that enforces these limits: pass it as ``uvicorn.run(app, http=...)``.
         ``refused(status)`` is called for every answer given below the app (503 past the cap, 408 on a deadline,
-        400 for a request h11 cannot parse), so the metrics count them."""
-        return type("LimitedH11", (LimitedH11,), {"limits": self, "counters": (refused,) if refused else ()})
+        400 for a request h11 cannot parse), so the metrics count them. ``ceilings``: the app's
+        (:mod:`layerwise.serve.ceilings`), told of every open connection (their send buffers count against its
+        ``max_unsent_bytes``) and of every one dropped by the send timeout."""
+        return type("LimitedH11", (LimitedH11,), {"limits": self, "counters": (refused,) if refused else (),
+                                                  "ceilings": ceilings})
 
 
 
@@ -107,6 +126,7 @@ class LimitedH11(H11Protocol):
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     counters: ClassVar[tuple[Callable[[int], None], ...]] = ()  # told the status of every refusal below the app
+    ceilings: ClassVar[Ceilings | None] = None  # told of open connections and send timeouts
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -115,9 +135,13 @@ class LimitedH11(H11Protocol):
         self.phase: str | None = None
         self.probe_only = False  # a connection past the cap: only /health and /ready are answered on it
         self.head = b""  # its first bytes, until its request line is whole
+        self.stall: asyncio.TimerHandle | None = None  # the send timeout's timer, while the send buffer is full
+        self.unread = 0  # the send buffer's size when that timer was armed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.ceilings is not None:
+            self.ceilings.transports.add(transport)
         open_now = len(self.connections)
         if open_now > self.limits.max_connections + PROBE_SLOTS:
             self.refuse(open_now)
@@ -162,7 +186,62 @@ class LimitedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
+        self._unwatch()
+        if self.ceilings is not None:
+            self.ceilings.transports.discard(self.transport)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The send buffer is full (the client reads slower than the answer is written): the send timeout starts."""
+        super().pause_writing()
+        if self.stall is None:
+            self.unread = self.unacked()
+            self.stall = self.loop.call_later(self.limits.send_timeout, self.stalled)
+
+    def unacked(self) -> int:
+        """Bytes of answers the client has not received: the transport's buffer plus, on Linux, what the kernel's send
+        queue holds unacknowledged (``SIOCOUTQ``). The kernel's send buffer grows on its own while a client reads
+        nothing (TCP autotuning), so only the sum says whether the client read anything."""
+        left = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or termios is None or not hasattr(termios, "TIOCOUTQ"):
+            return left
+        try:
+            return left + struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            return left
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._unwatch()
+
+    def _unwatch(self) -> None:
+        if self.stall is not None:
+            self.stall.cancel()
+        self.stall = None
+
+    def stalled(self) -> None:
+        """``send_timeout`` passed with the send buffer full: the client read something since (the buffer shrank),
+        so wait again; or nothing, so drop the connection (``abort``: the buffer is freed at once, unsent)."""
+        self.stall = None
+        if self.transport.is_closing():
+            return
+        left = self.unacked()
+        if left < self.unread:
+            self.unread = left
+            self.stall = self.loop.call_later(self.limits.send_timeout, self.stalled)
+            return
+        log.warning("dropped a connection whose client read nothing of its answer for %g s (%d bytes unsent; "
+                    "--send-timeout)", self.limits.send_timeout, left)
+        if self.ceilings is not None:
+            self.ceilings.timed_out()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not a close: the kernel drops what it still holds for the client too
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        self.transport.abort()
 
     def arm(self) -> None:
         """Set the deadline for what the connection now waits for (called after every state change)."""

@@ -18,6 +18,7 @@ from .errors import route_of
 
 if TYPE_CHECKING:
     from .batcher import BatchStats
+    from .ceilings import Ceilings
 
 UNMATCHED = "unmatched"  # the route label of a path no route answers (not the path itself: unbounded labels)
 CONNECTION = "connection"  # the route label of an answer given on the connection, before any request reached the app
@@ -66,11 +67,33 @@ class Metrics:
                                      ["site", "way"], registry=r)
         self.tokens_total = Counter("layerwise_tokens", "Tokens encoded (special tokens included)", registry=r)
         self.tokens_per_second = Gauge("layerwise_tokens_per_second", "Tokens/s of the last model step", registry=r)
+        self.shed_total = Counter("layerwise_shed", "Requests shed with 503 at a memory ceiling, by reason (memory: "
+                                  "--max-memory; answers: --max-unsent-bytes)", ["reason"], registry=r)
+        self.resident = Gauge("layerwise_resident_bytes", "The server process's resident memory (RSS)", registry=r)
+        self.max_memory = Gauge("layerwise_max_memory_bytes", "The memory ceiling (--max-memory; 0: none)",
+                                registry=r)
+        self.unsent = Gauge("layerwise_unsent_answer_bytes", "Bytes of answers held for clients: being made, or "
+                            "waiting in send buffers", registry=r)
+        self.send_timeouts = Gauge("layerwise_send_timeouts_total", "Connections dropped because their client read "
+                                   "nothing of an answer for --send-timeout seconds", registry=r)
 
     def request(self, route: str, status: int, seconds: float) -> None:
         """Count one answer."""
         self.requests.labels(route=route, status=str(status)).inc()
         self.latency.labels(route=route).observe(seconds)
+
+    def shed(self, reason: str) -> None:
+        """Count a request shed at a ceiling (``"memory"`` or ``"answers"``; :mod:`layerwise.serve.ceilings`)."""
+        self.shed_total.labels(reason=reason).inc()
+
+    def watch(self, ceilings: "Ceilings") -> None:
+        """Report ``ceilings``' numbers, read at each scrape."""
+        from .ceilings import resident_bytes
+
+        self.resident.set_function(resident_bytes)
+        self.max_memory.set(ceilings.max_memory)
+        self.unsent.set_function(ceilings.unsent)
+        self.send_timeouts.set_function(lambda: ceilings.send_timeouts)
 
     def refused(self, status: int) -> None:
         """Count an answer given below the app, on the connection (503 past the cap, 408, h11's 400): route

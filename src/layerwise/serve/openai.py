@@ -166,15 +166,15 @@ async def embeddings(request: Request, req: EmbeddingsRequest = json_body(Embedd
     """Embeddings as OpenAI's ``/v1/embeddings`` returns them, from any layer (see the module docstring)."""
     service = service_of(request)
 
-    def check() -> tuple[EncodeSpec, list, Kind]:
+    def check() -> tuple[EncodeSpec, list, Kind, int]:
         spec = service.spec(OPENAI_DEFAULTS, service.alias_fields(req.model), req.spec_fields(),
                             {"normalize": req.normalize, "truncate": req.truncate, "dimensions": req.dimensions})
         if spec.level != "sentence":
             raise ServiceError(422, f"OpenAI's embeddings are one vector per input: level {spec.level!r} "
                                     f"is served by /v1/encode (and token vectors by /embed_all)", "level")
-        items, kind = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64",
-                                      itemsize=4)
-        return spec, items, kind
+        items, kind, answer = service.prepare(spec, req.input, "input", binary=req.encoding_format == "base64",
+                                              itemsize=4)
+        return spec, items, kind, answer
 
     def build(spec: EncodeSpec, items: list, rows: list) -> dict:
         vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)

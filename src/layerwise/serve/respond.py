@@ -3,8 +3,11 @@ large), encode it through the batcher, render the answer off the loop, and answe
 on success, a :class:`~layerwise.ServiceError` in the route's protocol shape, anything else as the protocol's
 internal error (500; TEI says 424) with the traceback in the server log.
 
-A route gives two functions: ``check() -> (spec, items, kind)`` (raising :class:`~layerwise.ServiceError` for a bad
-request) and ``build(spec, items, rows) -> JSON-ready body`` (``rows``: ``[(vector ndarray, Tokenized)]``).
+A route gives two functions: ``check() -> (spec, items, kind, answer_bytes)`` (raising
+:class:`~layerwise.ServiceError` for a bad request; ``answer_bytes``: the answer's estimate) and ``build(spec, items,
+rows) -> JSON-ready body`` (``rows``: ``[(vector ndarray, Tokenized)]``). A checked request is admitted under the
+service's ceilings (:mod:`layerwise.serve.ceilings`: 503 when it would pass one) and its answer counted against them
+until it has been handed to the socket.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from starlette.concurrency import run_in_threadpool
 from ..encoding.spec import EncodeSpec
 from ..errors import ServiceError
 from .body import off_loop_if_large
+from .ceilings import Ticket
 from .errors import protocol_of
 from .service import Kind, Service
 
 log = logging.getLogger("layerwise.serve")
 SPEC_HEADER = "X-Layerwise-Spec"  # every encoding response says which resolved spec it used (JSON)
-Check = Callable[[], tuple[EncodeSpec, list, Kind]]
+Check = Callable[[], tuple[EncodeSpec, list, Kind, int]]
 Build = Callable[[EncodeSpec, list, list], Any]
 
 
@@ -39,16 +43,38 @@ async def respond(request: Request, check: Check, build: Build) -> Response:
     """Answer one encoding request (see the module docstring)."""
     service = service_of(request)
     protocol = protocol_of(request.scope)
+    ticket = None
     try:
-        spec, items, kind = await off_loop_if_large(request, check)
+        spec, items, kind, answer = await off_loop_if_large(request, check)
+        ticket = service.ceilings.admit(answer, service.working_bytes(spec, items, kind))
         rows = await service.encode(spec, items, kind, request)
         content = await render(lambda: build(spec, items, rows))
+        held, ticket = Held(content, ticket, media_type="application/json",
+                            headers={SPEC_HEADER: service.specs(spec)[2]}), None  # the answer releases it, once sent
+        return held
     except ServiceError as exc:
         return protocol.response(exc.status, exc.detail, exc.param, exc.code, exc.headers)
     except Exception:
         log.exception("%s failed", request.url.path)
         return protocol.response(protocol.internal_status, "internal error while encoding; see the server log")
-    return Response(content, media_type="application/json", headers={SPEC_HEADER: service.specs(spec)[2]})
+    finally:
+        if ticket is not None:  # refused, failed or cancelled before an answer was made
+            ticket.release()
+
+
+class Held(Response):
+    """An answer whose bytes count against the ceilings until it has been handed to the socket (then its
+    connection's send buffer holds them: :meth:`Ceilings.buffered <layerwise.serve.ceilings.Ceilings.buffered>`)."""
+
+    def __init__(self, content: bytes, ticket: Ticket, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.ticket = ticket
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
 
 
 async def render(build: Callable[[], Any]) -> bytes:

@@ -138,10 +138,9 @@ async def encode(request: Request, req: EncodeRequest = json_body(EncodeRequest)
     """Features of any layers, combination, pooling and level (the fields of :class:`~layerwise.EncodeSpec`)."""
     service = service_of(request)
 
-    def check() -> tuple[EncodeSpec, list, Kind]:
+    def check() -> tuple[EncodeSpec, list, Kind, int]:
         items, spec, kind = _validate(service, req)
-        service.check_response(spec, items, kind, binary=req.encoding == "base64")
-        return spec, items, kind
+        return spec, items, kind, service.check_response(spec, items, kind, binary=req.encoding == "base64")
 
     def build(spec: EncodeSpec, items: list, rows: list) -> dict:
         layers, spec_dict, _ = service.specs(spec)

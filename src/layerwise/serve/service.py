@@ -26,7 +26,9 @@ from ..encoding.vocab import FLOAT_DTYPES
 from ..encoding.windows import window_starts
 from ..errors import LayerwiseError, ServiceError
 from ..extractor import Extractor
+from ..model.memory import parse_size
 from .batcher import Batcher, BatchStats, Job, QueueFull, Step
+from .ceilings import UNSENT_BYTES, Ceilings
 from .cost import CostModel
 from .inputs import blank_message, is_blank
 from .metrics import Metrics
@@ -45,13 +47,21 @@ class Limits:
     max_response_bytes: int = 64 << 20
     max_queue_tokens: int = 262144
     max_request_tokens: int = 131072
+    max_unsent_bytes: int = UNSENT_BYTES
+    max_memory: int | str | None = None  # None: a share of what the process may take (ceilings.default_max_memory)
 
     def __post_init__(self) -> None:
         for name in ("max_texts", "max_text_chars", "max_body_bytes", "max_batch_tokens", "max_response_bytes",
-                     "max_queue_tokens", "max_request_tokens"):
+                     "max_queue_tokens", "max_request_tokens", "max_unsent_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LayerwiseError(f"{name} must be a positive int, got {value!r} (CLI: --{name.replace('_', '-')})")
+        if self.max_unsent_bytes < self.max_response_bytes:
+            raise LayerwiseError(f"max_unsent_bytes ({self.max_unsent_bytes:,}) is below max_response_bytes "
+                                 f"({self.max_response_bytes:,}): an answer of the largest size would always be shed; "
+                                 f"raise --max-unsent-bytes or lower --max-response-bytes")
+        if self.max_memory not in (None, 0):
+            parse_size(self.max_memory, "--max-memory")  # refused now, with the units
 
 
 OPENAI_DEFAULTS = {"normalize": True}  # OpenAI's embeddings are unit vectors (aliases are picked by OpenAI's model)
@@ -106,6 +116,8 @@ class Service:
                  aliases: dict[str, dict[str, Any]] | None = None):
         self.ex, self.limits, self.lock = ex, limits, lock
         self.metrics = Metrics()
+        self.ceilings = Ceilings(limits.max_memory, limits.max_unsent_bytes, shed=self.metrics.shed)
+        self.metrics.watch(self.ceilings)
         self.cost = CostModel.for_device(ex.backend.device.type, ex.batch_tokens)
         self.batcher = Batcher(self._run, self.cost, max_batch_tokens=limits.max_batch_tokens,
                                max_queue_tokens=limits.max_queue_tokens, on_batch=self._batch_done,
@@ -247,9 +259,10 @@ class Service:
         return list(items)
 
     def check_response(self, spec: EncodeSpec, items: list, kind: Kind, binary: bool = False,
-                       itemsize: int | None = None) -> None:
-        """Refuse, before any compute, a request whose answer would pass ``max_response_bytes`` or whose tokens would
-        pass ``max_request_tokens`` (:meth:`check_tokens`). The answer's size is
+                       itemsize: int | None = None) -> int:
+        """The answer's estimated bytes, after refusing, before any compute, a request whose answer would pass
+        ``max_response_bytes`` or whose tokens would pass ``max_request_tokens`` (:meth:`check_tokens`). The
+        answer's size is
         estimated from the rows it asks for (texts: about 1 token per 3 characters plus the special tokens; word
         lists: their words; token ids: their count) times ``D``, at the bytes of one value in base64 (OpenAI's
         base64 is float32: ``itemsize=4``) or about 12 a float and 4 an integer in JSON.
@@ -276,12 +289,19 @@ class Service:
                                     f"(max_response_bytes): ask for fewer inputs or layers, a pooled level, or "
                                     f"base64 encoding")
         self.check_tokens(spec, items, kind)
+        return int(estimate)
 
     def request_tokens(self, spec: EncodeSpec, items: list, kind: Kind) -> int:
         """The tokens ``items`` will run through the model, estimated before tokenising (:func:`estimate_tokens`,
         the prompt included), windows and their overlap included."""
         return estimate_tokens(items, kind, extra=len(spec.prompt) // 3,
                                window=None if spec.truncate else (self.ex.max_length, self.ex.stride))
+
+    def working_bytes(self, spec: EncodeSpec, items: list, kind: Kind) -> int:
+        """What computing a request holds besides its answer, estimated: its tokens' states at each requested layer
+        and one more (float32), for the memory ceiling (:mod:`layerwise.serve.ceilings`)."""
+        layers = len(spec.layer_indices) + 1
+        return self.request_tokens(spec, items, kind) * self.ex.site_width(spec.site) * 4 * layers
 
     def check_tokens(self, spec: EncodeSpec, items: list, kind: Kind) -> None:
         """Refuse, before any compute, a request over ``max_request_tokens`` estimated tokens.
@@ -296,13 +316,12 @@ class Service:
                                     f"(max_request_tokens): split it into smaller requests, or pass truncate")
 
     def prepare(self, spec: EncodeSpec, value: Any, field: str, binary: bool = False,
-                itemsize: int | None = None) -> tuple[list, Kind]:
-        """An OpenAI or TEI ``input(s)`` value as checked items and their kind (see :func:`split_inputs`,
-        :meth:`check_items`, :meth:`check_response`)."""
+                itemsize: int | None = None) -> tuple[list, Kind, int]:
+        """An OpenAI or TEI ``input(s)`` value as checked items, their kind and the answer's estimated bytes (see
+        :func:`split_inputs`, :meth:`check_items`, :meth:`check_response`)."""
         items, kind = split_inputs(value, spec.prompt)
         items = self.check_items(items, kind, spec.prompt, field)
-        self.check_response(spec, items, kind, binary, itemsize)
-        return items, kind
+        return items, kind, self.check_response(spec, items, kind, binary, itemsize)
 
     # ---- encoding -----------------------------------------------------------------------------------------
     async def encode(self, spec: EncodeSpec, items: list, kind: Kind, request: Any = None) -> list:

@@ -151,15 +151,15 @@ router = protocol_router(TEI, tags=["TEI-compatible"])
 async def _embed(request: Request, req: EmbedRequest) -> Response:
     service = service_of(request)
 
-    def check() -> tuple[EncodeSpec, list, Kind]:
+    def check() -> tuple[EncodeSpec, list, Kind, int]:
         check_direction(req.truncation_direction)
         spec = service.spec(req.spec_fields(), {"normalize": req.normalize, "truncate": req.truncate,
                                                 "prompt": prompt_of(_named(service), req.prompt_name, req.prompt),
                                                 "dimensions": req.dimensions})
         if spec.level != "sentence":
             raise ServiceError(422, "/embed gives one vector per input; token vectors: /embed_all")
-        items, kind = service.prepare(spec, req.inputs, "inputs")
-        return spec, items, kind
+        items, kind, answer = service.prepare(spec, req.inputs, "inputs")
+        return spec, items, kind, answer
 
     def build(spec: EncodeSpec, items: list, rows: list) -> list:
         vectors = finite(np.stack([v for v, _ in rows]), spec.output_dtype)
@@ -186,12 +186,12 @@ async def embed_all(request: Request, req: EmbedAllRequest = json_body(EmbedAllR
     """Token vectors ``[n_tokens, D]`` per input, special tokens included (TEI's ``/embed_all``)."""
     service = service_of(request)
 
-    def check() -> tuple[EncodeSpec, list, Kind]:
+    def check() -> tuple[EncodeSpec, list, Kind, int]:
         check_direction(req.truncation_direction)
         spec = service.spec(req.spec_fields(), {"level": "token", "truncate": req.truncate,
                                                 "prompt": prompt_of(_named(service), req.prompt_name, req.prompt)})
-        items, kind = service.prepare(spec, req.inputs, "inputs")
-        return spec, items, kind
+        items, kind, answer = service.prepare(spec, req.inputs, "inputs")
+        return spec, items, kind, answer
 
     def build(spec: EncodeSpec, items: list, rows: list) -> list:
         return [finite(v).reshape(v.shape[0], -1).tolist() for v, _ in rows]
