@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     timeouts = [line for line in text.splitlines() if line.startswith("layerwise_send_timeouts_total")]
     result = {
         "benchmark": "serve_slow_readers", "date": time.strftime("%Y-%m-%d"), "machine": machine(args.device),
-        "commit": commit(), "server_flags": args.server_flag, "clients": args.clients, "answer_mb": round(answer_mb, 1), "send_timeout_s": send_timeout,
+        "commit": commit(), "server_flags": args.server_flag, "clients": args.clients,
+        "answer_mb": round(answer_mb, 1), "send_timeout_s": send_timeout,
         "rss_mb": {"before": round(before), "peak_while_hanging": round(peak), "after": round(after)},
         "added_mb": round(peak - before), "answered_200": statuses.count(200), "shed_503": statuses.count(503),
         "dropped_after_s": sorted(round(v, 1) for v in dropped.values()),

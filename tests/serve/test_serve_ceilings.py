@@ -17,10 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import layerwise as lw
-from layerwise.errors import LayerwiseError
+from layerwise.errors import LayerwiseError, ServiceError
 from layerwise.serve import Limits, create_app
 from layerwise.serve.ceilings import Ceilings, resident_bytes
-from layerwise.errors import ServiceError
 
 from tiny import serving
 

@@ -27,6 +27,7 @@ from .errors import error_response, install_error_shapes
 from .inputs import fill_model_facts
 from .metrics import CountAnswers
 from .ready import Readiness, warm_depths
+from .rules import state_rules
 from .security import ApiKey
 from .service import Limits, Service
 from .tei import prompts
@@ -134,13 +135,15 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
 def openapi_with_names(app: FastAPI, service: Service) -> dict:
     """FastAPI's document (built once), with the served model's facts: the names this server answers to as the enum
     of an OpenAI request's ``model``, the range of a token id and TEI's prompt names
-    (:func:`~layerwise.serve.inputs.fill_model_facts`)."""
+    (:func:`~layerwise.serve.inputs.fill_model_facts`), and the rules a request must follow on it (its sites, the
+    modes, the rules between fields: :func:`~layerwise.serve.rules.state_rules`)."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
         doc = add_body_schemas(get_openapi(title=app.title, version=app.version, description=app.description,
                                            routes=app.routes))
         fill_model_facts(doc, len(service.ex.tokenizer), sorted(prompts(str(service.ex.loaded.name))))
+        state_rules(doc, list(service.ex.sites))
         props = doc.get("components", {}).get("schemas", {}).get("EmbeddingsRequest", {}).get("properties", {})
         if "model" in props:
             props["model"]["enum"] = service.model_names()

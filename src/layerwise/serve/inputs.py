@@ -22,19 +22,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import BeforeValidator, Field, StrictInt, StrictStr
 
 from ..corpus.records import NON_BLANK, is_blank
 
 TOKEN_ID = "x-layerwise-token-id"  # marks a token id's schema; fill_model_facts sets its range
 PROMPT_NAME = "x-layerwise-prompt-name"  # marks TEI's prompt_name; fill_model_facts sets its values
 
+
+
+def _whole(value: Any) -> Any:
+    """A float with no fractional part as the int it is (JSON has one number type: ``1.0`` is the integer 1, as JSON
+    Schema's ``integer`` says); anything else as it is, for the strict check (``true`` is not 1, ``"3"`` not 3)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WholeInt = Annotated[StrictInt, BeforeValidator(_whole)]  # an integer, written 3 or 3.0, never true or "3"
 Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": NON_BLANK})]
 Texts = Annotated[list[Text], Field(json_schema_extra={"minItems": 1})]
 Word = Annotated[StrictStr, Field(json_schema_extra={"pattern": NON_BLANK})]
 WordList = Annotated[list[Word], Field(json_schema_extra={"minItems": 1})]
 Words = Annotated[list[WordList], Field(json_schema_extra={"minItems": 1})]
-TokenId = Annotated[StrictInt, Field(json_schema_extra={TOKEN_ID: True, "minimum": 0})]
+TokenId = Annotated[WholeInt, Field(json_schema_extra={TOKEN_ID: True, "minimum": 0})]
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]
 # OpenAI's input and TEI's inputs: a text, texts, one list of token ids, or lists of them
 Inputs = Union[Text, Texts, TokenIds, Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})]]
@@ -68,5 +77,5 @@ def fill_model_facts(doc: dict[str, Any], vocab: int, prompts: list[str]) -> dic
     return doc
 
 
-__all__ = ["Inputs", "NON_BLANK", "PROMPT_NAME", "TOKEN_ID", "Text", "Texts", "TokenIds", "WordList", "Words",
-           "blank_message", "fill_model_facts", "is_blank"]
+__all__ = ["Inputs", "NON_BLANK", "PROMPT_NAME", "TOKEN_ID", "Text", "Texts", "TokenIds", "WholeInt", "WordList",
+           "Words", "blank_message", "fill_model_facts", "is_blank"]

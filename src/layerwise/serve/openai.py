@@ -31,18 +31,18 @@ from typing import Literal, Optional, Union
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import OutputDtype
 from ..errors import ServiceError
 from .body import json_body, request_body
 from .errors import OPENAI, protocol_router
-from .inputs import Inputs
+from .inputs import Inputs, WholeInt
 from .respond import finite, respond, service_of
 from .service import OPENAI_DEFAULTS, Kind
 
-LayerSpecField = Optional[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]]]
+LayerSpecField = Optional[Union[WholeInt, StrictStr, list[Union[WholeInt, StrictStr]]]]
 
 
 class Calibration(BaseModel):
@@ -89,7 +89,7 @@ class EmbeddingsRequest(SpecExtension):
                                            "ids (texts not blank, lists not empty, ids in the model's vocabulary).")
     model: str = Field(..., description="The served model's name or an alias (GET /v1/models lists them).")
     encoding_format: Literal["float", "base64"] = Field("float", description="float, or base64 (float32 LE).")
-    dimensions: Optional[int] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
+    dimensions: Optional[WholeInt] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
     user: Optional[str] = Field(None, description="Accepted and ignored.")
     normalize: Optional[bool] = Field(None, description="L2-normalise (default true, as OpenAI; extension).")
     truncate: Optional[bool] = Field(None, description="Cut inputs at the model's length instead of windowing "

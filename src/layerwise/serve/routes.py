@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictStr
 
 from ..encoding.spec import EncodeSpec
 from ..encoding.vocab import FIXED_COMBINES, FIXED_POOLS, LEVELS, WORD_POOL_MODES, Level, OutputDtype
@@ -28,7 +28,7 @@ from ..extractor import Extractor
 from ..model.families import SUPPORTED_MODEL_TYPES
 from .body import json_body, request_body
 from .errors import LAYERWISE, detail_responses, protocol_router
-from .inputs import Texts, Words
+from .inputs import Texts, WholeInt, Words
 from .openai import Calibration
 from .respond import finite, respond, service_of
 from .service import Kind, Service
@@ -47,7 +47,7 @@ class EncodeRequest(BaseModel):
 
     texts: Optional[Texts] = Field(None, description="Texts to encode (each not blank).")
     words: Optional[Words] = Field(None, description="Pre-tokenised words (level 'word'; each list not empty).")
-    layers: Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]]] = Field(
+    layers: Union[WholeInt, StrictStr, list[Union[WholeInt, StrictStr]]] = Field(
         -1, description="Layer spec: -1, '-4:', [0, 6], 'all'.")
     site: str = "block"
     combine: str = "concat"
@@ -62,7 +62,7 @@ class EncodeRequest(BaseModel):
         "float32", validation_alias=AliasChoices("output_dtype", "dtype"),
         description="Precision of the returned features: float32 | float16 | int8 | uint8 (both with calibration) | "
                     "binary | ubinary (sign bits packed 8 to a byte); 'dtype' is its name before layerwise 0.2.")
-    dimensions: Optional[int] = Field(None, ge=1, description="Keep the leading values of the last axis.")
+    dimensions: Optional[WholeInt] = Field(None, ge=1, description="Keep the leading values of the last axis.")
     calibration: Optional[Calibration] = Field(None, description="int8/uint8: per-value ranges.")
     prompt: str = Field("", description="Text put before every text (an instruction), levels sentence/token.")
     add_eos: bool = Field(False, description="Append the tokenizer's end-of-sequence token (pool 'last' reads it).")

@@ -34,7 +34,7 @@ from ..errors import ServiceError
 from ..version import __version__
 from .body import json_body, request_body
 from .errors import TEI, protocol_router
-from .inputs import PROMPT_NAME, Inputs, Text, Texts
+from .inputs import PROMPT_NAME, Inputs, Text, Texts, WholeInt
 from .openai import SpecExtension
 from .respond import finite, respond, service_of
 from .service import Kind, Service
@@ -66,7 +66,7 @@ class EmbedRequest(SpecExtension):
     truncate: Optional[bool] = Field(False, description="Cut inputs at the model's length.")
     truncation_direction: Literal["Right", "right", "Left", "left"] = "Right"
     prompt_name: Optional[str] = Field(None, json_schema_extra={PROMPT_NAME: True})
-    dimensions: Optional[int] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
+    dimensions: Optional[WholeInt] = Field(None, ge=1, description="Keep this many leading dimensions (renormalised).")
 
 
 class EmbedAllRequest(SpecExtension):
