@@ -362,3 +362,18 @@ def test_cli_max_layer_and_max_memory(deep_dirs):
     assert refused.exit_code == 2 and "max_layer=2" in " ".join(refused.stderr.split()), refused.output
     bad = runner.invoke(app, [*base, *model, "--max-memory", "lots"])
     assert bad.exit_code == 2 and "units" in " ".join(bad.stderr.split()), bad.output
+
+
+def test_a_streamed_chunk_says_where_it_is(deep_dirs, monkeypatch, capsys):
+    from layerwise.model import capture
+
+    directory = deep_dirs["bert"]
+    budget = f"{lw.Extractor(directory, backend='torch').describe()['weights']['weights_bytes']}B"
+    streamed = lw.Extractor(directory, backend="torch", max_memory=budget)
+    monkeypatch.setattr(capture, "PROGRESS_S", 0.0)  # every block says it (10 s apart in a real run)
+    capsys.readouterr()
+    streamed.hidden_states(TEXTS, layers="all")
+    said = [line for line in capsys.readouterr().err.splitlines() if "block by block" in line]
+    assert said and all(line.startswith("layerwise: streaming ") for line in said), said
+    assert f"block 1 of {DEPTH}" in said[0] and f"block {DEPTH} of {DEPTH}" in said[-1], said
+    assert "GB of weights read" in said[-1] and "s so far" in said[-1]

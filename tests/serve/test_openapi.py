@@ -47,3 +47,29 @@ def _wait_ready(url: str, timeout: float = 300) -> None:
             assert exc.code == 503, exc
         assert time.monotonic() < deadline, "the server was not ready in time"
         time.sleep(0.5)
+
+
+def test_the_document_states_the_rules_between_fields(tiny_extractors):
+    """What the service refuses between fields is schema-invalid in its document (JSON Schema if/then), and what it
+    accepts is schema-valid: checked with jsonschema on the served document's request bodies."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from layerwise.serve import create_app
+
+    app = create_app(tiny_extractors["bert"])
+    doc = app.openapi()
+    schemas = doc["components"]["schemas"]
+
+    def valid(name: str, body: dict) -> bool:  # the body's schema, its $refs resolved in the document's components
+        return jsonschema.Draft202012Validator({**schemas[name], "components": doc["components"]}).is_valid(body)
+
+    assert valid("EncodeRequest", {"words": [["a", "b"]], "level": "word"})
+    assert not valid("EncodeRequest", {"words": [["a", "b"]]})  # words need level word
+    assert not valid("EncodeRequest", {"texts": ["a"], "calibration": {"min": [0.0], "max": [1.0]}})
+    assert not valid("EncodeRequest", {"texts": ["a"], "output_dtype": "int8"})  # int8 needs calibration
+    assert not valid("EncodeRequest", {"texts": ["a"], "weights": [1.0]})  # weights need combine weighted
+    assert not valid("EncodeRequest", {"texts": ["a"], "combine": "weighted"})  # and the reverse
+    assert valid("EncodeRequest", {"texts": ["a"], "combine": "weighted", "weights": [1.0]})
+    assert not valid("EncodeRequest", {"texts": ["a"], "pool": "cls", "skip_special_tokens": True})
+    assert not valid("EncodeRequest", {"texts": ["a"], "site": "nowhere"})
+    assert valid("EncodeRequest", {"texts": ["a"], "site": tiny_extractors["bert"].sites[-1], "dimensions": 4.0})
+    assert not valid("EmbedRequest", {"inputs": "a", "truncation_direction": "Left"})

@@ -41,3 +41,28 @@ def test_ready_waits_for_the_warmed_depths_and_then_stays_ready():
     assert state["ready"] is True and state["pending"] == [] and state["preparing"] == [5], state
     backend.pending_depths.append(2)  # stages of a warmed depth asked by mixed requests: still ready
     assert ready.state()["ready"] is True
+
+
+def test_a_named_runtime_serves_other_depths_from_its_warmed_graphs(tiny_extractors, tiny_graph_cache):
+    """``--backend onnx``: the warmed depth (the last layer) is compiled before ``/ready``; a request for layer 1
+    then runs on it (the same features as PyTorch's), and no graph of depth 1 is opened on the request's path."""
+    import numpy as np
+    import pytest
+    from fastapi.testclient import TestClient
+
+    import layerwise as lw
+    from layerwise.serve import create_app
+
+    pytest.importorskip("onnxruntime")
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, backend="onnx", onnx_cache=tiny_graph_cache)
+    last = ex.num_layers
+    with TestClient(create_app(ex)) as client:
+        readiness = client.app.state.readiness
+        assert readiness.done.wait(120) and readiness.error is None
+        assert client.get("/ready").json()["ready"] is True
+        assert ex.backend.served == (last,) and ex.backend.depth_for([1]) == last
+        got = client.post("/v1/encode", json={"texts": ["hello world"], "layers": 1, "pool": "mean"})
+        assert got.status_code == 200, got.text
+        assert sorted(ex.backend._sessions) == [last], "a depth nobody warmed was compiled on the request's path"
+    want = tiny_extractors["bert"].encode(["hello world"], layers=1, pool="mean")
+    assert np.abs(np.asarray(got.json()["vectors"]) - want).max() < 1e-4

@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import ModelLoadError, SpecError
+from ..notices import notice
 from .families import resolve_path
 from .loaded import LoadedModel
 
 log = logging.getLogger("layerwise")
+PROGRESS_S = 10.0  # a streamed chunk says where it is at most this often (a block of an 8B model takes seconds)
 
 
 # ---- rows that leave the batch at their own depth (layerwise.model.ragged) -------------------------------------
@@ -422,8 +425,15 @@ def capture_chunk(
     carried: list[Any] = [None] * len(batches)
     shared: dict[str, Any] = {"output": None}
     before = blocks.reads
+    texts = sum(int(ids.shape[0]) for ids, _, _ in batches)
+    started = said = time.monotonic()
     with loaded.lock, torch.inference_mode():
         for m in range(deepest):
+            if time.monotonic() - said >= PROGRESS_S:  # a long chunk is never silent
+                said = time.monotonic()
+                notice(f"streaming {loaded.name} block by block: block {m + 1} of {deepest} for a chunk of "
+                       f"{len(batches)} batches ({texts} texts), {said - started:.0f} s so far, "
+                       f"{(blocks.reads - before) / 1e9:.2f} GB of weights read")
             wanted = [0, m + 1] if m == 0 else [m + 1]
             with blocks.streamed(m, ahead=m + 1 if m + 1 < deepest else None) as block:
                 originals = [container[j] for j in range(m)]
@@ -443,7 +453,7 @@ def capture_chunk(
                         container[j] = original
                     shared["output"] = None
     log.info("streamed %d blocks for a chunk of %d batches (%d texts): read %.2f GB of weights once for the chunk",
-             deepest, len(batches), sum(int(ids.shape[0]) for ids, _, _ in batches), (blocks.reads - before) / 1e9)
+             deepest, len(batches), texts, (blocks.reads - before) / 1e9)
     missing = [i for i in layers if any(i not in d for d in done)]
     if missing:  # pragma: no cover - a layer map error, not a user error
         raise RuntimeError(f"layers {missing} at site {site!r} were not recorded; please report this model")

@@ -183,7 +183,8 @@ async def embeddings(request: Request, req: EmbeddingsRequest = json_body(Embedd
             data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(v.tobytes()).decode()}
                     for i, v in enumerate(vectors.reshape(len(vectors), -1).astype("<f4"))]
         else:
-            data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+            data = [{"object": "embedding", "index": i, "embedding": v.tolist()}  # one flat vector (a stack flattened,
+                    for i, v in enumerate(vectors.reshape(len(vectors), -1))]  # as base64 and TEI's /embed give it)
         return {"object": "list", "data": data, "model": req.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 

@@ -9,7 +9,9 @@ together, so it also prepares what lets each row leave a batch at its own depth 
 ``auto`` or named, the one-layer graphs of :mod:`~layerwise.model.backends.stages`). Until then it answers 503 with
 what is still being prepared, which is what a load balancer's readiness probe expects. Once ready it stays ready:
 a request at a depth nobody warmed is served at once (by PyTorch until its runtime is decided), and that depth's
-preparation is said in ``preparing``, never in the status.
+preparation is said in ``preparing``, never in the status. A named compiled runtime (``--backend onnx`` or
+``openvino``) compiles the warmed depths before it is ready and then serves only from them: a request for another
+depth runs on the shallowest warmed graph that covers it, never compiling a graph on a request's path.
 
 Example::
 
@@ -76,6 +78,9 @@ class Readiness:
                     self.ex.backend.ragged_price(max(self.depths), "block")
             while set(self.ex.backend.pending()) & set(self.depths):  # the warmed depths' background preparation
                 time.sleep(0.1)
+            serve_only = getattr(self.ex.backend, "serve_only", None)  # a named compiled runtime (auto prepares on
+            if serve_only is not None:  # its own): another depth runs on a warmed graph, never compiled on a request
+                serve_only(self.depths)
         except Exception as exc:  # said by /ready; requests still run (and say their own errors)
             self.error = f"{type(exc).__name__}: {exc}"
         finally:

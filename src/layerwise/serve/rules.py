@@ -9,8 +9,9 @@ field:
 * ``subword``: the word-pooling modes;
 * TEI's ``truncation_direction``: ``Right`` only (layerwise keeps an input's start; ``Left`` is refused, saying so);
 * cross-field, as ``if``/``then`` (JSON Schema, OpenAPI 3.1): ``words`` needs ``level: "word"``; ``calibration``
-  needs ``output_dtype`` ``int8`` or ``uint8``; ``weights`` needs ``combine: "weighted"`` and the reverse; ``pool``
-  needs ``level: "sentence"``; ``pool`` ``cls`` or ``pooler`` cannot go with ``skip_special_tokens``.
+  goes with ``output_dtype`` ``int8`` or ``uint8``, both ways; ``weights`` with ``combine: "weighted"``, both ways;
+  ``pool`` needs ``level: "sentence"``; ``pool`` ``cls`` or ``pooler`` cannot go with ``skip_special_tokens``; no
+  ``prompt`` at ``level: "word"``.
 
 What a schema cannot say stays a refusal with its reason: a ``weights`` list must hold one weight per selected layer,
 and a layer spec's indices must exist (``tests/serve/schemathesis.toml`` lists these, operation by operation).
@@ -61,6 +62,8 @@ def _cross_field(props: dict[str, Any]) -> list[dict[str, Any]]:
     if "calibration" in props and "output_dtype" in props:
         rules.append(_rule(_given("calibration", "object"),
                            {"properties": {"output_dtype": {"enum": ["int8", "uint8"]}}, "required": ["output_dtype"]}))
+        rules.append(_rule({"properties": {"output_dtype": {"enum": ["int8", "uint8"]}}, "required": ["output_dtype"]},
+                           {"properties": {"calibration": {"type": "object"}}, "required": ["calibration"]}))
     if "weights" in props and "combine" in props:
         rules.append(_rule(_given("weights", "array"),
                            {"properties": {"combine": {"const": "weighted"}}, "required": ["combine"]}))
@@ -68,6 +71,9 @@ def _cross_field(props: dict[str, Any]) -> list[dict[str, Any]]:
                            {"properties": {"weights": {"type": "array"}}, "required": ["weights"]}))
     if "pool" in props and "level" in props:
         rules.append(_rule(_given("pool", "string"), {"properties": {"level": {"const": "sentence"}}}))
+    if "prompt" in props and "level" in props:
+        rules.append(_rule({"properties": {"level": {"const": "word"}}, "required": ["level"]},
+                           {"properties": {"prompt": {"enum": ["", None]}}}))
     if "pool" in props and "skip_special_tokens" in props:
         rules.append(_rule({"properties": {"pool": {"enum": ["cls", "pooler"]}}, "required": ["pool"]},
                            {"properties": {"skip_special_tokens": {"enum": [False, None]}}}))
@@ -85,6 +91,10 @@ def state_rules(doc: dict[str, Any], sites: Sequence[str]) -> dict[str, Any]:
                              ("subword", WORD_POOL_MODES), ("truncation_direction", TRUNCATION_DIRECTIONS)):
             if name in props:
                 _enum(props[name], values)
+        weights = props.get("weights", {})
+        for option in weights.get("anyOf", [weights]):
+            if option.get("type") == "array":
+                option["minItems"] = 1  # one weight per selected layer: at least one
         rules = _cross_field(props)
         if rules:
             schema.setdefault("allOf", []).extend(rules)

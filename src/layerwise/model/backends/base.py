@@ -58,6 +58,13 @@ def refuse_options(backend: type[Backend], options: ModelOptions) -> None:
                              f"backend='torch')")
 
 
+
+def covering(depth: int, served: Sequence[int]) -> int:
+    """The graph depth that runs a request of ``depth``: ``depth`` itself, or where a server named the depths it serves
+    (``served``, warmed before it said ready), the shallowest of them that covers it (its graph outputs every layer
+    up to it); ``depth`` when none does."""
+    return min((d for d in served if d >= depth), default=depth)
+
 class Backend(ABC):
     """A model runtime behind the pipeline.
 

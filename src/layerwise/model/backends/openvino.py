@@ -67,7 +67,7 @@ from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
 from . import offload
-from .base import LOADING_FIELDS, Backend, refuse_options
+from .base import LOADING_FIELDS, Backend, covering, refuse_options
 from .cache import GraphCache, Leases
 from .openvino_int8 import calibration_texts, compress_weights, quantize_full, texts_digest
 from .openvino_stages import OpenVinoStages
@@ -187,6 +187,7 @@ class OpenVinoBackend(Staged, Backend):
         self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (reduced precision only)
         self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # depth -> (compiled model, infer requests)
+        self.served: tuple[int, ...] = ()  # the depths a server warmed and serves from (serve_only); (): each its own
         self._wrote = 0  # graphs this backend wrote to the cache (a build that wrote none found them built)
         self.leases = Leases()  # on the blob of each compiled model, held while it is open
         # (depth, request slot) -> the started batch whose result it holds (per depth: auto prepares a new depth in
@@ -213,8 +214,13 @@ class OpenVinoBackend(Staged, Backend):
         return torch.bfloat16 if self.compute == "bfloat16" else torch.float32
 
     def depth_for(self, layers: Sequence[int]) -> int:
-        """The graph depth serving ``layers``: the deepest, at least 1."""
-        return self.onnx.depth_for(layers)
+        """The graph depth serving ``layers``: the deepest, at least 1, or the shallowest warmed depth that covers it
+        once :meth:`serve_only` named them."""
+        return covering(max(max(layers), 1), self.served)
+
+    def serve_only(self, depths: Sequence[int]) -> None:
+        """See :meth:`OnnxBackend.serve_only <layerwise.model.backends.ort.OnnxBackend.serve_only>`."""
+        self.served = tuple(sorted(set(depths)))
 
     def compile_config(self) -> dict[str, Any]:
         """What every graph of this backend is compiled with: the throughput hint, :attr:`threads`, the precision hint,

@@ -55,7 +55,7 @@ from ...extras import require
 from ...notices import notice
 from ..loaded import LoadedModel
 from ..options import QUANTIZE_MODES, ModelOptions
-from .base import LOADING_FIELDS, Backend
+from .base import LOADING_FIELDS, Backend, covering
 from .cache import GraphCache, Leases
 from .ort_stages import OrtStages
 from .stages import Staged
@@ -409,6 +409,7 @@ class OnnxBackend(Staged, Backend):
         self.export_seconds: dict[int, float] = {}  # exported depth -> seconds spent exporting it in this process
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (quantised only)
         self._sessions: dict[int, Any] = {}
+        self.served: tuple[int, ...] = ()  # the depths a server warmed and serves from (serve_only); () : each its own
         self._wrote = 0  # graphs this backend wrote to the cache (a build that wrote none found them built)
         self.leases = Leases()  # on what each open session reads, held while it is open
         self.stages = OrtStages(self)  # one-layer graphs, opened only when rows of mixed depths are run
@@ -432,8 +433,16 @@ class OnnxBackend(Staged, Backend):
         return self.quantize or "float32"
 
     def depth_for(self, layers: Sequence[int]) -> int:
-        """The graph depth serving ``layers``: the deepest, at least 1."""
-        return max(max(layers), 1)
+        """The graph depth serving ``layers``: the deepest, at least 1; once :meth:`serve_only` named the depths a
+        server warmed, the shallowest of them that covers it (:func:`~layerwise.model.backends.base.covering`)."""
+        return covering(max(max(layers), 1), self.served)
+
+    def serve_only(self, depths: Sequence[int]) -> None:
+        """Serve every request from the graphs of ``depths`` (a server's warmed depths, all compiled): a request for
+        another depth runs on the shallowest of them that covers it rather than compiling its own graph on the
+        request's path. Rows of several depths still leave their batches at their own depth where the one-layer
+        stages are prepared."""
+        self.served = tuple(sorted(set(depths)))
 
     def path_for(self, depth: int, quantize: str | None = None) -> Path:
         """Where the graph for ``depth`` (quantised as ``quantize``) is cached: keyed by weights, family, depth,
