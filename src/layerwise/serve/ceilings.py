@@ -124,6 +124,11 @@ class Ceilings:
             self.reserved += answer_bytes
         return Ticket(self, answer_bytes)
 
+    def release(self, nbytes: int) -> None:
+        """Stop counting ``nbytes`` of an admitted answer (it has been handed to the socket, or was never made)."""
+        with self._lock:
+            self.reserved -= nbytes
+
     def timed_out(self) -> None:
         """Count a connection dropped by the send timeout."""
         with self._lock:
@@ -143,9 +148,9 @@ class Ticket:
         self.ceilings, self.nbytes = ceilings, nbytes
 
     def release(self) -> None:
-        with self.ceilings._lock:
-            self.ceilings.reserved -= self.nbytes
-            self.nbytes = 0
+        nbytes, self.nbytes = self.nbytes, 0
+        if nbytes:
+            self.ceilings.release(nbytes)
 
 
 __all__ = ["Ceilings", "MEMORY_SHARE", "RETRY_AFTER", "Ticket", "UNSENT_BYTES", "default_max_memory",
