@@ -10,7 +10,8 @@ input is checked and before any compute; a request that would pass either is she
 * ``max_unsent_bytes`` (``--max-unsent-bytes``): a request is shed when the answers being computed, plus the bytes
   waiting in the sockets' send buffers, plus this answer, would pass it. Default 64 MiB: one answer of the largest
   size (``--max-response-bytes``) at a time, or many small ones. At 128 MiB, 15 clients that never read their 57 MB
-  answers added 313 MB to the server at the peak; at 64 MiB, 134 MB (``benchmarks/serve_slow_readers.py``).
+  answers added 313 MB to the server at the peak; at 64 MiB, 132 MB, and the one answered was dropped 32 s after
+  it was asked for (``benchmarks/serve_slow_readers.py``, 2-core EPYC, 2026-11-28).
 
 An answer's bytes are counted from its admission (its estimate, :meth:`Service.check_response
 <layerwise.serve.service.Service.check_response>`) until the server has handed it to the socket; from then on they are
@@ -87,8 +88,9 @@ class Ceilings:
         self._lock = threading.Lock()
 
     def buffered(self) -> int:
-        """Bytes waiting in the open connections' send buffers (answers handed to the socket, not yet read)."""
-        return sum(t.get_write_buffer_size() for t in list(self.transports) if not t.is_closing())
+        """Bytes waiting in the connections' send buffers (answers handed to the socket, not yet read), closing ones
+        included: a connection closed after its answer (keep-alive) holds its buffer until it is sent or dropped."""
+        return sum(t.get_write_buffer_size() for t in list(self.transports))
 
     def unsent(self) -> int:
         """Bytes of answers held for clients: admitted and not yet handed to a socket, plus :meth:`buffered`."""

@@ -13,11 +13,11 @@ limit (CLI flag)              default  what happens when it is reached
                                        408 and close (only close if the answer has started)
 ``keep_alive_timeout``        5 s      no next request begins this long after an answer: closed (uvicorn's own
 (``--keep-alive-timeout``)             keep-alive timer, ``timeout_keep_alive``)
-``send_timeout``              30 s     the client has received nothing of an answer for this long (the bytes it
-(``--send-timeout``)                   has not acknowledged, in the server's and the kernel's send buffers, have
-                                       not shrunk): the connection is reset and the answer's memory freed (as
-                                       nginx's ``send_timeout``: between two reads, so a slow reader that keeps
-                                       reading is served)
+``send_timeout``              30 s     the client has taken less than 64 KiB of an answer in this long (the bytes
+(``--send-timeout``)                   it has not acknowledged, in the server's and the kernel's send buffers,
+                                       have not shrunk by that): the connection is reset and the answer's memory
+                                       freed (as nginx's ``send_timeout``, between reads, so a slow reader that
+                                       keeps reading is served)
 ``max_connections``           1024     a connection beyond this many open ones is answered 503 at once, before
 (``--max-connections``)                its request is read (``Retry-After: 1``, ``Connection: close``), and
                                        closed; the open ones are untouched. :data:`PROBE_SLOTS` more are kept for
@@ -76,6 +76,9 @@ def plain_response(status: str, text: str, *headers: str) -> bytes:
 
 TIMEOUT_408 = plain_response("408 Request Timeout", "Request Timeout")
 PROBE_SLOTS = 8  # connections past the cap kept for GET/HEAD /health and /ready
+# what a client must take of its answer within each send timeout: a client that reads nothing still sees its
+# kernel take a few kB now and then (its receive queue compacted), which must not count as reading
+MIN_PROGRESS = 64 << 10
 PROBES = (b"GET /health", b"HEAD /health", b"GET /ready", b"HEAD /ready")
 BUSY_503 = plain_response("503 Service Unavailable", "Too many open connections; retry in a moment", "retry-after: 1")
 
@@ -221,18 +224,16 @@ class LimitedH11(H11Protocol):
         self.stall = None
 
     def stalled(self) -> None:
-        """``send_timeout`` passed with the send buffer full: the client read something since (the buffer shrank),
-        so wait again; or nothing, so drop the connection (``abort``: the buffer is freed at once, unsent)."""
-        self.stall = None
-        if self.transport.is_closing():
-            return
+        """``send_timeout`` passed with the send buffer full: the client took at least :data:`MIN_PROGRESS` bytes
+        since, so wait again; or less, so reset the connection (``abort``: the buffer is freed at once, unsent)."""
+        self.stall = None  # a closing transport counts too: closed after an answer (keep-alive), it still holds it
         left = self.unacked()
-        if left < self.unread:
+        if left <= self.unread - MIN_PROGRESS:
             self.unread = left
             self.stall = self.loop.call_later(self.limits.send_timeout, self.stalled)
             return
-        log.warning("dropped a connection whose client read nothing of its answer for %g s (%d bytes unsent; "
-                    "--send-timeout)", self.limits.send_timeout, left)
+        log.warning("dropped a connection whose client took less than %d kB of its answer in %g s (%d bytes unsent; "
+                    "--send-timeout)", MIN_PROGRESS >> 10, self.limits.send_timeout, left)
         if self.ceilings is not None:
             self.ceilings.timed_out()
         sock = self.transport.get_extra_info("socket")
