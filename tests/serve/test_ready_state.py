@@ -64,5 +64,7 @@ def test_a_named_runtime_serves_other_depths_from_its_warmed_graphs(tiny_extract
         got = client.post("/v1/encode", json={"texts": ["hello world"], "layers": 1, "pool": "mean"})
         assert got.status_code == 200, got.text
         assert sorted(ex.backend._sessions) == [last], "a depth nobody warmed was compiled on the request's path"
+        ex.backend._open(1)  # a graph opened before (the one-layer stages' head is the depth-1 graph): used as it is
+        assert ex.backend.depth_for([0, 1]) == 1
     want = tiny_extractors["bert"].encode(["hello world"], layers=1, pool="mean")
     assert np.abs(np.asarray(got.json()["vectors"]) - want).max() < 1e-4

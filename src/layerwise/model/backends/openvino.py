@@ -214,9 +214,10 @@ class OpenVinoBackend(Staged, Backend):
         return torch.bfloat16 if self.compute == "bfloat16" else torch.float32
 
     def depth_for(self, layers: Sequence[int]) -> int:
-        """The graph depth serving ``layers``: the deepest, at least 1, or the shallowest warmed depth that covers it
-        once :meth:`serve_only` named them."""
-        return covering(max(max(layers), 1), self.served)
+        """The graph depth serving ``layers``: the deepest, at least 1; once :meth:`serve_only` named the depths a
+        server warmed, that depth where it is compiled, else the shallowest warmed depth that covers it."""
+        depth = max(max(layers), 1)
+        return depth if depth in self._compiled else covering(depth, self.served)
 
     def serve_only(self, depths: Sequence[int]) -> None:
         """See :meth:`OnnxBackend.serve_only <layerwise.model.backends.ort.OnnxBackend.serve_only>`."""

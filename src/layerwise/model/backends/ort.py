@@ -434,8 +434,10 @@ class OnnxBackend(Staged, Backend):
 
     def depth_for(self, layers: Sequence[int]) -> int:
         """The graph depth serving ``layers``: the deepest, at least 1; once :meth:`serve_only` named the depths a
-        server warmed, the shallowest of them that covers it (:func:`~layerwise.model.backends.base.covering`)."""
-        return covering(max(max(layers), 1), self.served)
+        server warmed, that depth where its graph is open (the one-layer stages' head, depth 1, is), else the
+        shallowest warmed depth that covers it (:func:`~layerwise.model.backends.base.covering`)."""
+        depth = max(max(layers), 1)
+        return depth if depth in self._sessions else covering(depth, self.served)
 
     def serve_only(self, depths: Sequence[int]) -> None:
         """Serve every request from the graphs of ``depths`` (a server's warmed depths, all compiled): a request for
