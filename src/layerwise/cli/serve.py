@@ -134,8 +134,7 @@ def _aliases(aliases_file: str | None, given: list[str]) -> dict[str, dict]:
 def _say_serving(ex, host: str, port: int, key: str | None, named: dict[str, dict], ceilings=None) -> None:
     """What is served where, the aliases, the memory ceiling, and the warnings a user must see before the first
     request: no API key beyond loopback, weights streamed block by block, a ceiling already passed."""
-    from ..model.memory import human
-    from ..serve.ceilings import resident_bytes
+    from ..model.memory import human, resident_bytes
     from ..serve.security import is_loopback
 
     if not is_loopback(host) and not key:

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,16 @@ def _reclaimable(group: Path) -> int:
     return 0
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (RSS) in bytes, from ``/proc/self/statm`` (one short read: cheap enough for
+    every request a server admits); ``0`` where it cannot be read (no ``/proc``)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+
+
 def _status_kb(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -190,4 +201,4 @@ def check_fits(needed: int, what: str, fixes: str, device: str = "cpu", margin: 
             f"(set by {room.source}); loading them would be killed by the system. {fixes}")
 
 
-__all__ = ["Available", "available", "available_memory", "check_fits", "human", "parse_size"]
+__all__ = ["Available", "available", "available_memory", "check_fits", "human", "parse_size", "resident_bytes"]

@@ -26,34 +26,22 @@ Why both: memory followed load in issue 52. 15 connections that asked for 64 MB 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 from ..errors import LayerwiseError, ServiceError
-from ..model.memory import available, human, parse_size
+from ..model.memory import available, human, parse_size, resident_bytes
 
 MEMORY_SHARE = 0.9  # of what the process may still take when the app is made: the default --max-memory
 UNSENT_BYTES = 64 << 20  # the default --max-unsent-bytes: one answer of the largest size (--max-response-bytes)
 RETRY_AFTER = 1  # seconds a shed client is told to wait: answers drain in about that
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (RSS) in bytes, read from ``/proc/self/statm`` (psutil elsewhere)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-
-
 def default_max_memory() -> tuple[int, str]:
     """The default ``--max-memory`` and where it comes from: the resident memory now plus :data:`MEMORY_SHARE` of
     what the process may still take (:func:`layerwise.model.memory.available`: cgroup, ``ulimit``, the machine)."""
     rss, room = resident_bytes(), available()
-    if room is None:
+    if room is None or not rss:
         return 0, "no limit could be read"
     return rss + int(MEMORY_SHARE * room.bytes), f"{human(rss)} resident + {MEMORY_SHARE:.0%} of {room.source}"
 
@@ -113,9 +101,9 @@ class Ceilings:
                                         f"smaller answer (fewer inputs or layers, a pooled level, base64)",
                                    code="overloaded", headers={"Retry-After": str(RETRY_AFTER)})
             if self.max_memory:
-                rss = resident_bytes()
+                rss = resident_bytes()  # 0 where it cannot be read: no memory check then
                 need = answer_bytes + working_bytes
-                if rss + self.reserved + need > self.max_memory:
+                if rss and rss + self.reserved + need > self.max_memory:
                     self._shed("memory")
                     raise ServiceError(503, f"the service is at its memory ceiling: {human(rss)} resident and "
                                             f"{human(self.reserved)} of answers being made, and this request needs "
@@ -135,12 +123,6 @@ class Ceilings:
         """Count a connection dropped by the send timeout."""
         with self._lock:
             self.send_timeouts += 1
-
-    def describe(self) -> dict[str, Any]:
-        """The ceilings and what counts against them now (bytes)."""
-        return {"max_memory": self.max_memory, "max_memory_from": self.source, "resident": resident_bytes(),
-                "max_unsent_bytes": self.max_unsent_bytes, "unsent": self.unsent(),
-                "send_timeouts": self.send_timeouts}
 
 
 class Ticket:

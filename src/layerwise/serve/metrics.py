@@ -88,7 +88,7 @@ class Metrics:
 
     def watch(self, ceilings: "Ceilings") -> None:
         """Report ``ceilings``' numbers, read at each scrape."""
-        from .ceilings import resident_bytes
+        from ..model.memory import resident_bytes
 
         self.resident.set_function(resident_bytes)
         self.max_memory.set(ceilings.max_memory)
