@@ -42,6 +42,13 @@ round's requests, the requests per model call with, for the mixed load, the shar
 left at their own depth (``layerwise_batches_ragged``; the rest ran cut into depth segments), and the batcher's
 corrections of each way at the end (``layerwise_cost_correction``). Issue: mixed >= 1.3x all-last at 32 and 64
 clients. ``--device cuda`` runs it on a GPU (the server's device).
+
+**While the stages prepare** (``--mixed --preparing``): the server starts on an empty graph cache (a temporary
+``LAYERWISE_CACHE``: every graph exported, and the runtimes raced, before ``/ready``, as on a first start on a
+machine), and the rounds start as soon as ``/ready`` answers, with no mixed request before them: the first mixed load
+is the one that asks for the one-layer graphs of mixed depths, which are then built, checked and timed in the
+background while it runs. The first round's pair is reported on its own (with what ``/ready`` listed as pending
+before and after its mixed load), the later rounds as usual. Issue: >= 1.0x while the stages prepare.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -108,7 +116,7 @@ def get(port: int, path: str) -> tuple[int, bytes]:
         conn.close()
 
 
-def start_server(args, port: int, warm: Sequence[str] = ()) -> subprocess.Popen:
+def start_server(args, port: int, warm: Sequence[str] = (), env: dict | None = None) -> subprocess.Popen:
     """``layerwise serve`` on ``port`` (``args``: model, device, backend), each of ``warm`` as a ``--warm`` option;
     returned once ``/health`` answers 200."""
     cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--device", args.device, "--port", str(port),
@@ -119,7 +127,8 @@ def start_server(args, port: int, warm: Sequence[str] = ()) -> subprocess.Popen:
         cmd += ["--backend", args.backend]
     for spec in warm:
         cmd += ["--warm", spec]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+                                      **(env or {})})
     deadline = time.monotonic() + 300
     while True:
         if proc.poll() is not None:
@@ -370,7 +379,9 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
     has_warm = serve_has_warm()
     port = free_port()
     t_start = time.monotonic()
-    proc = start_server(args, port, [str(d) for d in range(1, num_layers + 1)] if has_warm else [])
+    fresh = tempfile.TemporaryDirectory(prefix="layerwise-cache-") if args.preparing else None
+    proc = start_server(args, port, [str(d) for d in range(1, num_layers + 1)] if has_warm else [],
+                        env={"LAYERWISE_CACHE": fresh.name} if fresh is not None else None)
     load = run_load
     if args.protocol == "openai":
         MODEL_NAME[0] = json.loads(get(port, "/v1/models")[1])["data"][0]["id"]
@@ -379,22 +390,28 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
     modes: dict[tuple[str, int], Mode] = {(kind, c): Mode() for kind in loads for c in clients}
     all_lat: dict[tuple[str, int], list[float]] = {key: [] for key in modes}
     rounds: list[tuple[str, ...]] = []
+    pending: list[tuple[object, object]] = []  # --preparing: /ready's pending before and after each mixed load
     try:
         state, _ = wait_ready(port, args.ready_timeout)
-        # one request per (depth, pool), then until no depth is pending: every depth compiled before any timing
-        load(port, [requests[0]] * (num_layers * len(pools)), 1,
-             [{**options, "layers": d, "pool": p} for d in range(1, num_layers + 1) for p in pools])
-        state, _ = wait_ready(port, args.ready_timeout)
-        for opts in loads.values():  # warm-up of both loads
+        if not args.preparing:
+            # one request per (depth, pool), then until no depth is pending: every depth compiled before any timing
+            load(port, [requests[0]] * (num_layers * len(pools)), 1,
+                 [{**options, "layers": d, "pool": p} for d in range(1, num_layers + 1) for p in pools])
+            state, _ = wait_ready(port, args.ready_timeout)
+        for kind, opts in loads.items():  # warm-up of both loads (--preparing: all-last only)
             n = min(64, len(requests))
-            load(port, requests[:n], 4, opts if isinstance(opts, dict) else opts[:n])
-        state, _ = wait_ready(port, args.ready_timeout)
+            if kind == "last" or not args.preparing:
+                load(port, requests[:n], 4, opts if isinstance(opts, dict) else opts[:n])
+        if not args.preparing:
+            state, _ = wait_ready(port, args.ready_timeout)
         t_ready = time.monotonic() - t_start
         for r in range(args.repeat):
             for ci, c in enumerate(clients):  # both loads back to back, the order alternating
                 order = ("last", "mixed") if (r + ci) % 2 == 0 else ("mixed", "last")
                 rounds.append(order)
                 for kind in order:
+                    if kind == "mixed" and args.preparing:
+                        pending.append((json.loads(get(port, "/ready")[1]).get("pending"), None))
                     before = metrics(port, *COUNTED)
                     cpu0 = time.process_time()
                     wall, lat = load(port, requests, c, loads[kind])
@@ -404,11 +421,16 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
                     modes[kind, c].add(wall, lat, f"{merged:.1f}" + (f" ({ragged:.0%} ragged)" if kind == "mixed"
                                                                         else ""))
                     all_lat[kind, c] += lat
+                    if kind == "mixed" and args.preparing:
+                        pending[-1] = (pending[-1][0], json.loads(get(port, "/ready")[1]).get("pending"))
         info = json.loads(get(port, "/v1/model")[1])
         text = get(port, "/metrics")[1].decode()
-        corrections = re.findall(r'^layerwise_cost_correction\{.*way="(\w+)"\} (\S+)$', text, flags=re.MULTILINE)
+        corrections = re.findall(r'^layerwise_cost_correction\{.*way="([\w:]+)"\} (\S+)$', text, flags=re.MULTILINE)
+        by_runtime = re.findall(r'^layerwise_runtime_calls_total\{runtime="([^"]+)"\} (\S+)$', text, flags=re.MULTILINE)
     finally:
         stop_server(proc)
+        if fresh is not None:
+            fresh.cleanup()
 
     runtimes = state.get("depths") if state else None
     if isinstance(runtimes, dict):
@@ -425,7 +447,9 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
           f"depth {{{runtimes}}}; {t_ready:.0f} s from start to the first timed load")
     print(f"machine: {machine(args.device)}; {time.strftime('%Y-%m-%d')}; commit {commit()}; "
           f"model backend {info.get('backend')}; cost corrections at the end "
-          f"{{{', '.join(f'{w}: {float(v):.2f}' for w, v in corrections) or 'none'}}}\n")
+          f"{{{', '.join(f'{w}: {float(v):.2f}' for w, v in corrections) or 'none'}}}; model calls by runtime "
+          f"(X-Layerwise-Runtime, the whole run) "
+          f"{{{', '.join(f'{r}: {float(v):.0f}' for r, v in by_runtime) or 'none'}}}\n")
 
     def ms(lat: list[float], q: float) -> str:
         return f"{np.percentile(lat, q) * 1000:,.1f}" if lat else "-"
@@ -445,6 +469,14 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
         print(f"| {c} | {len(texts) / last.best:,.0f} | {len(texts) / mix.best:,.0f} | {best:.2f}x | {median:.2f}x "
               f"| {ms(all_lat['last', c], 50)} / {ms(all_lat['mixed', c], 50)} | {ms(all_lat['last', c], 99)} "
               f"| {ms(all_lat['mixed', c], 99)} | {needed:.0%} | {last.merged} / {mix.merged} |")
+    if args.preparing:
+        c = clients[0]
+        last, mix = modes["last", c].walls[0], modes["mixed", c].walls[0]
+        print(f"\nwhile the stages prepare (round 1 at {c} clients, order {' then '.join(rounds[0])}): all-last "
+              f"{len(texts) / last:,.0f} texts/s, mixed {len(texts) / mix:,.0f} texts/s: {last / mix:.2f}x (target >= "
+              f"1.0x); /ready pending before / after the mixed load: {pending[0][0]} / {pending[0][1]}")
+        for before, after in pending[1:]:
+            print(f"  a later mixed load: pending before / after: {before} / {after}")
     print("\nratio: mixed texts/s over all-last texts/s (best rounds; and the median over rounds of the ratio within a "
           "round). Latencies over every round's requests; requests / model call: the best round's. Issue: mixed >= "
           "1.3x all-last at 32 and 64 clients, every depth compiled.")
@@ -475,6 +507,9 @@ def main(argv=None) -> None:
                     help="all-last (--layers, --pool) against mixed specs (each request a layer of 1..L and a pool of "
                          "--mix-pools) on the server, no direct baseline; every depth compiled before timing")
     ap.add_argument("--mix-pools", default="mean,cls", help="--mixed: the pools the mixed requests draw from")
+    ap.add_argument("--preparing", action="store_true",
+                    help="--mixed: start on an empty graph cache and time from /ready on, the first round while the "
+                         "one-layer graphs of mixed depths prepare (reported on its own)")
     ap.add_argument("--seed", type=int, default=0, help="--mixed: the seed of the mixed requests' layers and pools")
     ap.add_argument("--ready-timeout", type=float, default=900,
                     help="--mixed: seconds to wait for GET /ready (every depth prepared) before measuring anyway")

@@ -192,6 +192,47 @@ def test_auto_builds_the_stages_where_mixed_rows_are_asked_and_runs_them(tiny_ex
         np.testing.assert_allclose(np.stack([got[p][i].numpy() for i in range(len(items))]), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_auto_offers_the_other_runtimes_chain_priced_against_the_serving_graph(tiny_extractors, runtime,
+                                                                               tiny_graph_cache, monkeypatch):
+    """Where two compiled runtimes can run a depth, the plan offers each one's chain for rows of mixed depths: the
+    serving runtime's at its own price, the other's at its own price times its graph's race time over the serving
+    graph's (a service measures which runs its mixed calls faster). A call run on the other runtime's chain gives the
+    states of PyTorch, and only that runtime's one-layer graphs ran."""
+    ex = auto_on(runtime, tiny_extractors, tiny_graph_cache, monkeypatch)
+    other = next((r for r in ex.backend.compiled_runtimes if r != runtime), None)
+    if other is None:
+        pytest.skip(f"auto runs only {runtime} here")
+    ex.encode(TEXTS, layers=2)
+    assert ex.backend.settle(timeout=120)
+    ex.backend.ragged_prices(2, "block")  # the first ask queues every runtime's stages
+    assert ex.backend.settle(timeout=120)
+    offers = ex.backend.ragged_prices(2, "block")
+    own = ex.backend.compiled_runtimes[runtime].ragged_price(2, "block")
+    theirs = ex.backend.compiled_runtimes[other].ragged_price(2, "block")
+    assert own is not None and theirs is not None
+    assert list(offers) == [runtime, other]  # the serving runtime's own chain first
+    assert offers[runtime] == own and offers[other] == pytest.approx(theirs * 2.0)  # race: 0.002 s over 0.001 s
+    plan = ex.backend.plan([0, 1, 2], "block")
+    with pytest.raises(ValueError, match=f"offered: {runtime}, {other}"):
+        plan.chain("tensorflow")
+    chained = plan.chain(other)
+    assert chained.runtime == runtime and chained.ragged_runtime == other and plan.chain(runtime) is plan
+    mine = counted_layers(ex.backend.compiled_runtimes[runtime], monkeypatch)
+    runs = counted_layers(ex.backend.compiled_runtimes[other], monkeypatch)
+    specs = [lw.EncodeSpec(layers=2), lw.EncodeSpec(layers=1, pool="cls")]
+    parts = [(ex.tokenize(t, words=False), spec) for t, spec in zip([TEXTS, TEXTS[:3]], specs)]
+    got: dict[int, dict[int, torch.Tensor]] = {}
+    for step in ex.encode_shared(parts, ragged=True, plan=chained):
+        for p, result in step:
+            got.setdefault(p, {})[result.index] = result.features
+    assert runs and not mine and sum(rows for _, rows in runs) == len(TEXTS)  # layer 2: only the rows needing it
+    reference = lw.Extractor(ex.loaded, backend="torch")
+    for p, (items, spec) in enumerate(zip([TEXTS, TEXTS[:3]], specs)):
+        want = reference.encode(items, spec.layers, spec.combine, spec.pool)
+        np.testing.assert_allclose(np.stack([got[p][i].numpy() for i in range(len(items))]), want, atol=1e-5)
+
+
 def test_a_deeper_chain_covers_the_shallower_depths(tiny_extractors, tmp_path, monkeypatch):
     """A chain prepared for depth D holds the stages of every shallower depth, checked and timed: a mixed call whose
     deepest row is shallower is served at D's price, with no new build or timing (each new depth re-timed the chain
@@ -220,23 +261,27 @@ def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, r
     ex = auto_on(runtime, tiny_extractors, tiny_graph_cache, monkeypatch)
     want = ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120)
-    seen: dict[str, object] = {}
+    held: list[bool] = []
+    features: list[np.ndarray] = []
     real = Stages._measure
 
-    def measure(self, depth, alone):
-        caller = threading.Thread(target=lambda: seen.setdefault("features", ex.encode(TEXTS, layers=2)))
+    def measure(self, depth, alone):  # each runtime's stages (the serving one's, then the others')
+        got: list[np.ndarray] = []
+        caller = threading.Thread(target=lambda: got.append(ex.encode(TEXTS, layers=2)))
         with alone():
             caller.start()
             time.sleep(0.3)
-            seen["held"] = "features" not in seen  # the caller's pass waits while the chain is timed
+            held.append(not got)  # the caller's pass waits while the chain is timed
         caller.join(60)
+        features.extend(got)
         return real(self, depth, alone)
 
     monkeypatch.setattr(Stages, "_measure", measure)
     ex.backend.ragged_price(2, "block")  # queues the stages' preparation in the background
     assert ex.backend.settle(timeout=120)
-    assert seen["held"] is True and ex.backend.ragged_price(2, "block") is not None
-    np.testing.assert_allclose(seen["features"], want, atol=1e-5)
+    assert held and all(held) and ex.backend.ragged_price(2, "block") is not None
+    for got in features:
+        np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_a_runtime_error_while_building_the_stages_is_said_once_and_not_retried(tiny_extractors, tmp_path,

@@ -9,8 +9,20 @@ import statistics
 import threading
 import time
 
+import pytest
+
 from layerwise.serve.batcher import Batcher, BatchStats
-from layerwise.serve.cost import CORRECTION_DECAY, CUT, FIRST_RUNS, RAGGED, RETRY_AFTER, CostModel, WayCorrections
+from layerwise.serve.cost import (
+    CORRECTION_DECAY,
+    CUT,
+    FIRST_RUNS,
+    RAGGED,
+    RETRY_AFTER,
+    WHOLE,
+    CostModel,
+    WayCorrections,
+    ragged_way,
+)
 
 
 def cpu() -> CostModel:
@@ -385,16 +397,16 @@ def test_the_next_call_starts_behind_a_call_whose_last_batch_runs():
 
 def test_a_mixed_call_runs_the_way_that_measured_faster_whatever_the_prices_predict():
     """The fitted prices predict the cut cheaper (the ragged price is 2.0, as a chain timed under load said), but
-    the ragged calls take 0.6 of the cut's time: once each way has run its first calls, mixed calls run ragged; the
-    cut still runs once in a while, so its correction does not go stale. And the other way round: ragged predicted
-    cheaper (at a price above 1.0: at 1.0 the rows run only their own layers at no dearer price, and the call is
-    always ragged), the cut measured faster (and at that price predicted cheaper too), mixed calls are cut."""
+    the ragged calls take 0.6 of the cut's time: once each way has run its first calls (the cut, then the call run
+    whole to its deepest depth, then ragged), mixed calls run ragged. And the other way round: ragged predicted
+    cheaper than the whole call (at a price above 1.0: at 1.0 the rows run only their own layers at no dearer
+    price, and the call is always ragged), the cut measured faster, mixed calls are cut."""
 
-    def ways_run(ragged_seconds: float, cut_seconds: float, price: float) -> list[bool]:
+    def ways_run(ragged_seconds: float, cut_seconds: float, whole_seconds: float, price: float) -> list[str]:
         seen: list[BatchStats] = []
 
         def run(jobs, segments, ragged=False):
-            time.sleep(ragged_seconds if ragged else cut_seconds)
+            time.sleep(ragged_seconds if ragged else cut_seconds if len(segments) > 1 else whole_seconds)
             yield [(j, i, None) for j, job in enumerate(jobs) for i in range(len(job.items))]
 
         b = Batcher(run, Fixed(1024, 0.002, 0.0, 2e-5), max_batch_tokens=100_000, ragged=lambda group, depth: price,
@@ -411,15 +423,14 @@ def test_a_mixed_call_runs_the_way_that_measured_faster_whatever_the_prices_pred
             asyncio.run(asyncio.wait_for(scenario(), 60))
         finally:
             b.close()
-        return [s.ragged for s in seen if s.requests == 2]
+        return [RAGGED if s.ragged else CUT if s.segments > 1 else WHOLE for s in seen if s.requests == 2]
 
-    mixed = ways_run(ragged_seconds=0.010, cut_seconds=0.016, price=2.0)
+    first = [CUT, CUT, WHOLE, WHOLE, RAGGED, RAGGED]  # each way's first calls, the cheapest predicted first
+    mixed = ways_run(ragged_seconds=0.010, cut_seconds=0.016, whole_seconds=0.02, price=2.0)
     assert len(mixed) >= 30, mixed  # (a first job may run alone while the worker is idle)
-    assert mixed[:2] == [False, False] and mixed[2:4] == [True, True]  # predicted cheaper, the cut runs first ...
-    assert mixed[-20:].count(True) >= 18, mixed  # ... measured slower, it runs only to check again
-    assert False in mixed[-33:], mixed
-    mixed = ways_run(ragged_seconds=0.016, cut_seconds=0.010, price=1.05)
-    assert mixed[:4] == [False, False, True, True] and mixed[-20:].count(False) >= 18, mixed
+    assert mixed[:6] == first and mixed[-20:].count(RAGGED) >= 18, mixed  # ... measured faster, ragged serves
+    mixed = ways_run(ragged_seconds=0.016, cut_seconds=0.010, whole_seconds=0.02, price=1.05)
+    assert mixed[:6] == first and mixed[-20:].count(CUT) >= 18, mixed
 
 
 def test_way_corrections_follow_what_each_way_took():
@@ -444,3 +455,22 @@ def test_way_corrections_follow_what_each_way_took():
         for _ in range(FIRST_RUNS):
             hopeless.observe(way, 1.0, 1.0)
     assert {hopeless.choose({CUT: 1.0, RAGGED: 2.5}) for _ in range(3 * RETRY_AFTER)} == {CUT}  # never worth a check
+
+
+def test_way_corrections_learn_which_runtimes_chain_runs_mixed_calls_faster():
+    """Three ways: the cut and two runtimes' chains. Each runs its first calls, then the one whose calls took least
+    against their predictions serves, though another was predicted cheaper; the others still run now and then, so a
+    change of the machine's load is seen."""
+    ways = WayCorrections()
+    onnx, openvino = ragged_way("onnx"), ragged_way("openvino")
+    predicted = {CUT: 1.0, openvino: 1.1, onnx: 1.2}
+    took = {CUT: 1.5, openvino: 1.6, onnx: 0.9}  # seconds each way's calls take
+    picks = []
+    for _ in range(4 * RETRY_AFTER):
+        way = ways.choose(predicted)
+        picks.append(way)
+        ways.observe(way, predicted[way], took[way])
+    assert all(picks[:3 * FIRST_RUNS].count(way) == FIRST_RUNS for way in predicted)  # each its first calls
+    later = picks[3 * FIRST_RUNS:]
+    assert later.count(onnx) > 0.9 * len(later) and {CUT, openvino} <= set(later)
+    assert ways.ways() == [CUT, openvino, onnx] and ways.correction(onnx) == pytest.approx(0.75)

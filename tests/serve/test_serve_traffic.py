@@ -253,8 +253,11 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
     assert merged[2] > merged[3] and merged[0] == merged[1], merged
     # what each way's calls took against their prediction is exported (1 for a way not run yet)
     corrections = {k: v for k, v in m2.items() if k.startswith("layerwise_cost_correction")}
-    assert set(corrections) == {f'layerwise_cost_correction{{site="block",way="{way}"}}' for way in ("cut", "ragged")}
+    assert set(corrections) == {f'layerwise_cost_correction{{site="block",way="{way}"}}'
+                                for way in ("cut", "ragged:torch")}  # a ragged way names the runtime running it
     assert all(v > 0 for v in corrections.values()), corrections
+    # ... and every call is counted under what ran it (the X-Layerwise-Runtime header)
+    assert delta(m2, m1, 'layerwise_runtime_calls_total{runtime="torch; ragged"}') >= 1, m2
 
 
 @pytest.fixture(scope="module")
@@ -271,13 +274,13 @@ def staged(small_bert):
 def test_a_compiled_runtime_warmed_at_several_depths_lets_rows_leave_at_their_own_depth(staged):
     """``--backend onnx --warm 1 --warm 2``: /ready waits for ONNX Runtime's one-layer graphs, and then mixed calls
     run as one batch whose rows leave at their own depth (``layerwise_batches_ragged_total``; the batcher runs the
-    way it predicts cheaper, and the other one within its first three mixed calls), each answer equal to a lone
-    request's. Without the stages no call of a compiled runtime is ragged."""
+    way it predicts cheaper, and each other way, cut or whole or ragged, within its first six mixed calls), each
+    answer equal to a lone request's. Without the stages no call of a compiled runtime is ragged."""
     payloads = _payloads(DEEP, 24, seed=3)
     for j in range(0, 24, 3):
         payloads[j] = {"texts": [SENTENCES[j % len(SENTENCES)]], **SHALLOW[j % 2]}
     ragged = 0.0
-    for _ in range(4):  # bursts until a mixed call ran ragged (a call or two of the first may run cut)
+    for _ in range(10):  # bursts until a mixed call ran ragged (the first calls may run cut or whole)
         _, m1, m2 = _lone_then_burst(staged, payloads)
         ragged += delta(m2, m1, "layerwise_batches_ragged_total")
         if ragged:
@@ -445,7 +448,8 @@ def test_cors_approves_only_the_given_origin(guarded):
     assert status != 200 and "access-control-allow-origin" not in headers, (status, headers)
     status, headers, _ = call(guarded, "POST", "/v1/encode", SMALL, {**auth, "Origin": APP})
     assert status == 200 and headers.get("access-control-allow-origin") == APP, headers
-    assert "x-layerwise-spec" in headers.get("access-control-expose-headers", "").lower(), headers
+    exposed = headers.get("access-control-expose-headers", "").lower()
+    assert "x-layerwise-spec" in exposed and "x-layerwise-runtime" in exposed, headers
     status, headers, _ = call(guarded, "POST", "/v1/encode", SMALL, {**auth, "Origin": EVIL})
     assert status == 200 and "access-control-allow-origin" not in headers, headers
 

@@ -114,8 +114,8 @@ def create_app(model: Extractor | ModelOptions | str, limits: Limits | None = No
         app.add_middleware(ApiKey, key=api_key)
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST", "HEAD"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Layerwise-Spec"],
-                           max_age=600)
+                           allow_headers=["Authorization", "Content-Type"],
+                           expose_headers=["X-Layerwise-Spec", "X-Layerwise-Runtime"], max_age=600)
     if allowed_hosts and "*" not in allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     app.add_middleware(CountAnswers, metrics=service.metrics)

@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator
 
-from .cost import CUT, RAGGED, CostModel, WayCorrections, plan
+from .cost import CUT, WHOLE, CostModel, WayCorrections, plan, ragged_way
 
 log = logging.getLogger("layerwise")
 
@@ -73,12 +73,13 @@ class Call:
     jobs: list[Job]
     segments: list[list[int]]  # job indices by depth segment (each run to its deepest member)
     ragged: bool = False  # one segment whose rows each leave their batch at their own job's depth
+    chain: str = ""  # a ragged call: the runtime whose chain runs it ("": the runtime's own offer)
     steps: Iterator[Step] | None = None
     seconds: float = 0.0
     batches: int = 0
     alone: bool = False  # a job retried on its own after its merged call failed
     started: bool = False  # its last step finished nothing: its forward batch is running in the runtime
-    way: str | None = None  # a call of several depths: CUT or RAGGED, as chosen (see WayCorrections)
+    way: str | None = None  # a call of several depths: CUT or a ragged way, as chosen (see WayCorrections)
     predicted: float = 0.0  # the cost model's seconds for it, when it was chosen
 
     @property
@@ -138,15 +139,18 @@ class Batcher:
 
     Args:
         run: ``run(jobs, segments, ragged) -> Iterator[[(job index, item index, result)]]`` (the model's side;
-            ``segments``: job indices by depth segment; ``ragged``: each row leaves its batch at its job's depth).
+            ``segments``: job indices by depth segment; ``ragged``: each row leaves its batch at its job's depth,
+            ``True`` or the name of the runtime whose chain runs it, as ``ragged`` offered it; ``False``: cut).
         cost: the cost model (refit on every finished call).
         ragged: ``ragged(group, depth)``: the price of a token-layer when each row of a batch leaves at its own
             depth (up to ``depth``) for that group, relative to the runtime that serves it, or ``None`` where rows
-            cannot (:meth:`Backend.ragged_price <layerwise.model.backends.base.Backend.ragged_price>`). A call of
-            several depths is then one segment, each job run only to its own depth, where the cost model predicts it
-            (at that price) cheaper than the call cut into segments, each prediction corrected by what that way's
-            calls took (:class:`~layerwise.serve.cost.WayCorrections`, in :attr:`ways`); at a price of 1.0 or less
-            always (each row runs only its own layers, at no dearer price).
+            cannot (:meth:`Backend.ragged_price <layerwise.model.backends.base.Backend.ragged_price>`); or several
+            offers, ``{runtime: price}`` (:meth:`Backend.ragged_prices
+            <layerwise.model.backends.base.Backend.ragged_prices>`). A call of several depths is then one segment,
+            each job run only to its own depth, on the offer the cost model predicts cheapest (at its price) where
+            that beats the call cut into segments, each prediction corrected by what that way's calls took
+            (:class:`~layerwise.serve.cost.WayCorrections`, in :attr:`ways`); a cut is not even tried where an offer
+            is priced at 1.0 or less (each row runs only its own layers, at no dearer price).
         max_batch_tokens, max_batch_texts: the most estimated tokens and texts one call merges (a larger request
             runs alone, in steps like any other).
         max_queue_tokens: a request that would take the queued work past it raises :class:`QueueFull` (a request
@@ -155,11 +159,11 @@ class Batcher:
         on_batch: called with :class:`BatchStats` after every finished call.
     """
 
-    def __init__(self, run: Callable[[list[Job], list[list[int]], bool], Iterator[Step]], cost: CostModel, *,
+    def __init__(self, run: Callable[[list[Job], list[list[int]], bool | str], Iterator[Step]], cost: CostModel, *,
                  max_batch_tokens: int = 16384,
                  max_batch_texts: int = 512, max_queue_tokens: int | None = None, quantum: float = 0.25,
                  on_batch: Callable[[BatchStats], None] | None = None,
-                 ragged: Callable[[Hashable, int], float | None] | None = None):
+                 ragged: Callable[[Hashable, int], float | dict[str, float] | None] | None = None):
         self._run, self.cost = run, cost
         self._ragged = ragged
         self.max_tokens, self.max_texts = max_batch_tokens, max_batch_texts
@@ -243,18 +247,29 @@ class Batcher:
         call = Call(chosen, segments)
         if len(by_depth) == 1:
             return call
-        call.way, call.predicted = CUT, self.cost.predict(call.shape())
-        price = self._ragged(first.group, max(by_depth)) if self._ragged is not None else None
-        if price is None:
-            return call
-        # the whole predicted cost of each (the cut pays a batch more per segment, the ragged call its price on the
+        # a call of several depths: the cut, or one segment to the deepest depth (what the call would cost were it all
+        # at that depth: the floor a cut must beat), or rows leaving at their own depth on a chain that offers it
+        call.way, call.predicted = (CUT if len(cut) > 1 else WHOLE), self.cost.predict(call.shape())
+        calls = {call.way: call}
+        if len(cut) > 1:
+            whole = Call(chosen, [list(range(len(chosen)))], way=WHOLE)
+            whole.predicted = self.cost.predict(whole.shape())
+            calls[WHOLE] = whole
+        offers = self._ragged(first.group, max(by_depth)) if self._ragged is not None else None
+        if not isinstance(offers, dict):
+            offers = {} if offers is None else {"": offers}
+        # the whole predicted cost of each way (the cut pays a batch more per segment, a ragged call its price on the
         # layers), each corrected by what that way's calls took
-        ragged = Call(chosen, [list(range(len(chosen)))], ragged=True, way=RAGGED)
-        ragged.predicted = self.cost.predict(ragged.shape(), shared=True, price=price)
-        if price <= 1.0:  # each row runs only its own layers at no dearer price (PyTorch): never worth a cut to check
-            return ragged
+        for chain, price in offers.items():
+            ragged = Call(chosen, [list(range(len(chosen)))], ragged=True, chain=chain, way=ragged_way(chain))
+            ragged.predicted = self.cost.predict(ragged.shape(), shared=True, price=price)
+            calls[ragged.way] = ragged  # type: ignore[index]
+        if offers and min(offers.values()) <= 1.0:  # each row runs only its own layers at no dearer price
+            calls = {way: c for way, c in calls.items() if c.ragged}
+        if len(calls) == 1:
+            return next(iter(calls.values()))
         ways = self.ways.setdefault(first.group, WayCorrections())
-        return ragged if ways.choose({CUT: call.predicted, RAGGED: ragged.predicted}) == RAGGED else call
+        return calls[ways.choose({way: c.predicted for way, c in calls.items()})]
 
     def _next_call(self) -> Call | None:
         """The call to advance by one step: a new one from the queue when nothing runs, when the one running call
@@ -296,7 +311,7 @@ class Batcher:
         step: Step | None = None
         try:
             if call.steps is None:
-                call.steps = self._run(call.jobs, call.segments, call.ragged)
+                call.steps = self._run(call.jobs, call.segments, (call.chain or True) if call.ragged else False)
             step = next(call.steps, None)
         except Exception as exc:  # handed to the call's requests; the worker keeps serving
             error = exc
@@ -338,7 +353,7 @@ class Batcher:
     def corrections(self) -> dict[tuple[str, str], float]:
         """Each way's correction (:class:`~layerwise.serve.cost.WayCorrections`) by ``(group, way)``, the group as a
         string (for the metrics)."""
-        return {(str(group), way): ways.correction(way) for group, ways in self.ways.items() for way in (CUT, RAGGED)}
+        return {(str(group), way): ways.correction(way) for group, ways in self.ways.items() for way in ways.ways()}
 
     def _finished(self, call: Call) -> None:
         tokens = call.tokens

@@ -154,64 +154,78 @@ def plan(tokens_by_depth: dict[int, int], model: CostModel) -> list[list[int]]:
     return segments[::-1]
 
 
-CUT, RAGGED = "cut", "ragged"  # the two ways of running a call of several depths
-CORRECTION_DECAY = 0.8  # each call of a way weighs 1 in its correction, the earlier ones fade by this factor
+CUT, WHOLE, RAGGED = "cut", "whole", "ragged"  # the ways of running a call of several depths
+CORRECTION_DECAY = 0.95  # each call of a way weighs 1 in its correction, the earlier ones fade by this factor
 FIRST_RUNS = 2  # each way runs this many calls before the corrections alone decide
-RETRY_AFTER = 32  # calls of several depths after which the way not chosen runs once more
-HOPELESS = 2.0  # a way predicted (corrected) above this many times the other is not run to check
+RETRY_AFTER = 64  # calls of several depths after which a way not chosen runs once more
+HOPELESS = 2.0  # a way predicted (corrected) above this many times the best is not run to check
+
+
+def ragged_way(runtime: str = "") -> str:
+    """The name of the way that runs a call's rows to their own depths on ``runtime``'s chain: :data:`RAGGED`, or
+    ``"ragged:onnx"`` where several runtimes offer one (the corrections and the metrics keep them apart)."""
+    return f"{RAGGED}:{runtime}" if runtime else RAGGED
 
 
 @dataclass
 class WayCorrections:
     """What the cost model's predictions miss for each way of running a call of several depths (:data:`CUT` into
-    segments, :data:`RAGGED` each row to its own depth), learned from the calls each way ran.
+    segments, :data:`WHOLE` as one segment to its deepest depth, :data:`RAGGED` each row to its own depth, or
+    :func:`ragged_way` on one runtime's chain of several), learned from the calls each way ran.
 
     A correction is the seconds that way's calls took over the seconds predicted for them, both summed with the
     earlier calls fading by :data:`CORRECTION_DECAY` each (a ratio of sums: a call that overlaps another is charged
     part of the other's time, and small calls, whose share moves most, weigh least), ``1.0`` before any.
 
-    :meth:`choose` compares the corrected predictions. The way predicted cheaper runs first; once it has run
-    :data:`FIRST_RUNS` calls, the other runs as many; after that a way not chosen in the last :data:`RETRY_AFTER`
-    choices runs the next call, unless it is predicted above :data:`HOPELESS` times the other (corrected, or before
-    its first runs as predicted).
+    :meth:`choose` compares the corrected predictions. The way predicted cheapest runs first; once it has run
+    :data:`FIRST_RUNS` calls, each other way runs as many in turn; after that a way not chosen in the last
+    :data:`RETRY_AFTER` choices runs the next call, unless it is predicted above :data:`HOPELESS` times the best
+    (corrected, or before its first runs as predicted).
     """
 
-    took: dict[str, float] = field(default_factory=lambda: {CUT: 0.0, RAGGED: 0.0})  # seconds, fading sums
-    predicted: dict[str, float] = field(default_factory=lambda: {CUT: 0.0, RAGGED: 0.0})
-    runs: dict[str, int] = field(default_factory=lambda: {CUT: 0, RAGGED: 0})
-    last: dict[str, int] = field(default_factory=lambda: {CUT: 0, RAGGED: 0})
+    took: dict[str, float] = field(default_factory=dict)  # way -> seconds, fading sums
+    predicted: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+    last: dict[str, int] = field(default_factory=dict)
     choices: int = 0
 
     def correction(self, way: str) -> float:
         """The factor that multiplies ``way``'s predictions (``seconds / predicted`` of its calls)."""
-        return self.took[way] / self.predicted[way] if self.predicted[way] > 0 else 1.0
+        predicted = self.predicted.get(way, 0.0)
+        return self.took.get(way, 0.0) / predicted if predicted > 0 else 1.0
 
     def choose(self, predicted: dict[str, float]) -> str:
-        """The way to run a call, from the cost model's ``predicted`` seconds of each way (:data:`CUT`,
-        :data:`RAGGED`)."""
+        """The way to run a call, from the cost model's ``predicted`` seconds of each way offered (:data:`CUT`,
+        :data:`RAGGED` or :func:`ragged_way` names)."""
         self.choices += 1
         corrected = {way: seconds * self.correction(way) for way, seconds in predicted.items()}
-        best = RAGGED if corrected[RAGGED] <= corrected[CUT] else CUT  # a tie: no layer run that is not needed
-        other = RAGGED if best == CUT else CUT
-        # the predicted way first; once it has run its first calls, the other runs its own (weighed uncorrected: it
-        # has no correction yet); then the corrections decide, the way not chosen run again every RETRY_AFTER choices
-        if self.runs[other] < FIRST_RUNS:
-            due, weigh = self.runs[best] >= FIRST_RUNS, predicted
-        else:
-            due, weigh = self.choices - self.last[other] >= RETRY_AFTER, corrected
-        if due and weigh[other] <= HOPELESS * weigh[best]:
-            self.last[other] = self.choices  # tried now: not due again before RETRY_AFTER more choices
-            return other
+        # the cheapest; a tie goes to a ragged way (no layer run that is not needed), then to the first offered
+        best = min(corrected, key=lambda way: (corrected[way], way in (CUT, WHOLE)))
+        for other in (way for way in predicted if way != best):
+            # the predicted way first; once it has run its first calls, each other runs its own (weighed
+            # uncorrected: it has no correction yet); then the corrections decide, a way not chosen run again every
+            # RETRY_AFTER choices
+            if self.runs.get(other, 0) < FIRST_RUNS:
+                due, weigh = self.runs.get(best, 0) >= FIRST_RUNS, predicted
+            else:
+                due, weigh = self.choices - self.last.get(other, 0) >= RETRY_AFTER, corrected
+            if due and weigh[other] <= HOPELESS * weigh[best]:
+                self.last[other] = self.choices  # tried now: not due again before RETRY_AFTER more choices
+                return other
         return best
 
     def observe(self, way: str, predicted: float, seconds: float) -> None:
         """One call of ``way`` that the cost model predicted at ``predicted`` seconds took ``seconds``."""
         if predicted <= 0 or seconds <= 0:
             return
-        self.took[way] = CORRECTION_DECAY * self.took[way] + seconds
-        self.predicted[way] = CORRECTION_DECAY * self.predicted[way] + predicted
-        self.runs[way] += 1
-        self.last[way] = max(self.last[way], self.choices)
+        self.took[way] = CORRECTION_DECAY * self.took.get(way, 0.0) + seconds
+        self.predicted[way] = CORRECTION_DECAY * self.predicted.get(way, 0.0) + predicted
+        self.runs[way] = self.runs.get(way, 0) + 1
+        self.last[way] = max(self.last.get(way, 0), self.choices)
+
+    def ways(self) -> list[str]:
+        """The ways seen so far (offered or run)."""
+        return list(dict.fromkeys([CUT, *self.predicted]))
 
 
-__all__ = ["CUT", "CostModel", "PRIORS", "RAGGED", "WayCorrections", "plan"]
+__all__ = ["CUT", "CostModel", "PRIORS", "RAGGED", "WHOLE", "WayCorrections", "plan", "ragged_way"]

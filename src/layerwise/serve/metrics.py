@@ -45,6 +45,9 @@ class Metrics:
                                         buckets=(1, 2, 3, 4, 6, 8, 16, 32))
         self.batches_ragged = Counter("layerwise_batches_ragged", "Model calls of several depths whose rows each "
                                       "left their forward batches at their own request's depth", registry=r)
+        self.runtime_calls = Counter("layerwise_runtime_calls", "Model calls by what ran them (the "
+                                     "X-Layerwise-Runtime header: e.g. openvino, or onnx; ragged)", ["runtime"],
+                                     registry=r)
         self.batch_texts = Histogram("layerwise_batch_texts", "Texts in one model call", registry=r,
                                      buckets=(1, 4, 16, 64, 256, 1024))
         self.batch_occupancy = Histogram("layerwise_batch_occupancy", "Estimated tokens of a model call over "

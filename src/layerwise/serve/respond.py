@@ -1,7 +1,8 @@
 """The one path of an encoding request, whatever its protocol: check the input (off the event loop when the body is
 large), encode it through the batcher, render the answer off the loop, and answer: the ``X-Layerwise-Spec`` header
-on success, a :class:`~layerwise.ServiceError` in the route's protocol shape, anything else as the protocol's
-internal error (500; TEI says 424) with the traceback in the server log.
+(the resolved spec) and the ``X-Layerwise-Runtime`` header (what computed it:
+:func:`~layerwise.serve.service.runtime_label`) on success, a :class:`~layerwise.ServiceError` in the route's
+protocol shape, anything else as the protocol's internal error (500; TEI says 424) with the traceback in the server log.
 
 A route gives two functions: ``check() -> (spec, items, kind, answer_bytes)`` (raising
 :class:`~layerwise.ServiceError` for a bad request; ``answer_bytes``: the answer's estimate) and ``build(spec, items,
@@ -30,6 +31,7 @@ from .service import Kind, Service
 
 log = logging.getLogger("layerwise.serve")
 SPEC_HEADER = "X-Layerwise-Spec"  # every encoding response says which resolved spec it used (JSON)
+RUNTIME_HEADER = "X-Layerwise-Runtime"  # ... and which runtime computed it (service.runtime_label)
 Check = Callable[[], tuple[EncodeSpec, list, Kind, int]]
 Build = Callable[[EncodeSpec, list, list], Any]
 
@@ -47,11 +49,11 @@ async def respond(request: Request, check: Check, build: Build) -> Response:
     try:
         spec, items, kind, answer = await off_loop_if_large(request, check)
         ticket = service.ceilings.admit(answer, service.working_bytes(spec, items, kind))
-        rows = await service.encode(spec, items, kind, request)
+        rows, runtime = await service.encode(spec, items, kind, request)
         content = await render(lambda: build(spec, items, rows))
-        held, ticket = Held(content, ticket, media_type="application/json",
-                            headers={SPEC_HEADER: service.specs(spec)[2]}), None  # the answer releases it, once sent
-        return held
+        headers = {SPEC_HEADER: service.specs(spec)[2], RUNTIME_HEADER: runtime}
+        held, ticket = Held(content, ticket, media_type="application/json", headers=headers), None  # the answer
+        return held  # releases the ticket, once sent
     except ServiceError as exc:
         return protocol.response(exc.status, exc.detail, exc.param, exc.code, exc.headers)
     except Exception:
@@ -105,4 +107,4 @@ def finite(arr: np.ndarray, dtype: str = "float32") -> np.ndarray:
     return out
 
 
-__all__ = ["SPEC_HEADER", "finite", "render", "respond", "service_of"]
+__all__ = ["RUNTIME_HEADER", "SPEC_HEADER", "finite", "render", "respond", "service_of"]

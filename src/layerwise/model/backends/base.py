@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -185,6 +186,12 @@ class Backend(ABC):
         compiled graph), ``None`` where rows cannot leave a batch early (here)."""
         return None
 
+    def ragged_prices(self, depth: int, site: str) -> dict[str, float]:
+        """Every runtime that can run a call's rows to their own depths (up to ``depth`` at ``site``) with its
+        :meth:`ragged_price`, ``{runtime: price}`` (:meth:`Plan.ragged_prices` of :meth:`plan`); empty where rows cannot
+        leave a batch early."""
+        return self.plan((depth,), site).ragged_prices(depth, site)
+
     def start_ragged(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
         depths: Sequence[int],
@@ -234,7 +241,13 @@ class Plan:
     """One call's runtime: :attr:`backend` runs every batch the call starts (:meth:`start`, :meth:`ahead`,
     :meth:`batch_tokens_cap`); :attr:`ragged` runs its rows to their own depths when the caller takes
     :meth:`ragged_price`'s offer (:meth:`start_ragged`). :attr:`runtime` names the runtime (``"torch"``, ``"onnx"``,
-    ``"openvino"``, or a backend's name). Made by :meth:`Backend.plan`.
+    ``"openvino"``, or a backend's name), :attr:`ragged_runtime` the one that runs rows to their own depths. Made by
+    :meth:`Backend.plan`.
+
+    A plan may offer other runtimes' chains for rows of mixed depths (``chains``): :meth:`ragged_prices` lists every
+    offer with its price against :attr:`backend`'s graph, and :meth:`chain` is the same plan with one of them running
+    the rows (``auto``: where OpenVINO serves a depth, ONNX Runtime's one-layer graphs may run a mixed call faster,
+    and the caller measures which).
 
     Args:
         runtime: the name of what runs the call.
@@ -242,17 +255,53 @@ class Plan:
         ragged: runs a batch whose rows need different depths (default: ``backend``).
         price: the ragged price (see :meth:`Backend.ragged_price`) as ``price(depth, site)`` (default:
             ``ragged.ragged_price``).
+        ragged_runtime: the name of ``ragged`` (default: ``runtime``).
+        chains: other runtimes that can run the rows of mixed depths, ``{name: (backend, price(depth, site))}``, each
+            price relative to ``backend``'s graph.
     """
 
     def __init__(self, runtime: str, backend: Backend, ragged: Backend | None = None,
-                 price: Callable[[int, str], float | None] | None = None):
+                 price: Callable[[int, str], float | None] | None = None, ragged_runtime: str | None = None,
+                 chains: dict[str, tuple[Backend, Callable[[int, str], float | None]]] | None = None):
         self.runtime, self.backend = runtime, backend
         self.ragged = ragged if ragged is not None else backend
+        self.ragged_runtime = ragged_runtime or runtime
         self._price = price
+        self.chains = dict(chains or {})
 
     def ragged_price(self, depth: int, site: str) -> float | None:
         """:meth:`Backend.ragged_price` of this call (``None``: rows cannot leave a batch early)."""
         return self._price(depth, site) if self._price is not None else self.ragged.ragged_price(depth, site)
+
+    def ragged_prices(self, depth: int, site: str) -> dict[str, float]:
+        """Every runtime that can run this call's rows to their own depths (up to ``depth`` at ``site``), with its
+        price per token-layer against :attr:`backend`'s graph (:meth:`Backend.ragged_price`): :attr:`ragged_runtime`
+        first, then the other ``chains`` prepared so far; empty where none can."""
+        out: dict[str, float] = {}
+        own = self.ragged_price(depth, site)
+        if own is not None:
+            out[self.ragged_runtime] = own
+        for name, (_, price) in self.chains.items():
+            value = price(depth, site)
+            if value is not None and name not in out:
+                out[name] = value
+        return out
+
+    def chain(self, name: str) -> "Plan":
+        """This plan with ``name``'s chain running the rows of mixed depths (one of :meth:`ragged_prices`).
+
+        Raises:
+            ValueError: ``name`` is not offered (the valid names listed).
+        """
+        if name == self.ragged_runtime:
+            return self
+        if name not in self.chains:
+            raise ValueError(f"no chain {name!r} for rows of mixed depths here; offered: "
+                             f"{', '.join([self.ragged_runtime, *self.chains])}")
+        plan = copy.copy(self)
+        plan.ragged, plan._price = self.chains[name]
+        plan.ragged_runtime = name
+        return plan
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
               site: str) -> Callable[[], torch.Tensor]:

@@ -20,8 +20,18 @@ serves from the next call on. How a depth moves:
 2. **prepared** (the job, in the background at a quiet moment, its export and conversion in a child process):
    built, checked against PyTorch, raced once per model (``races.json`` keeps the race for later processes);
 3. **decided**: the :class:`~layerwise.model.backends.policy.Decision` is recorded, a ``layerwise:`` line says it, and
-   the next call's plan takes it. Where mixed depths were asked for, a ``"stages"`` job builds the one-layer graphs of
-   the runtime that serves (:mod:`~layerwise.model.backends.stages`).
+   the next call's plan takes it. Where mixed depths were asked for, ``"stages-<runtime>"`` jobs build the one-layer
+   graphs of each compiled runtime, ONNX Runtime's first (:mod:`~layerwise.model.backends.stages`).
+
+Rows of mixed depths: the plan offers every prepared chain of one-layer graphs (:meth:`Plan.ragged_prices
+<layerwise.model.backends.base.Plan.ragged_prices>`), the serving runtime's at its measured price, the other's at its
+own price times its graph's race time over the serving graph's; a caller picks one with :meth:`Plan.chain
+<layerwise.model.backends.base.Plan.chain>` (the service measures which runs its mixed calls faster:
+:class:`~layerwise.serve.cost.WayCorrections`). Why both: a price timed in a quiet process does not say how a chain
+runs beside a server's other threads. On a 2-core AVX-512 EPYC (2026-11-28) OpenVINO's chain was the cheaper of the
+two in process (856 against 929 ms for eleven batches of 44 SST-2 sentences at depths 1..6), and in the server the
+dearer by far: every mixed call on OpenVINO's chain gave 0.95-1.06x the all-last throughput, on ONNX Runtime's
+1.22-1.33x (best of 3-5 rounds, 32 and 64 clients).
 
 Who owns what: the router's ``_lock`` owns the compiled runtimes' switch (:meth:`torch_only`); the
 :class:`~layerwise.model.backends.decisions.Decisions` own each depth's state, the race and the pin (their lock); the
@@ -39,6 +49,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...errors import ModelLoadError
+from ...notices import notice
 from ..loaded import LoadedModel
 from ..options import ModelOptions
 from . import policy
@@ -89,6 +100,7 @@ class AutoBackend(Backend):
         self.preparer = Preparer("layerwise-auto")
         self.int8 = Int8Timing(self) if self.quantize else None
         self._lock = threading.Lock()  # owns the switch of the compiled runtimes (onnx, openvino, why_torch)
+        self._chain_said: dict[str, str] = {}  # serving runtime -> the chain last said to run its mixed rows
         self.racer = Racer(loaded, self.torch, lambda: self.compiled_runtimes, self.races, self.preparer.activity,
                            self.preparer.stopping, self.fingerprint, versions)
         self.decisions = Decisions(self.racer, self.preparer, lambda: self.why_torch, self._queue_stages_if_asked)
@@ -184,12 +196,51 @@ class AutoBackend(Backend):
             self._queue_stages(depth)
 
     def _queue_stages(self, depth: int) -> None:
-        """Queue the one-layer graphs up to ``depth`` of the runtime serving it (once per depth)."""
+        """Queue the one-layer graphs up to ``depth`` of every compiled runtime that has them, once the depth is
+        decided for one of them (once per depth and runtime): :meth:`plan` offers each chain, priced against the
+        serving graph, and the caller measures which runs its mixed calls faster."""
         decision = self.decisions.decision(depth)
-        staged = self._staged_on(decision.runtime if decision is not None else "torch")
-        if staged is not None and not staged.stages.prepared(depth):
-            job = lambda: staged.prepare_ragged(depth, alone=self.preparer.activity.alone)  # noqa: E731
-            self.preparer.submit((self.loaded.name, depth, "stages"), job)
+        serving = decision.runtime if decision is not None else "torch"
+        if serving == "torch":
+            return
+        # ONNX Runtime's first: its one-layer graphs open in seconds, and OpenVINO's are compiled from them (about
+        # 10 s for six layers of MiniLM on 2 cores, from an empty cache), so a mixed load has a chain soonest
+        for name in sorted(self.compiled_runtimes, key=lambda name: name != "onnx"):
+            staged = self._staged_on(name)
+            if staged is not None and not staged.stages.prepared(depth):
+                job = lambda staged=staged: staged.prepare_ragged(depth, alone=self.preparer.activity.alone)  # noqa: E731
+                self.preparer.submit((self.loaded.name, depth, f"stages-{name}"), job)
+
+    def _say_chain(self, use: str, best: str, prices: dict[str, float]) -> None:
+        """A ``layerwise:`` line when the chain that runs the rows of mixed depths is first chosen or changes."""
+        if self._chain_said.get(use) == best:
+            return
+        self._chain_said[use] = best
+        label = {"onnx": "ONNX Runtime", "openvino": "OpenVINO"}
+        others = "; ".join(f"{label.get(n, n)}'s {p:.2f}x" for n, p in prices.items() if n != best)
+        notice(f"rows of mixed depths leave their batch at their own depth on {label.get(best, best)}'s one-layer "
+               f"graphs while {label.get(use, use)} serves: a token-layer there costs {prices[best]:.2f}x "
+               f"{label.get(use, use)}'s graph" + (f" ({others})" if others else ""))
+
+    def _chains(self, use: str) -> dict[str, tuple[Backend, Callable[[int, str], float | None]]]:
+        """The other compiled runtimes' chains of one-layer graphs, each priced against ``use``'s graph: its own
+        price (chain over its graph) times its graph's race time over ``use``'s (none where either is unknown)."""
+        times = self.decisions.race_times()
+        chains: dict[str, tuple[Backend, Callable[[int, str], float | None]]] = {}
+        if times.get(use, 0.0) <= 0.0:
+            return chains
+        for name in self.compiled_runtimes:
+            staged = self._staged_on(name)
+            if name == use or staged is None or times.get(name, 0.0) <= 0.0:
+                continue
+            ratio = times[name] / times[use]
+
+            def price(depth: int, site: str, staged: Staged = staged, ratio: float = ratio) -> float | None:
+                own = staged.ragged_price(depth, site)
+                return None if own is None else own * ratio
+
+            chains[name] = (staged, price)  # type: ignore[assignment]
+        return chains
 
     def plan(self, layers: Sequence[int], site: str) -> Plan:
         """:meth:`Backend.plan`: the runtime serving ``layers`` at ``site`` now, for every batch of the call; rows of
@@ -198,7 +249,20 @@ class AutoBackend(Backend):
         backend = self.compiled_runtimes.get(use, self.torch)
         depth = max(max(layers), 1)
         staged = self._staged_on(use)
-        if staged is not None and staged.stages.prepared(depth):
+        offers: dict[str, tuple[Backend, Callable[[int, str], float | None], float]] = {}
+        if staged is not None and staged.stages.prepared(depth) and staged.ragged_price(depth, site) is not None:
+            offers[use] = (staged, staged.ragged_price, staged.ragged_price(depth, site))  # type: ignore[assignment]
+        for name, (chain, price_of) in (self._chains(use) if use != "torch" else {}).items():
+            value = price_of(depth, site)
+            if value is not None:
+                offers[name] = (chain, price_of, value)
+        if offers:  # the cheapest chain runs the rows of mixed depths; the others stay on offer (Plan.chain)
+            best = min(offers, key=lambda name: (offers[name][2], name != use))
+            self._say_chain(use, best, {name: value for name, (_, _, value) in offers.items()})
+            chain, price_of, _ = offers[best]
+            return Counted(self.preparer.activity, use, backend, ragged=chain, price=price_of, ragged_runtime=best,
+                           chains={name: (o[0], o[1]) for name, o in offers.items() if name != best})
+        if staged is not None and staged.stages.prepared(depth):  # prepared, but the model is not run in stages
             return Counted(self.preparer.activity, use, backend, ragged=staged)
 
         def price(depth: int, site: str) -> float | None:
@@ -216,7 +280,8 @@ class AutoBackend(Backend):
 
         undecided = use == "torch" and site == "block" and self.decisions.decision(depth) is None
         spent = (lambda seconds: self.decisions.spent(depth, seconds)) if undecided else None
-        return Counted(self.preparer.activity, use, backend, ragged=self.torch, price=price, spent=spent)
+        return Counted(self.preparer.activity, use, backend, ragged=self.torch, price=price, spent=spent,
+                       ragged_runtime="torch")
 
     # ---- the Backend interface, each call through its plan ------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
@@ -232,6 +297,11 @@ class AutoBackend(Backend):
     def ragged_price(self, depth: int, site: str) -> float | None:
         """:meth:`Backend.ragged_price` of the plan for ``depth`` (the first ask queues the one-layer graphs)."""
         return self.plan((depth,), site).ragged_price(depth, site)
+
+    def ragged_prices(self, depth: int, site: str) -> dict[str, float]:
+        """:meth:`Backend.ragged_prices` of the plan for ``depth``: the serving runtime's chain (or PyTorch) and the
+        other compiled runtimes' chains prepared so far, each priced against the serving graph."""
+        return self.plan((depth,), site).ragged_prices(depth, site)
 
     def start_ragged(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
                      depths: Sequence[int]) -> Callable[[], torch.Tensor]:

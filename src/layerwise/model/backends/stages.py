@@ -19,9 +19,11 @@ loop and its thread. A runtime supplies four steps (:meth:`Stages.ready`, :meth:
 gives it :meth:`~layerwise.model.backends.base.Backend.ragged_price` and
 :meth:`~layerwise.model.backends.base.Backend.start_ragged`.
 
-What the chain costs against the one graph is measured, not assumed (:meth:`Stages.prepare`): a batch of 64 of the
-bundled sample sentences padded to 32 tokens (a service's batch, not a probe's: the chain's overhead is per layer
-call), run to the deepest layer both ways, five pairs, alternating. That ratio is the backend's ``ragged_price``,
+What the chain costs against the one graph is measured, not assumed (:meth:`Stages.prepare`): batches of about 64 of
+the bundled sample sentences padded to about 32 tokens (a service's batch, not a probe's: the chain's overhead is per
+layer call), each pair on a shape of its own (a service's batches rarely repeat a shape, and OpenVINO prepares its
+kernels per shape: each of the chain's graphs pays that per batch), run to the deepest layer both ways, five pairs,
+alternating. That ratio is the backend's ``ragged_price``,
 which the service's batcher weighs against running depths as segments. On the default model (2-core AMD EPYC, AVX2
 only, 2026-11-27), eight batches of 64 SST-2 sentences with rows at depths 1..6 ran in 3.07 s as ONNX Runtime's chain
 and 3.20 s as OpenVINO's, against 5.59 s and 5.25 s through their graphs of depth 6.
@@ -82,8 +84,6 @@ class Stages(ABC):
         self._price: dict[int, float | None] = {}  # depth -> measured price, None: not run in stages
         self._preparing = threading.Lock()  # one preparation at a time (a server's warming and a request)
         self._lock = threading.RLock()  # one batch on the stages' graphs at a time
-        # runs started batches one at a time, in the order started (start())
-        self._runner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"layerwise-{backend.name}-stages")
 
     # ---- what a runtime supplies -----------------------------------------------------------------------------
     @abstractmethod
@@ -170,12 +170,21 @@ class Stages(ABC):
         if not self._agrees(depth):
             return None
         texts = sample_texts()
-        enc = b.loaded.tokenizer((texts * TIMING_ROWS)[:TIMING_ROWS], padding="max_length", truncation=True,
-                                 max_length=TIMING_TOKENS, return_tensors="pt")
-        ids, mask = enc["input_ids"], enc["attention_mask"]
+        batches = []  # a new shape for every pair, as a service's batches come (a runtime that compiles kernels per
+        for r in range(-1, TIMING_ROUNDS):  # shape pays for it here as it does there)
+            rows, tokens = TIMING_ROWS - 2 * (r + 1), TIMING_TOKENS + r + 1
+            enc = b.loaded.tokenizer((texts * rows)[:rows], padding="max_length", truncation=True,
+                                     max_length=tokens, return_tensors="pt")
+            batches.append((enc["input_ids"], enc["attention_mask"]))
         layers = list(range(depth + 1))
-        rows = [depth] * ids.shape[0]
-        runs = {"chain": lambda: self.run(ids, mask, layers, rows), "whole": lambda: self.whole(ids, mask, depth)}
+
+        def spread(rows: int) -> list[int]:  # the rows' depths spread over 1..depth, deepest first, as mixed calls'
+            return sorted((1 + (i * depth) // rows for i in range(rows)), reverse=True)
+
+        runs = {"chain": lambda ids, mask: self.run(ids, mask, layers, spread(ids.shape[0])),
+                "whole": lambda ids, mask: self.whole(ids, mask, depth)}
+        # the chain runs each row only to its depth: its time is weighed by the layers it ran against the graph's
+        needed = [sum(spread(ids.shape[0])) / (ids.shape[0] * depth) for ids, _ in batches[1:]]
         times: dict[str, list[float]] = {"chain": [], "whole": []}
         with alone():
             # a first pair untimed (the caller's batches still running finish meanwhile), then pairs, their order
@@ -183,16 +192,17 @@ class Stages(ABC):
             for r in range(-1, TIMING_ROUNDS):
                 for which in ("chain", "whole") if r % 2 == 0 else ("whole", "chain"):
                     t = time.perf_counter()
-                    runs[which]()
+                    runs[which](*batches[r + 1])
                     if r >= 0:
                         times[which].append(time.perf_counter() - t)
         # the median of the pairs' ratios: one slow moment (the caller's own batches, another process) moves it
         # less than a ratio of minimums, and a price measured once holds for the life of the process
-        price = max(1.0, float(np.median([c / w for c, w in zip(times["chain"], times["whole"])])))
+        price = max(1.0, float(np.median([c / (w * f) for c, w, f in zip(times["chain"], times["whole"], needed)])))
         chain, whole = float(np.median(times["chain"])), float(np.median(times["whole"]))
         notice(f"{self.label} runs {b.loaded.name}'s layers 2..{depth} also one graph each, so rows leave a batch at "
-               f"their own depth: a token-layer costs {price:.2f}x the graph of layers 0..{depth} ({chain * 1e3:.0f} "
-               f"against {whole * 1e3:.0f} ms a batch; prepared in {time.perf_counter() - t0:.1f} s)")
+               f"their own depth: a token-layer costs {price:.2f}x the graph of layers 0..{depth} (a batch of rows at "
+               f"depths 1..{depth}: {chain * 1e3:.0f} ms, through the graph {whole * 1e3:.0f} ms; prepared in "
+               f"{time.perf_counter() - t0:.1f} s)")
         return price
 
     def _agrees(self, depth: int) -> bool:
@@ -226,32 +236,58 @@ class Stages(ABC):
         b = self.backend
         keep = keep_counts(depths, b.loaded.num_layers)
         batch, tokens = input_ids.shape
-        out = np.zeros((len(layers), batch, tokens, b.loaded.hidden_size), dtype=np.float32)
+        # each wanted layer is written straight into its place in the result, which the next layer then reads (no
+        # copies); only the rows that do not reach a layer are zeroed
+        out = np.empty((len(layers), batch, tokens, b.loaded.hidden_size), dtype=np.float32)
         index = {layer: k for k, layer in enumerate(layers)}
         mask = attention_mask.numpy().astype(np.int64, copy=False)
-        state, spare = np.empty((2, batch, tokens, b.loaded.hidden_size), dtype=np.float32)
+        scratch = list(np.empty((2, batch, tokens, b.loaded.hidden_size), dtype=np.float32))
+
+        def target(layer: int, state: np.ndarray | None) -> np.ndarray:
+            """Where ``layer``'s states go: its place in the result, else a scratch buffer that is not ``state``."""
+            if layer in index:
+                return out[index[layer]]
+            return scratch[0] if state is None or scratch[0] is not state else scratch[1]
+
+        ran = {layer: batch for layer in (0, 1)}  # layer -> the rows that ran it
         with self._lock:  # one batch at a time (the preparation of another depth runs the same graphs)
+            state = target(1, None)
             outputs = {"hidden_1": state} | ({"hidden_0": out[index[0]]} if 0 in index else {})
             self.head(input_ids.numpy().astype(np.int64, copy=False), mask, outputs)  # every row: layers 0..1
-            if 1 in index:
-                out[index[1]] = state
             for layer in range(2, max(max(layers), 1) + 1):
                 n = keep[layer]
                 if n == 0:
                     break
-                self.layer(layer, state, mask, n, spare)
-                state, spare = spare, state  # what this layer gave is the next one's input
-                if layer in index:
-                    out[index[layer], :n] = state[:n]
+                into = target(layer, state)
+                self.layer(layer, state, mask, n, into)
+                state, ran[layer] = into, n  # what this layer gave is the next one's input
+        for layer, k in index.items():
+            out[k, ran.get(layer, 0):] = 0.0  # rows that stopped before the layer
         return torch.from_numpy(out)
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int],
               depths: Sequence[int]) -> Callable[[], torch.Tensor]:
-        """:meth:`run` started in a thread of the stages' own, returning at once: the caller prepares and reduces
-        other batches while the runtime computes this one (its calls release the GIL). Batches started one after
-        another run in that order. Returns a callable that waits for the states."""
-        future = self._runner.submit(self.run, input_ids, attention_mask, layers, depths)
+        """:meth:`run` started in the process's chain thread (:func:`chain_runner`), returning at once: the caller
+        prepares and reduces other batches while the runtime computes this one (its calls release the GIL). Batches
+        started one after another run in that order, whichever runtime's chain runs them. Returns a callable that
+        waits for the states."""
+        future = chain_runner().submit(self.run, input_ids, attention_mask, layers, depths)
         return future.result
+
+
+_RUNNER: ThreadPoolExecutor | None = None
+_RUNNER_LOCK = threading.Lock()
+
+
+def chain_runner() -> ThreadPoolExecutor:
+    """The one thread of the process that runs chains (:meth:`Stages.start`), whatever the runtime: two runtimes'
+    chains never run at once (a service that tries ONNX Runtime's chain and OpenVINO's on alternate calls would
+    otherwise run both together, each slowing the other and each call charged for the other's time)."""
+    global _RUNNER
+    with _RUNNER_LOCK:
+        if _RUNNER is None:
+            _RUNNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerwise-stages")
+        return _RUNNER
 
 
 class Staged:
@@ -285,4 +321,4 @@ class Staged:
         return self.stages.start(input_ids, attention_mask, layers, depths)
 
 
-__all__ = ["TIMING_ROUNDS", "TIMING_ROWS", "TIMING_TOKENS", "Staged", "Stages"]
+__all__ = ["TIMING_ROUNDS", "TIMING_ROWS", "TIMING_TOKENS", "Staged", "Stages", "chain_runner"]
