@@ -50,8 +50,8 @@ class Calibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    min: list[float]
-    max: list[float]
+    min: list[float] = Field(min_length=1)
+    max: list[float] = Field(min_length=1)
 
 
 class SpecExtension(BaseModel):
