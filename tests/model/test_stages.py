@@ -214,7 +214,7 @@ def test_auto_offers_the_other_runtimes_chain_priced_against_the_serving_graph(t
     assert list(offers) == [runtime, other]  # the serving runtime's own chain first
     assert offers[runtime] == own and offers[other] == pytest.approx(theirs * 2.0)  # race: 0.002 s over 0.001 s
     plan = ex.backend.plan([0, 1, 2], "block")
-    with pytest.raises(ValueError, match=f"offered: {runtime}, {other}"):
+    with pytest.raises(lw.LayerwiseError, match=f"offered: {runtime}, {other}"):
         plan.chain("tensorflow")
     chained = plan.chain(other)
     assert chained.runtime == runtime and chained.ragged_runtime == other and plan.chain(runtime) is plan

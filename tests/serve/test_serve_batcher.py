@@ -16,6 +16,7 @@ from layerwise.serve.cost import (
     CORRECTION_DECAY,
     CUT,
     FIRST_RUNS,
+    HOPELESS_RETRY,
     RAGGED,
     RETRY_AFTER,
     WHOLE,
@@ -446,9 +447,10 @@ def test_way_corrections_follow_what_each_way_took():
     picks = [ways.choose(predicted) for _ in range(2 * RETRY_AFTER)]  # choices 5, 6, ... (the cut last ran at 2)
     cuts = [k + 5 for k, way in enumerate(picks) if way == CUT]
     assert cuts == [2 + RETRY_AFTER, 2 + 2 * RETRY_AFTER]  # the way not chosen runs again every RETRY_AFTER choices
-    ways.observe(CUT, 1.0, 0.2)  # ... and what it took then moves its correction (sums, the earlier calls fading)
+    ways.observe(CUT, 1.0, 0.2)  # ... and what it took then moves its correction (sums, the earlier calls fading
+    fade = CORRECTION_DECAY ** (ways.choices - 2)  # by one factor per choice made since the cut last ran, choice 2)
     d = CORRECTION_DECAY
-    assert abs(ways.correction(CUT) - (d * 1.1 * (1 + d) + 0.2) / (d * (1 + d) + 1)) < 1e-9
+    assert ways.correction(CUT) == pytest.approx((fade * 1.1 * (d + 1) + 0.2) / (fade * (d + 1) + 1), rel=1e-9)
     assert WayCorrections().choose({CUT: 1.0, RAGGED: 1.0}) == RAGGED  # a tie: no layer run that is not needed
     hopeless = WayCorrections()
     for way in (CUT, RAGGED):
@@ -474,3 +476,21 @@ def test_way_corrections_learn_which_runtimes_chain_runs_mixed_calls_faster():
     later = picks[3 * FIRST_RUNS:]
     assert later.count(onnx) > 0.9 * len(later) and {CUT, openvino} <= set(later)
     assert ways.ways() == [CUT, openvino, onnx] and ways.correction(onnx) == pytest.approx(0.75)
+
+
+def test_a_way_with_a_bad_start_is_judged_by_its_last_calls():
+    """A way whose first calls were slow (the machine busy while it started; here 3x the other, past HOPELESS) is not
+    kept out for good: it runs again after HOPELESS_RETRY choices, and its earlier calls fade with every choice made
+    since, so that one call decides."""
+    ways = WayCorrections()
+    took = {CUT: 1.0, RAGGED: 3.0}
+    picks = []
+    for k in range(HOPELESS_RETRY + 2 * RETRY_AFTER):
+        if k == 2 * FIRST_RUNS:
+            took[RAGGED] = 0.5  # the machine quiet again: ragged calls now take half the cut's time
+        way = ways.choose({CUT: 1.0, RAGGED: 1.0})
+        picks.append(way)
+        ways.observe(way, 1.0, took[way])
+    first_retry = picks.index(RAGGED, 2 * FIRST_RUNS)
+    assert first_retry <= 2 * FIRST_RUNS + HOPELESS_RETRY
+    assert picks[first_retry + 1:].count(RAGGED) > 0.9 * len(picks[first_retry + 1:]), picks

@@ -81,6 +81,7 @@ class Call:
     started: bool = False  # its last step finished nothing: its forward batch is running in the runtime
     way: str | None = None  # a call of several depths: CUT or a ragged way, as chosen (see WayCorrections)
     predicted: float = 0.0  # the cost model's seconds for it, when it was chosen
+    taken: float = 0.0  # perf_counter() when it left the queue
 
     @property
     def tokens(self) -> int:
@@ -172,6 +173,7 @@ class Batcher:
         self.tokens_per_second = 0.0  # the worker's recent rate, for Retry-After
         self._on_batch = on_batch
         self.ways: dict[Hashable, WayCorrections] = {}  # per group: each way's corrections (calls of several depths)
+        self._last_end = 0.0  # perf_counter() when the last call finished
         self._queue: deque[Job] = deque()
         self._calls: deque[Call] = deque()
         self._cv = threading.Condition()
@@ -283,6 +285,7 @@ class Batcher:
                                           for c in self._calls)):
             new = self._take()
             if new is not None:
+                new.taken = time.perf_counter()
                 self._calls.appendleft(new)
         if not self._calls:
             return None
@@ -357,8 +360,16 @@ class Batcher:
 
     def _finished(self, call: Call) -> None:
         tokens = call.tokens
+        # what the call cost the service: the wall time from the previous call's end (or from its own start, when the
+        # worker was idle before it) to its end. Calls run one behind the other, so this is its share of the
+        # throughput, with whatever its runtime took from the service's other threads meanwhile; the worker's own
+        # time on it (call.seconds, the cost model's) overlaps the next call's tokenising and misses the rest
+        now = time.perf_counter()
+        wall = now - max(self._last_end, call.taken or now)
+        self._last_end = now
         if call.way is not None:
-            self.ways.setdefault(call.jobs[0].group, WayCorrections()).observe(call.way, call.predicted, call.seconds)
+            self.ways.setdefault(call.jobs[0].group, WayCorrections()).observe(call.way, call.predicted,
+                                                                               wall or call.seconds)
         self.cost.observe(call.shape(), call.seconds, shared=call.ragged)
         if call.seconds > 0:
             self.tokens_per_second = tokens / call.seconds

@@ -158,7 +158,8 @@ CUT, WHOLE, RAGGED = "cut", "whole", "ragged"  # the ways of running a call of s
 CORRECTION_DECAY = 0.95  # each call of a way weighs 1 in its correction, the earlier ones fade by this factor
 FIRST_RUNS = 2  # each way runs this many calls before the corrections alone decide
 RETRY_AFTER = 64  # calls of several depths after which a way not chosen runs once more
-HOPELESS = 2.0  # a way predicted (corrected) above this many times the best is not run to check
+HOPELESS = 2.0  # a way predicted (corrected) above this many times the best is not run to check ...
+HOPELESS_RETRY = 8 * RETRY_AFTER  # ... but after this many choices without a call it is run once more
 
 
 def ragged_way(runtime: str = "") -> str:
@@ -174,19 +175,22 @@ class WayCorrections:
     :func:`ragged_way` on one runtime's chain of several), learned from the calls each way ran.
 
     A correction is the seconds that way's calls took over the seconds predicted for them, both summed with the
-    earlier calls fading by :data:`CORRECTION_DECAY` each (a ratio of sums: a call that overlaps another is charged
-    part of the other's time, and small calls, whose share moves most, weigh least), ``1.0`` before any.
+    earlier calls fading by :data:`CORRECTION_DECAY` for each choice made since (a ratio of sums: small calls, whose
+    share moves most, weigh least), ``1.0`` before any. The batcher reports as a call's seconds its wall time from the
+    previous call's end: its share of the service's throughput.
 
     :meth:`choose` compares the corrected predictions. The way predicted cheapest runs first; once it has run
     :data:`FIRST_RUNS` calls, each other way runs as many in turn; after that a way not chosen in the last
     :data:`RETRY_AFTER` choices runs the next call, unless it is predicted above :data:`HOPELESS` times the best
-    (corrected, or before its first runs as predicted).
+    (corrected, or before its first runs as predicted); such a way still runs once after :data:`HOPELESS_RETRY`
+    choices without a call.
     """
 
     took: dict[str, float] = field(default_factory=dict)  # way -> seconds, fading sums
     predicted: dict[str, float] = field(default_factory=dict)
     runs: dict[str, int] = field(default_factory=dict)
     last: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)  # way -> the choice count when it last reported a call
     choices: int = 0
 
     def correction(self, way: str) -> float:
@@ -208,7 +212,10 @@ class WayCorrections:
             if self.runs.get(other, 0) < FIRST_RUNS:
                 due, weigh = self.runs.get(best, 0) >= FIRST_RUNS, predicted
             else:
-                due, weigh = self.choices - self.last.get(other, 0) >= RETRY_AFTER, corrected
+                since = self.choices - self.last.get(other, 0)
+                due, weigh = since >= RETRY_AFTER, corrected
+                if since >= HOPELESS_RETRY:  # its correction is that old: whatever it said, look again
+                    weigh = {other: 0.0, best: corrected[best]}
             if due and weigh[other] <= HOPELESS * weigh[best]:
                 self.last[other] = self.choices  # tried now: not due again before RETRY_AFTER more choices
                 return other
@@ -218,8 +225,13 @@ class WayCorrections:
         """One call of ``way`` that the cost model predicted at ``predicted`` seconds took ``seconds``."""
         if predicted <= 0 or seconds <= 0:
             return
-        self.took[way] = CORRECTION_DECAY * self.took.get(way, 0.0) + seconds
-        self.predicted[way] = CORRECTION_DECAY * self.predicted.get(way, 0.0) + predicted
+        # the earlier calls fade by CORRECTION_DECAY per choice made since this way last ran, not per call of the
+        # way: a way run once in RETRY_AFTER choices is judged by its last calls, so one bad start cannot keep it
+        # out for good
+        fade = CORRECTION_DECAY ** max(1, self.choices - self.seen.get(way, self.choices))
+        self.seen[way] = self.choices
+        self.took[way] = fade * self.took.get(way, 0.0) + seconds
+        self.predicted[way] = fade * self.predicted.get(way, 0.0) + predicted
         self.runs[way] = self.runs.get(way, 0) + 1
         self.last[way] = max(self.last.get(way, 0), self.choices)
 
@@ -228,4 +240,4 @@ class WayCorrections:
         return list(dict.fromkeys([CUT, *self.predicted]))
 
 
-__all__ = ["CUT", "CostModel", "PRIORS", "RAGGED", "WHOLE", "WayCorrections", "plan", "ragged_way"]
+__all__ = ["CUT", "CostModel", "HOPELESS_RETRY", "PRIORS", "RAGGED", "WHOLE", "WayCorrections", "plan", "ragged_way"]

@@ -8,7 +8,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from ...errors import ModelLoadError
+from ...errors import LayerwiseError, ModelLoadError
 from ..loaded import LoadedModel
 from ..loading import load_model
 from ..options import ModelOptions
@@ -266,12 +266,12 @@ class Plan:
         self.runtime, self.backend = runtime, backend
         self.ragged = ragged if ragged is not None else backend
         self.ragged_runtime = ragged_runtime or runtime
-        self._price = price
+        self.price_of = price  # the ragged price as price(depth, site), or None: ragged.ragged_price
         self.chains = dict(chains or {})
 
     def ragged_price(self, depth: int, site: str) -> float | None:
         """:meth:`Backend.ragged_price` of this call (``None``: rows cannot leave a batch early)."""
-        return self._price(depth, site) if self._price is not None else self.ragged.ragged_price(depth, site)
+        return self.price_of(depth, site) if self.price_of is not None else self.ragged.ragged_price(depth, site)
 
     def ragged_prices(self, depth: int, site: str) -> dict[str, float]:
         """Every runtime that can run this call's rows to their own depths (up to ``depth`` at ``site``), with its
@@ -291,15 +291,15 @@ class Plan:
         """This plan with ``name``'s chain running the rows of mixed depths (one of :meth:`ragged_prices`).
 
         Raises:
-            ValueError: ``name`` is not offered (the valid names listed).
+            LayerwiseError: ``name`` is not offered (the valid names listed).
         """
         if name == self.ragged_runtime:
             return self
         if name not in self.chains:
-            raise ValueError(f"no chain {name!r} for rows of mixed depths here; offered: "
+            raise LayerwiseError(f"no chain {name!r} for rows of mixed depths here; offered: "
                              f"{', '.join([self.ragged_runtime, *self.chains])}")
         plan = copy.copy(self)
-        plan.ragged, plan._price = self.chains[name]
+        plan.ragged, plan.price_of = self.chains[name]
         plan.ragged_runtime = name
         return plan
 
