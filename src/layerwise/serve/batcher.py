@@ -10,7 +10,9 @@ A shallow request joins a deeper segment when its extra layers cost less than a 
 the runtime lets each row leave its batch at its own depth (``ragged``, PyTorch: :mod:`layerwise.model.ragged`), the
 call can run as one segment instead, its batches as large as the budget allows, each request to its own depth: it
 does where that is predicted cheaper, each way's predictions corrected by what that way's calls took
-(:class:`~layerwise.serve.cost.WayCorrections`).
+(:class:`~layerwise.serve.cost.WayCorrections`; a call's share of the throughput, the wall time from the previous
+call's end). A call of several depths may also run whole, as one segment to its deepest depth: what it would cost
+were every request at that depth.
 
 A call runs one forward batch per step. A call that is larger than one batch budget (a single request over
 ``max_batch_tokens``) takes turns: once it has run for ``quantum`` seconds, the requests queued meanwhile start a call

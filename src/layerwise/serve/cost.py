@@ -14,8 +14,9 @@ deepest member) by dynamic programming over the segment costs. The segments of a
 batches (:meth:`Extractor.encode_shared <layerwise.Extractor.encode_shared>`), so a segment costs no more than its
 batches.
 
-:class:`WayCorrections` keeps the choice between the two ways of running a call of several depths honest: cut into
-segments, or one segment whose rows each leave at their own depth (a ragged call). Three linear prices cannot say
+:class:`WayCorrections` keeps the choice between the ways of running a call of several depths honest: cut into
+segments, one segment run whole to its deepest depth, or one segment whose rows each leave at their own depth (a
+ragged call, on the chain of one-layer graphs the runtime chose). Three linear prices cannot say
 everything a runtime does: a call of one part-filled batch leaves a stream of a two-stream runtime idle, a chain of
 one-layer graphs loses more to a busy machine than one graph. Real traffic, whose batches are mostly full, cannot tell a
 price per batch from a price per token either. So each way's predictions are corrected by what that way's calls

@@ -65,7 +65,8 @@ class Metrics:
         self.cost_token_layer = Gauge("layerwise_cost_token_layer_seconds", "The cost model's price of one token "
                                       "through one layer (refit on every model call)", registry=r)
         self.cost_correction = Gauge("layerwise_cost_correction", "Seconds the model calls of several depths run "
-                                     "each way (cut: into depth segments; ragged: each row to its own depth) took "
+                                     "each way (cut: into depth segments; whole: one segment to the deepest depth; "
+                                     "ragged:RUNTIME: each row to its own depth on that runtime's chain) took "
                                      "over the cost model's prediction (fading sums; 1 before any), by site",
                                      ["site", "way"], registry=r)
         self.tokens_total = Counter("layerwise_tokens", "Tokens encoded (special tokens included)", registry=r)
