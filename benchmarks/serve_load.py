@@ -314,6 +314,13 @@ def wait_ready(port: int, timeout: float) -> tuple[dict | None, float]:
         time.sleep(1.0)
 
 
+def background(port: int) -> list:
+    """The depths whose runtime or one-layer graphs the server is still preparing: ``/ready``'s ``pending`` (warmed
+    depths) and ``preparing`` (others)."""
+    state = json.loads(get(port, "/ready")[1])
+    return sorted(set(state.get("pending") or []) | set(state.get("preparing") or []))
+
+
 def mixed_options(n: int, num_layers: int, pools: list[str], seed: int, base: dict) -> list[dict]:
     """One option dict per request: ``base`` with a layer of 1..num_layers and a pool of ``pools``. The pairs are
     dealt evenly (every pair once per ``num_layers * len(pools)`` requests, each deal shuffled) and the whole list
@@ -390,7 +397,7 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
     modes: dict[tuple[str, int], Mode] = {(kind, c): Mode() for kind in loads for c in clients}
     all_lat: dict[tuple[str, int], list[float]] = {key: [] for key in modes}
     rounds: list[tuple[str, ...]] = []
-    pending: list[tuple[object, object]] = []  # --preparing: /ready's pending before and after each mixed load
+    pending: list[tuple[object, object]] = []  # --preparing: what is being prepared before and after each mixed load
     try:
         state, _ = wait_ready(port, args.ready_timeout)
         if not args.preparing:
@@ -411,7 +418,7 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
                 rounds.append(order)
                 for kind in order:
                     if kind == "mixed" and args.preparing:
-                        pending.append((json.loads(get(port, "/ready")[1]).get("pending"), None))
+                        pending.append((background(port), None))
                     before = metrics(port, *COUNTED)
                     cpu0 = time.process_time()
                     wall, lat = load(port, requests, c, loads[kind])
@@ -422,7 +429,7 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
                                                                         else ""))
                     all_lat[kind, c] += lat
                     if kind == "mixed" and args.preparing:
-                        pending[-1] = (pending[-1][0], json.loads(get(port, "/ready")[1]).get("pending"))
+                        pending[-1] = (pending[-1][0], background(port))
         info = json.loads(get(port, "/v1/model")[1])
         text = get(port, "/metrics")[1].decode()
         corrections = re.findall(r'^layerwise_cost_correction\{.*way="([\w:]+)"\} (\S+)$', text, flags=re.MULTILINE)
@@ -474,9 +481,9 @@ def main_mixed(args, clients: list[int], options: dict, requests: list[list[str]
         last, mix = modes["last", c].walls[0], modes["mixed", c].walls[0]
         print(f"\nwhile the stages prepare (round 1 at {c} clients, order {' then '.join(rounds[0])}): all-last "
               f"{len(texts) / last:,.0f} texts/s, mixed {len(texts) / mix:,.0f} texts/s: {last / mix:.2f}x (target >= "
-              f"1.0x); /ready pending before / after the mixed load: {pending[0][0]} / {pending[0][1]}")
+              f"1.0x); depths being prepared (/ready) before / after the mixed load: {pending[0][0]} / {pending[0][1]}")
         for before, after in pending[1:]:
-            print(f"  a later mixed load: pending before / after: {before} / {after}")
+            print(f"  a later mixed load: depths being prepared before / after: {before} / {after}")
     print("\nratio: mixed texts/s over all-last texts/s (best rounds; and the median over rounds of the ratio within a "
           "round). Latencies over every round's requests; requests / model call: the best round's. Issue: mixed >= "
           "1.3x all-last at 32 and 64 clients, every depth compiled.")
