@@ -81,7 +81,7 @@ class Call:
     batches: int = 0
     alone: bool = False  # a job retried on its own after its merged call failed
     started: bool = False  # its last step finished nothing: its forward batch is running in the runtime
-    way: str | None = None  # a call of several depths: CUT or a ragged way, as chosen (see WayCorrections)
+    way: str | None = None  # a call of several depths: CUT, WHOLE or a ragged way, as chosen (see WayCorrections)
     predicted: float = 0.0  # the cost model's seconds for it, when it was chosen
     taken: float = 0.0  # perf_counter() when it left the queue
 

@@ -124,7 +124,7 @@ class Service:
         self.cost = CostModel.for_device(ex.backend.device.type, ex.batch_tokens)
         self.batcher = Batcher(self._run, self.cost, max_batch_tokens=limits.max_batch_tokens,
                                max_queue_tokens=limits.max_queue_tokens, on_batch=self._batch_done,
-                               ragged=lambda site, depth: _chosen(ex.backend.ragged_prices(depth, str(site))))
+                               ragged=lambda site, depth: _ragged_offer(ex, depth, str(site)))
         self.specs = SpecCache()
         self.model_id = ex.loaded.name
         self._ranges: dict[tuple[EncodeSpec, str], EncodeSpec] = {}
@@ -422,14 +422,16 @@ async def _disconnected(request: Any) -> None:
         pass
 
 
-def _chosen(offers: dict[str, float]) -> dict[str, float]:
-    """The chain the plan chose for rows of mixed depths (its first offer, the cheapest measured: see
-    :meth:`AutoBackend.plan <layerwise.model.backends.router.AutoBackend.plan>`), as the batcher's one ragged offer
-    beside the cut. Every runtime's chain offered to the batcher's per-call corrections, each call charged what it
-    took, ran OpenVINO's chain in 40-70% of the mixed calls on a 2-core EPYC (its calls looked no slower) and gave
-    0.95-1.04x the all-last throughput, against 1.22-1.36x on ONNX Runtime's chain, which the price timed on new
-    shapes and mixed depths names."""
-    return dict(list(offers.items())[:1])
+def _ragged_offer(ex: Extractor, depth: int, site: str) -> dict[str, float]:
+    """The batcher's one offer for rows of mixed depths up to ``depth``: the chain the plan chose (the cheapest
+    measured: see :meth:`AutoBackend.plan <layerwise.model.backends.router.AutoBackend.plan>`) and its price,
+    ``{runtime: price}``, or none. Only that one is weighed against the cut: every runtime's chain offered to the
+    batcher's per-call corrections ran OpenVINO's chain in 40-70% of the mixed calls on a 2-core EPYC (its calls
+    looked no slower) at 0.95-1.04x the all-last throughput, against 1.22-1.36x on ONNX Runtime's chain, which the
+    price timed on new shapes and mixed depths names."""
+    plan = ex.backend.plan((depth,), site)
+    price = plan.ragged_price(depth, site)
+    return {} if price is None else {plan.ragged_runtime: price}
 
 
 def runtime_label(plan: Plan, ragged: bool) -> str:

@@ -23,15 +23,17 @@ serves from the next call on. How a depth moves:
    the next call's plan takes it. Where mixed depths were asked for, ``"stages-<runtime>"`` jobs build the one-layer
    graphs of each compiled runtime, ONNX Runtime's first (:mod:`~layerwise.model.backends.stages`).
 
-Rows of mixed depths: the plan offers every prepared chain of one-layer graphs (:meth:`Plan.ragged_prices
-<layerwise.model.backends.base.Plan.ragged_prices>`), the serving runtime's at its measured price, the other's at its
-own price times its graph's race time over the serving graph's; a caller picks one with :meth:`Plan.chain
-<layerwise.model.backends.base.Plan.chain>` (the service measures which runs its mixed calls faster:
-:class:`~layerwise.serve.cost.WayCorrections`). Why both: a price timed in a quiet process does not say how a chain
-runs beside a server's other threads. On a 2-core AVX-512 EPYC (2026-11-28) OpenVINO's chain was the cheaper of the
-two in process (856 against 929 ms for eleven batches of 44 SST-2 sentences at depths 1..6), and in the server the
-dearer by far: every mixed call on OpenVINO's chain gave 0.95-1.06x the all-last throughput, on ONNX Runtime's
-1.22-1.33x (best of 3-5 rounds, 32 and 64 clients).
+Rows of mixed depths: each prepared chain of one-layer graphs is priced against the serving graph (the serving
+runtime's at its measured price, the other's at its own price times its graph's race time over the serving graph's),
+and the plan runs them on the cheapest, said once in a ``layerwise:`` line; the others stay on offer
+(:meth:`Plan.ragged_prices <layerwise.model.backends.base.Plan.ragged_prices>`, :meth:`Plan.chain
+<layerwise.model.backends.base.Plan.chain>`). Why both runtimes: which chain is cheaper is a fact of the machine and
+of the shapes. On a 2-core AVX-512 EPYC (2026-11-28) OpenVINO's chain was the cheaper of the two on repeated batches
+(856 against 929 ms for eleven batches of 44 SST-2 sentences at depths 1..6) and the dearer by far in the server,
+whose batches rarely repeat a shape: every mixed call on OpenVINO's chain gave 0.95-1.06x the all-last throughput,
+on ONNX Runtime's 1.22-1.33x (best of 3-5 rounds, 32 and 64 clients). Timed on a new shape per batch (as
+:meth:`Stages.prepare <layerwise.model.backends.stages.Stages.prepare>` now does), OpenVINO's chain costs 1.43-1.48x
+its graph and ONNX Runtime's 1.00-1.03x.
 
 Who owns what: the router's ``_lock`` owns the compiled runtimes' switch (:meth:`torch_only`); the
 :class:`~layerwise.model.backends.decisions.Decisions` own each depth's state, the race and the pin (their lock); the
@@ -216,11 +218,15 @@ class AutoBackend(Backend):
         if self._chain_said.get(use) == best:
             return
         self._chain_said[use] = best
-        label = {"onnx": "ONNX Runtime", "openvino": "OpenVINO"}
-        others = "; ".join(f"{label.get(n, n)}'s {p:.2f}x" for n, p in prices.items() if n != best)
-        notice(f"rows of mixed depths leave their batch at their own depth on {label.get(best, best)}'s one-layer "
-               f"graphs while {label.get(use, use)} serves: a token-layer there costs {prices[best]:.2f}x "
-               f"{label.get(use, use)}'s graph" + (f" ({others})" if others else ""))
+
+        def label(name: str) -> str:  # the runtime's name in messages, as its stages give it
+            staged = self._staged_on(name)
+            return staged.stages.label if staged is not None else name
+
+        others = "; ".join(f"{label(n)}'s {p:.2f}x" for n, p in prices.items() if n != best)
+        notice(f"rows of mixed depths leave their batch at their own depth on {label(best)}'s one-layer graphs while "
+               f"{label(use)} serves: a token-layer there costs {prices[best]:.2f}x {label(use)}'s graph"
+               + (f" ({others})" if others else ""))
 
     def _chains(self, use: str) -> dict[str, tuple[Backend, Callable[[int, str], float | None]]]:
         """The other compiled runtimes' chains of one-layer graphs, each priced against ``use``'s graph: its own
@@ -250,8 +256,9 @@ class AutoBackend(Backend):
         depth = max(max(layers), 1)
         staged = self._staged_on(use)
         offers: dict[str, tuple[Backend, Callable[[int, str], float | None], float]] = {}
-        if staged is not None and staged.stages.prepared(depth) and staged.ragged_price(depth, site) is not None:
-            offers[use] = (staged, staged.ragged_price, staged.ragged_price(depth, site))  # type: ignore[assignment]
+        own = staged.ragged_price(depth, site) if staged is not None and staged.stages.prepared(depth) else None
+        if staged is not None and own is not None:
+            offers[use] = (staged, staged.ragged_price, own)  # type: ignore[assignment]
         for name, (chain, price_of) in (self._chains(use) if use != "torch" else {}).items():
             value = price_of(depth, site)
             if value is not None:
@@ -297,11 +304,6 @@ class AutoBackend(Backend):
     def ragged_price(self, depth: int, site: str) -> float | None:
         """:meth:`Backend.ragged_price` of the plan for ``depth`` (the first ask queues the one-layer graphs)."""
         return self.plan((depth,), site).ragged_price(depth, site)
-
-    def ragged_prices(self, depth: int, site: str) -> dict[str, float]:
-        """:meth:`Backend.ragged_prices` of the plan for ``depth``: the serving runtime's chain (or PyTorch) and the
-        other compiled runtimes' chains prepared so far, each priced against the serving graph."""
-        return self.plan((depth,), site).ragged_prices(depth, site)
 
     def start_ragged(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], site: str,
                      depths: Sequence[int]) -> Callable[[], torch.Tensor]:
