@@ -160,7 +160,11 @@ def test_a_child_dies_with_its_parent(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while os.sched_getscheduler(child) != os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.05)  # the child lowers its own priority and arms the signal first thing (no preexec_fn)
+        assert os.sched_getscheduler(child) == os.SCHED_IDLE
+        time.sleep(0.3)
         assert not _gone(child)  # waiting for its model
         parent.send_signal(signal.SIGKILL)
         parent.wait()

@@ -17,7 +17,8 @@ are said once. When the preparation is stopped (process exit), the child is kill
 waiting thread.
 
 A child never outlives its parent (a server killed with ``kill -9`` during a build): on Linux the kernel sends it
-``SIGKILL`` when the thread that started it ends (``PR_SET_PDEATHSIG``, set before the step's interpreter starts), and
+``SIGKILL`` when the thread that started it ends (``PR_SET_PDEATHSIG``, armed by the child's first lines,
+:func:`child_setup`: nothing runs between fork and exec, where a process with threads can deadlock), and
 everywhere the child watches a pipe from its parent (its stdin) and exits at once when the pipe closes. A step writes
 only into the temporary directory its parent's :meth:`~layerwise.model.backends.cache.GraphCache.put` made (named
 after the parent's PID), so what a killed child leaves is a dead process's temporary file, which the next trim or
@@ -49,6 +50,7 @@ from ...notices import notice
 NICE = 10  # the child's CPU priority below the caller's
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal the child gets when the thread that started it ends
 WATCH = "LAYERWISE_OFFLOAD_WATCH"  # set in a child's environment: it exits when its stdin (a pipe from us) closes
+PARENT = "LAYERWISE_OFFLOAD_PARENT"  # set in a child's environment: its parent's PID (child_setup)
 _LOCAL = threading.local()
 
 
@@ -79,32 +81,33 @@ def _child_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")  # a trace and a conversion need no thread pool; the caller needs the cores
     env["LAYERWISE_QUIET"] = "1"
     env[WATCH] = "1"  # the child ends when its pipe from us closes
+    env[PARENT] = str(os.getpid())  # the child lowers its priority and arms PR_SET_PDEATHSIG itself (child_setup)
     return env
 
 
-def _child_setup(parent: int) -> Callable[[], None]:
-    """What the child runs between fork and exec: a lower CPU priority, and on Linux ``SIGKILL`` when its parent
-    ends (``PR_SET_PDEATHSIG``; exit at once if the parent ended before that was set)."""
-
-    def setup() -> None:
+def child_setup(parent: int) -> None:
+    """What a child runs first, in its own interpreter (never between fork and exec: ``preexec_fn`` runs Python in a
+    forked copy of a process with threads, where a lock another thread held at the fork, the dynamic loader's or an
+    allocator's, is never released and the child hangs before its step starts; its parent then waited for ever,
+    holding the build lock every later export needed). A lower CPU priority (``SCHED_IDLE`` on Linux, else ``nice``
+    :data:`NICE`), and on Linux ``SIGKILL`` when the thread that started it ends (``PR_SET_PDEATHSIG``); it exits at
+    once when its parent (PID ``parent``) ended before the signal was armed."""
+    try:
+        os.nice(NICE)
+    except OSError:  # not permitted here: the child runs at the caller's priority
+        pass
+    try:  # Linux: runs only on a core the caller leaves idle
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
+    if sys.platform.startswith("linux"):
         try:
-            os.nice(NICE)
-        except OSError:  # not permitted here: the child runs at the caller's priority
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the pipe watch (watch_parent) still ends the child
             pass
-        try:  # Linux: runs only on a core the caller leaves idle
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):
-            pass
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            except (OSError, AttributeError):  # no prctl: the pipe watch (see main) still ends the child
-                pass
-            if os.getppid() != parent:  # the parent died before the signal was armed
-                os._exit(1)
-
-    return setup
+    if parent and os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def watch_parent(fd: int = 0) -> threading.Thread:
@@ -137,8 +140,7 @@ def run(step: str, *args: str) -> bool:
         raise Stopped
     try:
         proc = subprocess.Popen([sys.executable, "-m", __name__, step, *args], env=_child_env(),
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_child_setup(os.getpid()) if os.name == "posix" else None)
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     except OSError as exc:
         notice(f"could not start a child process for {step} ({exc}); it runs in this process")
         return False
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     """The child's entry: ``STEP ARGS...``; exit 0 when done, 2 for an unknown step, 1 (with the traceback on
     stderr) when the step failed, 3 when its parent's pipe closed first (``$LAYERWISE_OFFLOAD_WATCH``)."""
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get(PARENT, "").isdigit():
+        child_setup(int(os.environ[PARENT]))
     if os.environ.get(WATCH) == "1":
         watch_parent()
     try:
