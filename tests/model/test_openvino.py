@@ -337,3 +337,35 @@ def test_int8_full_refusals(tiny_extractors, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "nncf", None)  # the [openvino] extra without NNCF
     with pytest.raises(lw.MissingExtraError, match=r"quantize='int8-full' .*pip install 'layerwise\[openvino\]'"):
         lw.Extractor(loaded, quantize="int8-full")
+
+
+def test_a_depth_serves_no_other_thread_before_its_fidelity_is_measured(tiny_graph_cache, tiny_extractors,
+                                                                       monkeypatch):
+    """A reduced-precision graph runs its fidelity check on its own infer requests: another thread asking for the
+    same depth meanwhile waits for the check, and never starts a batch on those requests (which failed a CI run
+    with OpenVINO's "Infer Request is busy")."""
+    import threading
+
+    import layerwise.model.backends.openvino as module
+
+    backend = ovb.OpenVinoBackend(tiny_extractors["bert"].loaded, cache=tiny_graph_cache, quantize="int8")
+    inside, release, order = threading.Event(), threading.Event(), []
+    real = module.measure_fidelity
+
+    def measured(b, depth):
+        inside.set()
+        assert release.wait(60)
+        result = real(b, depth)
+        order.append("measured")
+        return result
+
+    monkeypatch.setattr(module, "measure_fidelity", measured)
+    opening = threading.Thread(target=backend.warm, args=([0, 1],))
+    opening.start()
+    assert inside.wait(120)  # the graph is open and its fidelity check about to run
+    other = threading.Thread(target=lambda: (backend.compiled([0, 1]), order.append("served")))
+    other.start()
+    release.set()
+    opening.join(120)
+    other.join(120)
+    assert order == ["measured", "served"] and backend.fidelity[1]

@@ -51,6 +51,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -187,6 +188,9 @@ class OpenVinoBackend(Staged, Backend):
         self.convert_seconds: dict[int, float] = {}  # depth -> seconds spent exporting and converting here
         self.fidelity: dict[int, dict] = {}  # depth -> measured fidelity to float32 (reduced precision only)
         self._compiled: dict[int, tuple[Any, list[Any]]] = {}  # depth -> (compiled model, infer requests)
+        # a depth being opened, seen only by the thread opening it (its fidelity run): published in _compiled once
+        # measured, so no other thread starts a batch on its infer requests meanwhile ("Infer Request is busy")
+        self._opening = threading.local()
         self.served: tuple[int, ...] = ()  # the depths a server warmed and serves from (serve_only); (): each its own
         self._wrote = 0  # graphs this backend wrote to the cache (a build that wrote none found them built)
         self.leases = Leases()  # on the blob of each compiled model, held while it is open
@@ -355,6 +359,9 @@ class OpenVinoBackend(Staged, Backend):
         depth = self.depth_for(layers)
         if depth in self._compiled:
             return self._compiled[depth]
+        opening = getattr(self._opening, "entries", {})
+        if depth in opening:
+            return opening[depth]
         with BUILD_LOCK:
             return self._compile(depth)
 
@@ -377,11 +384,16 @@ class OpenVinoBackend(Staged, Backend):
             # the blob leased while the compiled model is open: no process evicts it meanwhile
             (path,), lease = GraphCache(self.root).hold(lambda: [self.build(depth)], ATTEMPTS)
             self.leases.hold(depth, lease)
-            self._compiled[depth] = self.open_compiled(path, f"layers 0..{depth}")
+            entry = self.open_compiled(path, f"layers 0..{depth}")
             if self.precision != "float32" and self.loaded.dtype == torch.float32:  # once per depth, warned if low
-                self.fidelity[depth] = measure_fidelity(self, depth)
+                self._opening.entries = {depth: entry}  # this thread's fidelity run, on requests no one else has
+                try:
+                    self.fidelity[depth] = measure_fidelity(self, depth)
+                finally:
+                    self._opening.entries = {}
                 if self.quantize == "int8-full":  # what calibration measured and kept in float
                     self.fidelity[depth]["calibration"] = json.loads(report_path(path).read_text(encoding="utf-8"))
+            self._compiled[depth] = entry
         return self._compiled[depth]
 
     def warm(self, layers: Sequence[int], site: str = "block") -> None:
