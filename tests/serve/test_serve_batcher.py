@@ -494,3 +494,16 @@ def test_a_way_with_a_bad_start_is_judged_by_its_last_calls():
     first_retry = picks.index(RAGGED, 2 * FIRST_RUNS)
     assert first_retry <= 2 * FIRST_RUNS + HOPELESS_RETRY
     assert picks[first_retry + 1:].count(RAGGED) > 0.9 * len(picks[first_retry + 1:]), picks
+
+
+def test_a_ragged_call_is_predicted_as_its_chain_was_priced():
+    """A chain's price is its time on rows at mixed depths over the serving graph's on the same batch, per token-layer
+    the rows needed; a ragged call is predicted the same way, whatever the fitted prices put into each batch's fixed
+    cost (a server's fit put most of a call into it, and ragged calls were then predicted at about what a whole call
+    costs, so the choice between them was left to noise)."""
+    segments = [(100, 1), (300, 3), (200, 6)]  # 2,200 token-layers of the 3,600 to depth 6
+    for prices in [(0.002, 0.003, 2e-5), (0.05, 0.0, 1e-7)]:  # the CPU's prior, and almost all per batch
+        model = CostModel(4096, *prices)
+        whole = model.predict([(600, 6)])
+        assert model.predict_ragged(segments, 1.2) == pytest.approx(whole * 1.2 * 2200 / 3600)
+        assert model.predict_ragged([(600, 6)], 1.0) == pytest.approx(whole)  # all rows to the deepest depth

@@ -266,7 +266,7 @@ class Batcher:
         # layers), each corrected by what that way's calls took
         for chain, price in offers.items():
             ragged = Call(chosen, [list(range(len(chosen)))], ragged=True, chain=chain, way=ragged_way(chain))
-            ragged.predicted = self.cost.predict(ragged.shape(), shared=True, price=price)
+            ragged.predicted = self.cost.predict_ragged(ragged.shape(), price)
             calls[ragged.way] = ragged  # type: ignore[index]
         if offers and min(offers.values()) <= 1.0:  # each row runs only its own layers at no dearer price
             calls = {way: c for way, c in calls.items() if c.ragged}

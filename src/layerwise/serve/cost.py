@@ -105,6 +105,18 @@ class CostModel:
         b, bd, td = self.features(segments, shared)
         return self.overhead * b + price * (self.layer_overhead * bd + self.unit * td)
 
+    def predict_ragged(self, segments: list[tuple[int, int]], price: float) -> float:
+        """The predicted seconds of a ragged call of ``segments`` of ``(tokens, depth)`` on a chain priced at
+        ``price``: what its tokens would cost to their deepest depth, times ``price``, times the share of those
+        token-layers the rows need. That is how a chain's price is measured (its time on rows at mixed depths over
+        the serving graph's time on the same batch, weighed by the token-layers the rows needed:
+        :meth:`Stages.prepare <layerwise.model.backends.stages.Stages.prepare>`), so it holds however the fitted
+        prices split a call's time between its batches, their layers and their tokens."""
+        tokens = sum(t for t, _ in segments)
+        depth = max(max(d, 1) for _, d in segments)
+        needed = sum(t * max(d, 1) for t, d in segments) / max(tokens * depth, 1)
+        return self.predict([(tokens, depth)]) * price * needed
+
     def observe(self, segments: list[tuple[int, int]], seconds: float, shared: bool = False) -> None:
         """Refit the prices on one finished call: its ``segments`` of ``(tokens, depth)`` took ``seconds``
         (``shared``: a ragged call, see :meth:`features`)."""
