@@ -73,12 +73,14 @@ def probe(
         res = run(train, dev, test, config, model=model_options, output=output, text_field=text_field,
                   format=fmt, overwrite=overwrite,
                   log=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))
-    from ..probe.report import noise_note
+    from ..probe.report import method_note, noise_note
 
     notes = "".join(f"\nwarning: {note}" for note in res.unseen_notes())
     print(f"{res.task_title}\n\n{res.to_markdown()}\n{notes}")  # the results on stdout (Markdown), logs on stderr
     best = res.best
     err_console.print(noise_note(res), highlight=False, markup=False)
+    if method_note(res):
+        err_console.print(method_note(res), highlight=False, markup=False)
     err_console.print(
         f"best: {best['name']} ({res.reported} {res.metric_name} {100 * best[f'{res.reported}_mean']:.2f}); wrote "
         f"{', '.join(p.name for p in res.files.values())} to {output} in {res.seconds:.0f}s",

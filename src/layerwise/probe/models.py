@@ -35,7 +35,9 @@ class ProbeSpec:
 def probe_specs(num_layers: int) -> list[ProbeSpec]:
     """Every single layer ``0..L``, then the BERT-paper strategies (Table 7) and a full scalar mix.
 
-    ``weighted sum`` strategies are learned scalar mixes (softmax weights times gamma, ELMo / Tenney et al.);
+    ``weighted sum`` strategies are learned scalar mixes (softmax weights, ELMo / Tenney et al.; the linear probe
+    standardises the mix again, so that its L2 penalty weighs every mix alike, :func:`~layerwise.probe.linear.
+    fit_linear`);
     ``weighted sum all layers`` mixes the ``L`` encoder layers, ``scalar mix all`` adds the embeddings.
     """
     L = num_layers

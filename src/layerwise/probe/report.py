@@ -72,8 +72,43 @@ def table_rows(results) -> list[dict]:
             "test_std": r.get("test_std"), "test_ci": r.get("test_ci"), "reported": r.get("reported", "dev"),
             "within_noise_of_best": r.get("within_noise_of_best"), "selectivity": r.get("selectivity"),
             "dev_accuracy": r["dev_accuracy"], "weights": r.get("weights"),
+            "one_hot": one_hot_layer(r),
         })
     return rows
+
+
+ONE_HOT = 1e-3  # a learned mix with all but this much of its weight on one layer is flagged as that layer alone
+
+
+def one_hot_layer(row: dict) -> int | None:
+    """The layer a learned mix's row put all its weight on (within :data:`ONE_HOT` of one-hot), else ``None``: such
+    a mix is that layer, whatever its name says."""
+    weights = row.get("weights")
+    if not weights or len(weights) < 2 or max(weights) < 1 - ONE_HOT:
+        return None
+    return int(row["layers"][int(np.argmax(weights))])
+
+
+def method_note(results) -> str:
+    """How the scores were chosen and what the control is: the strength ``C`` of a linear probe is chosen by
+    cross-validated accuracy on the training split (token accuracy for a tagging task, whose table reports entity
+    F1), and with ``--control`` on a sentence task, what its control measures there."""
+    opts = results.options
+    lines = []
+    if opts.get("probe") == "linear":
+        tagging = results.metric_name != "accuracy"
+        lines.append("The linear probes' L2 strength C was chosen by cross-validated "
+                     + ("token accuracy" if tagging else "accuracy") + " on the training split"
+                     + (f" (the table reports {results.metric_name})" if tagging else "") + ".")
+    if opts.get("control") and results.task != "tagging":
+        lines.append("Control (sentence task): each distinct text was given a fixed random label; texts rarely "
+                     "repeat between splits, so the control scores about chance (the most frequent label's share) "
+                     "and selectivity is the score above chance, not a measure of memorisation.")
+    flagged = [r["name"] for r in results.rows if one_hot_layer(r) is not None]
+    if flagged:
+        lines.append(f"{_names(flagged)} put all but {ONE_HOT:g} of {'its' if len(flagged) == 1 else 'their'} "
+                     f"weight on one layer (marked 'one-hot' in the table): that layer's score, not a mix's.")
+    return " ".join(lines)
 
 
 def _columns(results) -> tuple[list[str], bool, bool, bool]:
@@ -88,7 +123,8 @@ def _columns(results) -> tuple[list[str], bool, bool, bool]:
 
 
 def _cells(results, r: dict, has_test: bool, extra_acc: bool, control: bool) -> list[str]:
-    cells = [r["probe"], str(r["layers"]), r["combine"], _fmt(r["dev"], r["dev_std"], results.restarts, r["dev_ci"])]
+    combine = r["combine"] + (f" (one-hot: layer {r['one_hot']})" if r.get("one_hot") is not None else "")
+    cells = [r["probe"], str(r["layers"]), combine, _fmt(r["dev"], r["dev_std"], results.restarts, r["dev_ci"])]
     if has_test:
         cells.append(_fmt(r["test"], r["test_std"], results.restarts, r["test_ci"]))
     if extra_acc:
@@ -277,6 +313,7 @@ def _write_files(results, out: Path) -> dict[str, Path]:
     unseen_md = "".join(f"- {note}\n" for note in notes)
     files["results.md"].write_text(
         f"# {results.task_title}\n\n{md}\n\n{noise_note(results)}\n\n"
+        + (f"{method_note(results)}\n\n" if method_note(results) else "")
         + (f"**Labels unseen in training:**\n\n{unseen_md}\n" if notes else "")
         + f"{results.provenance_line()}\n",
         encoding="utf-8",
@@ -303,6 +340,7 @@ def _write_files(results, out: Path) -> dict[str, Path]:
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
         "</style></head><body>"
         f"<h1>{html.escape(results.task_title)}</h1>{table_html}<p>{html.escape(noise_note(results))}</p>"
+        f"<p>{html.escape(method_note(results))}</p>"
         f"{unseen_html}"
         f"<h2>Score per layer</h2><img src='data:image/png;base64,{imgs['layers.png']}'>"
         f"<h2>Similarity between layers</h2><img src='data:image/png;base64,{imgs['similarity.png']}'>"

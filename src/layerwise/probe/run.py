@@ -198,9 +198,11 @@ def run(
 def _options(cfg: ProbeConfig, scheme: str, column: str) -> dict:
     """The run's settings as ``results.json`` records them, with what was chosen on which split and how the
     intervals were drawn."""
+    strength_metric = ("token accuracy" if cfg.task == "tagging" else "accuracy") if cfg.probe == "linear" else None
     return {"probe": cfg.probe, "crf": cfg.crf, "hidden": cfg.hidden, "epochs": cfg.epochs, "lr": cfg.lr,
             "control": cfg.control, "selection": "the training split only (cross-validated strength, or a held-out "
-            "part of train to stop on)", "intervals": f"bootstrap 95%, items resampled {RESAMPLES} times",
+            "part of train to stop on)", "strength_metric": strength_metric,
+            "intervals": f"bootstrap 95%, items resampled {RESAMPLES} times",
             "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
             "column": column}
 
