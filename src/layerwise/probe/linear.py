@@ -12,8 +12,11 @@ dimensions hundreds of times larger than the rest; unscaled, L-BFGS needs thousa
 cross-validation *on the training split only* (a tagging task's folds keep each sentence's words together): the
 strengths are scanned from the strongest regularisation up, each fold warm-started from the previous strength, until
 two in a row score below the best (the weakly regularised end, slow to fit, is skipped once the accuracy falls);
-above ``ONE_FOLD_ROWS`` training rows one fold (a third of train) ranks them.
-Then the probe is refitted on the whole training split. The split a score is reported on is never read.
+above ``SCAN_ROWS`` training rows they are ranked on a sample of about that many (whole sentences for a tagging task,
+stratified by label otherwise: :func:`scan_sample`), and above ``ONE_FOLD_ROWS`` on one fold (a third of it). Then
+the probe is refitted on the whole training split, starting from the scan's fit at the chosen strength. The split a
+score is reported on is never read. For a tagging task the strengths are ranked on token accuracy while the table
+reports entity F1 (:func:`~layerwise.probe.report.method_note` says so).
 
 A learned scalar mix (``combine="scalar_mix"``) weighs the ``K`` standardised layers by softmax weights and
 standardises the mix again (its per-feature spread computed from the layers' covariance), so the penalty on the probe
@@ -25,13 +28,16 @@ and the penalty pushed every mix onto one: 0.9999 of the weight on one layer on 
 
 Solvers: the final fit is scikit-learn's ``LogisticRegression`` (``lbfgs``) where the features fit (``rows x width
 <= SKLEARN_VALUES``); otherwise, for a learned scalar mix of layers (not a plain logistic regression), and for the
-cross-validation fits, a full-batch L-BFGS in torch on the same objective (float32, strong Wolfe line search), which
-agrees with scikit-learn on the same data (tested) at a third of its time. Each final fit reports its iterations, the
-final gradient norm of the mean objective and whether it converged; a probe that did not is warned.
+cross-validation fits, a full-batch L-BFGS in torch on the same objective (float32, strong Wolfe line search,
+:mod:`layerwise.probe.solver`: the cached features read in chunks, never copied whole), which agrees with
+scikit-learn on the same data (tested). The strengths of a scalar mix are ranked on the uniform mix's probe (a
+one-layer probe's cost). Each final fit reports its iterations, the final gradient norm of the mean objective and
+whether it converged; a probe that did not is warned.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +46,7 @@ import numpy as np
 import torch
 
 from ..errors import LayerwiseError
+from .solver import FeatureView, MixView, Problem, Solution, layer_objectives, mix_spread, objective_at, solve
 
 COMBINES = ("concat", "sum", "scalar_mix")
 SOLVERS = ("sklearn", "torch")
@@ -52,6 +59,7 @@ SCAN_PATIENCE = 2  # strengths in a row below the best before the scan stops
 ONE_FOLD_ROWS = 5000  # above this many training rows, the strengths are ranked on one of the folds only
 TOL = 1e-4
 SKLEARN_VALUES = 10_000_000  # rows x width up to which scikit-learn fits the final probe (its float64 copy: 80 MB)
+SCAN_ROWS = 20_000  # above this many training rows, the strengths are ranked on a sample of about this many
 
 
 @dataclass
@@ -75,6 +83,9 @@ class LinearFit:
         objective: the training objective at the fit (:func:`mean_objective`: mean cross-entropy plus the L2
             penalty over ``2 C rows``), comparable between probes of the same rows and strength.
         starts: a scalar mix: the final objective reached from each start (``{"uniform": .., "layer k": ..}``).
+        scan_rows: the training rows the strengths were ranked on (all of them, or a sample above
+            :data:`SCAN_ROWS`; 0: no scan).
+        seconds: the wall time of the strength scan and of the final fit (``{"scan": .., "fit": ..}``).
     """
 
     weight: np.ndarray
@@ -92,6 +103,8 @@ class LinearFit:
     scores: dict[float, float] = field(default_factory=dict)
     objective: float = float("nan")
     starts: dict[str, float] = field(default_factory=dict)
+    scan_rows: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def logits(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
         """``[rows, classes]`` for features ``x [rows, K, W]``."""
@@ -105,10 +118,11 @@ class LinearFit:
         return self.logits(x).argmax(1)
 
     def report(self) -> dict[str, Any]:
-        """What the fit chose and how it ended, JSON-ready."""
+        """What the fit chose and how it ended, JSON-ready (the same for the same data: its times are in
+        :attr:`seconds`)."""
         out = {"solver": self.solver, "C": self.strength, "iterations": self.iterations,
                "grad_norm": float(f"{self.grad_norm:.3g}"), "converged": self.converged,
-               "objective": float(f"{self.objective:.6g}"),
+               "objective": float(f"{self.objective:.6g}"), "scan_rows": self.scan_rows,
                "cv_accuracy": {f"{c:.4g}": round(s, 5) for c, s in self.scores.items()}}
         if self.starts:
             out["starts"] = {k: float(f"{v:.6g}") for k, v in self.starts.items()}
@@ -152,11 +166,32 @@ def folds_of(n: int, groups: np.ndarray | None, k: int = FOLDS, seed: int = 0) -
     return [(np.flatnonzero(assign != f), np.flatnonzero(assign == f)) for f in range(k)]
 
 
+def scan_sample(n: int, groups: np.ndarray | None, y: np.ndarray, seed: int = 0,
+                limit: int | None = None) -> np.ndarray | None:
+    """The rows the strengths are ranked on: ``None`` (all ``n``) up to ``limit`` (:data:`SCAN_ROWS`), else a
+    sample of about ``limit`` of them, sorted: whole groups (a tagging task's sentences) drawn at random, or, without
+    groups, rows drawn per class in proportion to it (stratified), seeded."""
+    limit = SCAN_ROWS if limit is None else limit
+    if n <= limit:
+        return None
+    rng = np.random.default_rng(seed)
+    if groups is None:
+        picked = [rng.choice(np.flatnonzero(y == c), max(1, round(int((y == c).sum()) * limit / n)), replace=False)
+                  for c in np.unique(y)]
+        return np.sort(np.concatenate(picked))
+    unique, counts = np.unique(groups, return_counts=True)
+    order = rng.permutation(len(unique))
+    take = int(np.searchsorted(np.cumsum(counts[order]), limit)) + 1
+    return np.flatnonzero(np.isin(groups, unique[order[:take]]))
+
+
 def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combine: str = "concat", *,
                groups: np.ndarray | None = None, strengths: tuple[float, ...] = STRENGTHS, folds: int = FOLDS,
                seed: int = 0, solver: str | None = None) -> LinearFit:
-    """Fit the linear probe on ``x [rows, K, W]`` with labels ``y [rows]`` (``0 <= y < classes``; rows with a
-    negative label are left out), ``C`` chosen by cross-validation on these rows only (see the module docstring).
+    """Fit the linear probe on ``x [rows, K, W]`` (a float16 or float32 tensor or array: read in chunks, never
+    copied whole) with labels ``y [rows]`` (``0 <= y < classes``; rows with a negative label are left out), ``C``
+    chosen by cross-validation on these rows only (on a sample of :data:`SCAN_ROWS` above that; see the module
+    docstring).
 
     Args:
         combine: how the ``K`` layers are combined: ``concat``, ``sum`` or ``scalar_mix`` (learned with the probe).
@@ -168,64 +203,58 @@ def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combin
     if solver not in (None, *SOLVERS):
         raise LayerwiseError(f"unknown solver {solver!r}. Valid values are: None (scikit-learn where the features "
                              f"fit, else torch), {', '.join(SOLVERS)}")
+    t0 = time.perf_counter()
+    xt = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+    if xt.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        xt = xt.float()
+    y = np.asarray(y)
     keep = y >= 0
-    x_all = _as_float(x)[keep]
-    y = np.asarray(y)[keep]
+    rows = None if keep.all() else np.flatnonzero(keep)
+    y = y[keep]
     groups = None if groups is None else np.asarray(groups)[keep]
-    cov = None
-    if combine == "scalar_mix":
-        mean, scale = _moments(x_all)
-        z = (x_all - mean) / scale
-        cov = layer_covariance(z)
-        use = "torch"
-    else:
-        z = _combined(x_all, combine)
-        mean, scale = _moments(z)
-        z = (z - mean) / scale
-        use = solver or ("sklearn" if z.size <= SKLEARN_VALUES else "torch")
-    splits = folds_of(len(y), groups, folds, seed) if len(strengths) > 1 else []
-    if len(y) > ONE_FOLD_ROWS:  # enough rows that one held-out fold ranks the strengths
+    mixing = combine == "scalar_mix"
+    view = FeatureView(xt, combine)
+    mean, scale = view.moments(rows)
+    cov = view.layer_covariance(rows, mean, scale) if mixing else None
+    problem = Problem(view, rows, torch.from_numpy(y.astype(np.int64)), classes, mean, scale, cov)
+    use = "torch" if mixing else solver or ("sklearn" if len(y) * view.dim <= SKLEARN_VALUES else "torch")
+    sample = scan_sample(len(y), groups, y, seed) if len(strengths) > 1 else None
+    scanned = problem if sample is None else problem.subset(sample)
+    scan_groups = groups if sample is None or groups is None else groups[sample]
+    splits = folds_of(scanned.n, scan_groups, folds, seed) if len(strengths) > 1 else []
+    if scanned.n > ONE_FOLD_ROWS:  # enough rows that one held-out fold ranks the strengths
         splits = splits[:1]
-    scores = _choose(z, y, classes, strengths, splits, combine, seed, cov) if splits else {}
+    # a scalar mix's strengths are ranked on the uniform mix's probe (a one-layer probe's cost, not K layers')
+    scores, warm = _choose(uniform_problem(scanned) if mixing else scanned, strengths, splits) if splits else ({}, {})
     if scores:
         best = max(scores.values())
         strength = min(c for c, s in scores.items() if s == best)  # ties: the strongest regularisation
     else:
         strength = 1.0 if len(strengths) > 1 else strengths[0]  # too few rows to validate: scikit-learn's default
+    t1 = time.perf_counter()
     starts: dict[str, float] = {}
     mix_scale: np.ndarray | None = None
-    mix: np.ndarray | None
-    if cov is not None:
-        w, b, iterations, grad_norm, mix, starts = _fit_mix(z, y, classes, strength, seed, cov)
+    mix: np.ndarray | None = None
+    if mixing:
+        sol, starts = _fit_mix(problem, strength, seed)
+        w, b, iterations, grad_norm, objective, mix = (sol.weight, sol.bias, sol.iterations, sol.grad_norm,
+                                                       sol.objective, sol.mix)
+        assert mix is not None and cov is not None
         mix_scale = mix_spread(cov, mix)
-        objective = mean_objective(_mixed(z, mix) / mix_scale, y, w, b, strength)
-    else:
-        fit = _fit_sklearn if use == "sklearn" else _fit_torch
-        w, b, iterations, grad_norm, mix = fit(z, y, classes, strength, combine, seed)
+    elif use == "sklearn":
+        z = view.dense(rows, mean, scale)
+        w, b, iterations, grad_norm, _ = _fit_sklearn(z, y, classes, strength, combine, seed)
         objective = mean_objective(z, y, w, b, strength)
-    return LinearFit(weight=w, bias=b, mean=mean, scale=scale, combine=combine, strength=strength,
-                     iterations=iterations, grad_norm=grad_norm, converged=iterations < MAX_ITER,
-                     solver="scikit-learn lbfgs" if use == "sklearn" else "torch L-BFGS", mix=mix,
-                     mix_scale=mix_scale, scores=scores, objective=objective, starts=starts)
-
-
-def layer_covariance(z: np.ndarray) -> np.ndarray:
-    """``[W, K, K]``: per feature, the covariance over the rows of the ``K`` standardised layers of ``z [rows, K,
-    W]`` (ones on the diagonal): what a mix's spread is computed from (:func:`mix_spread`)."""
-    n = len(z)
-    cov = np.zeros((z.shape[2], z.shape[1], z.shape[1]), dtype=np.float64)
-    for s in range(0, n, 16384):  # in blocks: no [rows, K, K, W] product in memory
-        block = z[s : s + 16384].astype(np.float64)
-        cov += np.einsum("nkw,nlw->wkl", block, block)
-    return (cov / max(n, 1)).astype(np.float32)
-
-
-def mix_spread(cov: np.ndarray, mix: np.ndarray) -> np.ndarray:
-    """``[W]``: the standard deviation of each feature of the mix ``sum_k mix[k] z_k`` of standardised layers whose
-    covariance is ``cov [W, K, K]``; 1 for a one-layer mix, less for a mix of layers that are not perfectly
-    correlated."""
-    var = np.einsum("k,wkl,l->w", mix.astype(np.float64), cov.astype(np.float64), mix.astype(np.float64))
-    return np.sqrt(np.maximum(var, 1e-12)).astype(np.float32)
+    else:
+        sol = solve(problem, strength, start=warm.get(strength), seed=seed)
+        w, b, iterations, grad_norm, objective = sol.weight, sol.bias, sol.iterations, sol.grad_norm, sol.objective
+    shape = (view.layers, view.width) if mixing else (view.dim,)
+    return LinearFit(weight=w, bias=b, mean=mean.numpy().reshape(shape), scale=scale.numpy().reshape(shape),
+                     combine=combine, strength=strength, iterations=iterations, grad_norm=grad_norm,
+                     converged=iterations < MAX_ITER, solver="scikit-learn lbfgs" if use == "sklearn" else
+                     "torch L-BFGS", mix=mix, mix_scale=mix_scale, scores=scores, objective=objective, starts=starts,
+                     scan_rows=scanned.n if splits else 0,
+                     seconds={"scan": round(t1 - t0, 2), "fit": round(time.perf_counter() - t1, 2)})
 
 
 def mean_objective(z: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, strength: float) -> float:
@@ -243,34 +272,36 @@ def mean_objective(z: np.ndarray, y: np.ndarray, w: np.ndarray, b: np.ndarray, s
     return ce + penalty / (2 * strength * len(y))
 
 
-def _choose(z: np.ndarray, y: np.ndarray, classes: int, strengths: tuple[float, ...],
-            splits: list[tuple[np.ndarray, np.ndarray]], combine: str, seed: int,
-            cov: np.ndarray | None = None) -> dict[float, float]:
+Warm = tuple[np.ndarray, np.ndarray]
+
+
+def _choose(problem: Problem, strengths: tuple[float, ...],
+            splits: list[tuple[np.ndarray, np.ndarray]]) -> tuple[dict[float, float], dict[float, Warm]]:
     """Cross-validated accuracy of the strengths, from the strongest regularisation up (each fold warm-started from
-    the previous strength, with the torch solver), until :data:`SCAN_PATIENCE` strengths in a row score below the best
-    (the accuracy of a strength is unimodal in practice: the weakly regularised end, the slowest to fit, is then left
-    out)."""
+    the previous strength), until :data:`SCAN_PATIENCE` strengths in a row score below the best (the accuracy of a
+    strength is unimodal in practice: the weakly regularised end, the slowest to fit, is then left out); with the
+    first fold's fit at each strength (a start for the final fit)."""
     right: dict[float, int] = {}
-    starts: list[Any] = [None] * len(splits)
+    fitting = [problem.subset(tr) for tr, _ in splits]
+    checking = [problem.subset(va) for _, va in splits]
+    starts: list[Warm | None] = [None] * len(splits)
+    warm: dict[float, Warm] = {}
     below = 0
     for c in sorted(strengths):
         right[c] = 0
-        for f, (tr, va) in enumerate(splits):
-            w, b, _, _, mix = _fit_torch(z[tr], y[tr], classes, c, combine, seed, starts[f], CV_MAX_ITER, cov)
-            starts[f] = (w, b, mix)
-            right[c] += int((_logits(z[va], w, b, mix, cov).argmax(1) == y[va]).sum())
+        for f in range(len(splits)):
+            sol = solve(fitting[f], c, start=starts[f], max_iter=CV_MAX_ITER)
+            starts[f] = fitted = (sol.weight, sol.bias)
+            if f == 0:
+                warm[c] = fitted
+            bias = torch.from_numpy(np.nan_to_num(sol.bias, neginf=-1e30).astype(np.float32))
+            predicted = checking[f].logits(sol.effective, bias).argmax(1)
+            right[c] += int((predicted == checking[f].y).sum())
         below = below + 1 if right[c] < max(right.values()) else 0
         if below >= SCAN_PATIENCE:
             break
     validated = sum(len(va) for _, va in splits)
-    return {c: r / validated for c, r in right.items()}
-
-
-def _logits(z: np.ndarray, w: np.ndarray, b: np.ndarray, mix: np.ndarray | None,
-            cov: np.ndarray | None = None) -> np.ndarray:
-    if mix is None:
-        return z @ w.T + b
-    return (_mixed(z, mix) / (mix_spread(cov, mix) if cov is not None else 1.0)) @ w.T + b
+    return {c: r / validated for c, r in right.items()}, warm
 
 
 def _full(w: np.ndarray, b: np.ndarray, classes: int, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,36 +338,47 @@ def mean_objective_grad(z: np.ndarray, y: np.ndarray, coef: np.ndarray, intercep
 Fitted = tuple[np.ndarray, np.ndarray, int, float, "np.ndarray | None"]
 
 
-def _fit_mix(z: np.ndarray, y: np.ndarray, classes: int, strength: float, seed: int,
-             cov: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, np.ndarray, dict[str, float]]:
-    """A scalar mix over ``z [rows, K, W]`` (standardised layers; ``cov`` their covariance), fitted from several
-    starts, the lowest training objective kept: ``(w, b, iterations, grad_norm, mix, {start: objective})``.
+def uniform_problem(problem: Problem) -> Problem:
+    """The problem of a scalar mix with its weights fixed at the uniform mix: a plain probe on the mean of the
+    standardised layers, standardised again (:class:`~layerwise.probe.solver.MixView`), computed once for the
+    problem's rows and held as float16 ``[rows, 1, W]`` (a one-layer probe's features and cost)."""
+    view = problem.view
+    assert problem.cov is not None
+    mixed = MixView(view.x, np.full(view.layers, 1.0 / view.layers, dtype=np.float32), problem.mean, problem.scale,
+                    problem.cov)
+    held = torch.cat([v.half() for _, _, v in mixed.chunks(problem.rows)])[:, None, :]
+    plain = FeatureView(held, "concat")
+    mean, scale = plain.moments(None)
+    return Problem(plain, None, problem.y, problem.classes, mean, scale)
 
-    The starts: the uniform mix, with the probe fitted first on the uniform mean of the layers (standardised again:
-    the probe scikit-learn would fit on it), and the mix leaning on the layer that probe scores best on alone. From
-    the uniform start L-BFGS only descends, so the learned mix is never worse than the uniform mix of the same
-    layers on the training objective; should no start end below the uniform probe itself (a numerical failure), that
-    probe is the fit."""
-    k = z.shape[1]
+
+def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, dict[str, float]]:
+    """A scalar mix over the problem's ``K`` standardised layers, fitted from several starts, the lowest training
+    objective kept: ``(solution, {start: objective})``.
+
+    The starts: the uniform mix, with the probe fitted first on the uniform mix of the layers (standardised again:
+    the probe scikit-learn would fit on their mean), and the mix leaning on the layer that probe reads best alone.
+    From the uniform start L-BFGS only descends, so the learned mix is never worse than the uniform mix of the same
+    layers on the training objective; should no start end below the uniform probe itself (a numerical failure),
+    that probe is the fit."""
+    k = problem.view.layers
     uniform = np.full(k, 1.0 / k, dtype=np.float32)
-    zu = _mixed(z, uniform) / mix_spread(cov, uniform)
-    wu, bu, it_u, grad_u, _ = _fit_torch(zu, y, classes, strength, "concat", seed)
-    floor = mean_objective(zu, y, wu, bu, strength)
-    alone = [mean_objective(z[:, j], y, wu, bu, strength) for j in range(k)]  # each layer standardised: spread 1
+    base = solve(uniform_problem(problem), strength, seed=seed)  # the probe of the uniform mix: one layer's cost
+    alone = layer_objectives(problem, base.weight, base.bias)
+    j = int(np.argmin(alone))
     lean = np.full(k, 0.1 / (k - 1), dtype=np.float32)
-    lean[int(np.argmin(alone))] = 0.9
-    fits: dict[str, tuple[np.ndarray, np.ndarray, int, float, np.ndarray]] = {}
-    objectives: dict[str, float] = {}
-    for name, start in (("uniform", uniform), (f"lean on input {int(np.argmin(alone))}", lean)):
-        w, b, iterations, grad_norm, mix = _fit_torch(z, y, classes, strength, "scalar_mix", seed, (wu, bu, start),
-                                                      MAX_ITER, cov)
-        mix = start if mix is None else mix
-        fits[name] = (w, b, iterations, grad_norm, mix)
-        objectives[name] = mean_objective(_mixed(z, mix) / mix_spread(cov, mix), y, w, b, strength)
+    lean[j] = 0.9
+    fits = {name: solve(problem, strength, mix=start, learn_mix=True, start=(base.weight, base.bias), seed=seed)
+            for name, start in (("uniform", uniform), (f"lean on input {j}", lean))}
+    objectives = {name: fit.objective for name, fit in fits.items()}
     best = min(objectives, key=lambda name: objectives[name])
+    floor = objective_at(problem, strength, base.weight, base.bias, uniform)  # where the uniform start began
     if not objectives[best] <= floor:  # never worse than the uniform mix, whatever the optimiser did
-        return wu, bu, it_u, grad_u, uniform, {**objectives, "uniform probe": floor}
-    return (*fits[best], objectives)
+        a = torch.from_numpy(np.zeros((problem.classes, problem.view.dim), dtype=np.float32))
+        kept = Solution(weight=base.weight, bias=base.bias, mix=uniform, effective=a, iterations=base.iterations,
+                        grad_norm=base.grad_norm, objective=floor)
+        return kept, {**objectives, "uniform probe": floor}
+    return fits[best], objectives
 
 
 def _fit_sklearn(z: np.ndarray, y: np.ndarray, classes: int, strength: float, combine: str, seed: int) -> Fitted:
@@ -357,71 +399,3 @@ def _fit_sklearn(z: np.ndarray, y: np.ndarray, classes: int, strength: float, co
         coef, intercept = np.concatenate([-coef / 2, coef / 2]), np.concatenate([-intercept / 2, intercept / 2])
     wf, bf = _full(coef, intercept, classes, present)
     return wf, bf, int(np.max(model.n_iter_)), grad, None
-
-
-def _fit_torch(z: np.ndarray, y: np.ndarray, classes: int, strength: float, combine: str, seed: int,
-               start: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None,
-               max_iter: int = MAX_ITER, cov: np.ndarray | None = None) -> Fitted:
-    """Full-batch L-BFGS (strong Wolfe) on scikit-learn's objective divided by ``rows``; two classes are penalised
-    as scikit-learn's binary form is (on the difference of their rows). A scalar mix's weights (softmax of ``K``
-    logits) are learned with the probe, unpenalised, the mix standardised again by its spread (``cov``, the layers'
-    covariance :func:`layer_covariance`; :func:`mix_spread`), so the penalty on the probe is the same for every mix.
-    ``start``: an earlier fit to start from; ``max_iter``: L-BFGS iterations at most."""
-    xt = torch.from_numpy(np.ascontiguousarray(z))
-    yt = torch.from_numpy(y.astype(np.int64))
-    n = len(y)
-    mixing = combine == "scalar_mix"
-    w = torch.zeros(classes, z.shape[-1], dtype=torch.float32)
-    b = torch.zeros(classes, dtype=torch.float32)
-    logit_k = torch.zeros(z.shape[1] if mixing else 0, dtype=torch.float32)
-    if start is not None:
-        w.copy_(torch.from_numpy(start[0]))
-        b.copy_(torch.from_numpy(np.nan_to_num(start[1], neginf=0.0)))
-        if mixing and start[2] is not None:
-            logit_k.copy_(torch.log(torch.from_numpy(start[2]).clamp_min(1e-12)))
-    elif mixing:  # away from the saddle where the mix's gradient is zero
-        w.normal_(0, 0.01, generator=torch.Generator().manual_seed(seed))
-    params = [w, b] + ([logit_k] if mixing else [])
-    for p in params:
-        p.requires_grad_(True)
-    present = torch.zeros(classes, dtype=torch.bool)
-    present[yt.unique()] = True
-    binary = int(present.sum()) == 2
-
-    stacked = xt.reshape(-1, z.shape[-1]) if mixing else xt  # [rows * K, D]: each layer's logits in one product
-    cov_t = torch.from_numpy(cov).double() if mixing and cov is not None else None
-
-    def objective() -> torch.Tensor:
-        if mixing:  # the mix of the layers' logits, the logits of the mix (linear): one pass over the rows, no copy
-            weights = torch.softmax(logit_k, 0)
-            w_mix = w
-            if cov_t is not None:  # the mix standardised again: its spread folded into the probe's weights
-                wd = weights.double()
-                w_mix = w / torch.einsum("k,wkl,l->w", wd, cov_t, wd).clamp_min(1e-12).sqrt().float()
-            per_layer = (stacked @ w_mix.T).view(n, z.shape[1], classes)
-            logits = (per_layer * weights[None, :, None]).sum(1) + b
-        else:
-            logits = xt @ w.T + b
-        logits = logits.masked_fill(~present, float("-inf"))
-        kept = w[present]
-        penalty = ((kept[1] - kept[0]) ** 2).sum() if binary else (kept ** 2).sum()
-        return torch.nn.functional.cross_entropy(logits, yt) + penalty / (2 * strength * n)
-
-    optim = torch.optim.LBFGS(params, lr=1, max_iter=max_iter, tolerance_grad=TOL, tolerance_change=1e-10,
-                              history_size=20, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        optim.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    optim.step(closure)
-    iterations = int(optim.state[w].get("n_iter", 0))
-    optim.zero_grad()
-    objective().backward()
-    grad_norm = float(torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).norm())
-    wn, bn = w.detach().numpy().copy(), b.detach().numpy().copy()
-    bn[~present.numpy()] = -np.inf
-    mix = torch.softmax(logit_k, 0).detach().numpy() if mixing else None
-    return wn, bn, iterations, grad_norm, mix

@@ -56,6 +56,7 @@ class ProbeResults:
     extract_seconds: float
     unseen_labels: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
+    scan_seconds: float = 0.0  # the linear probes' strength scans, summed (part of ``seconds``)
 
     @property
     def reported(self) -> str:
@@ -83,7 +84,9 @@ class ProbeResults:
         p = self.provenance
         return (f"Model {p['model']} ({p['num_layers']} layers); train {p['train']}; dev {p['dev']}; probe "
                 f"{self.options['probe']}; {self.restarts} restart(s); wall time {self.seconds:.0f}s "
-                f"(extraction {self.extract_seconds:.0f}s); layerwise {p['layerwise_version']}.")
+                f"(extraction {self.extract_seconds:.0f}s" + (
+                    f"; strength scans {self.scan_seconds:.0f}s, {100 * self.scan_seconds / self.seconds:.0f}%"
+                    if self.scan_seconds and self.seconds else "") + f"); layerwise {p['layerwise_version']}.")
 
     def _repr_html_(self) -> str:
         """The probe table (dev, and test when scored; mean and std over restarts) and the per-layer dev curve as
@@ -182,7 +185,8 @@ def run(
     unseen = unseen_labels(labels, splits)
     for note in unseen_notes(unseen, task=cfg.task, metric=metric, rows={k: len(v) for k, v in splits.items()}):
         say(f"warning: {note}")
-    rows = _train_all(cfg, ex, splits, labels, scheme, metric, say)
+    spent: dict[str, float] = {}
+    rows = _train_all(cfg, ex, splits, labels, scheme, metric, say, spent)
     results = ProbeResults(
         task=cfg.task, task_title=title, metric_name=metric, restarts=cfg.restarts, rows=rows,
         cka=cka_matrix(splits["dev"].x.float().numpy()).round(4).tolist(),
@@ -191,6 +195,7 @@ def run(
         seconds=0.0, extract_seconds=round(extract_seconds, 1), unseen_labels=unseen,
     )
     results.seconds = round(time.perf_counter() - t0, 1)
+    results.scan_seconds = round(spent.get("scan", 0.0), 1)
     results.files = write_all(results, out)
     return results
 
@@ -240,10 +245,11 @@ def _task_terms(cfg: ProbeConfig, train: ProbeSplit, path: str | os.PathLike) ->
 
 
 def _train_all(cfg: ProbeConfig, ex: Extractor, splits: dict[str, ProbeSplit], labels: list[str], scheme: str,
-               metric: str, say: Callable[[str], None]) -> list[dict]:
+               metric: str, say: Callable[[str], None], spent: dict[str, float] | None = None) -> list[dict]:
     """Train every probe (every layer, then the strategies) with ``cfg.restarts`` seeds (once for a one-layer linear
     probe: convex, solved exactly); one table row each, with bootstrap intervals on every scored split and, on the
-    reported split (test when given, else dev), whether it is inside the noise of the best probe."""
+    reported split (test when given, else dev), whether it is inside the noise of the best probe. ``spent``
+    receives the linear probes' seconds by part (``scan``, ``fit``), summed."""
     opts = ProbeOptions(probe=cfg.probe, crf=cfg.crf, hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
                         patience=cfg.patience, device=str(ex.loaded.device))
     specs = probe_specs(ex.num_layers)
@@ -264,6 +270,10 @@ def _train_all(cfg: ProbeConfig, ex: Extractor, splits: dict[str, ProbeSplit], l
             runs = [fit_probe(spec, splits["train"], splits["dev"], splits.get("test"), task=cfg.task, labels=labels,
                               scheme=scheme, opts=opts, seed=seed) for seed in range(seeds)]
             row = summarise(runs)
+            if spent is not None:
+                for each in runs:
+                    for part, seconds in each.seconds.items():
+                        spent[part] = spent.get(part, 0.0) + seconds
             for name in scored:
                 draws = np.mean([resampled(item_counts(items[name], _predicted(r, name, labels, splits[name],
                                                                              cfg.task), metric), weights[name])

@@ -71,6 +71,7 @@ class ProbeRun:
     extra: dict = field(default_factory=dict)
     predictions: dict[str, list[int]] = field(default_factory=dict)  # split -> predicted label index per row
     fit: dict[str, Any] = field(default_factory=dict)  # how it was fitted: solver, C, iterations, steps...
+    seconds: dict[str, float] = field(default_factory=dict)  # the linear probe: its strength scan's and fit's time
 
 
 def _main(scores: dict) -> float:
@@ -158,16 +159,18 @@ def _fit_linear(spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: Probe
     pos = list(spec.layers)
     score = _Scorer(task, labels, scheme)
     y = _targets(train, {label: i for i, label in enumerate(labels)}).numpy()
-    fit = fit_linear(train.x[:, pos], y, len(labels), spec.combine,
+    # contiguous layers (every probe's) are a view of the cached features, not a copy
+    read = slice(pos[0], pos[-1] + 1) if pos == list(range(pos[0], pos[-1] + 1)) else pos
+    fit = fit_linear(train.x[:, read], y, len(labels), spec.combine,
                      groups=sentence_ids(train) if task == "tagging" else None, seed=seed)
 
     def predict(split: ProbeSplit) -> list[int]:
-        return [int(v) for s in range(0, len(split), 8192) for v in fit.predict(split.x[s : s + 8192][:, pos])]
+        return [int(v) for s in range(0, len(split), 8192) for v in fit.predict(split.x[s : s + 8192][:, read])]
 
     predictions = {"dev": predict(dev), **({"test": predict(test)} if test is not None else {})}
     run = ProbeRun(dev=score(dev, predictions["dev"]),
                    test=score(test, predictions["test"]) if test is not None else None, epochs=0,
-                   predictions=predictions, fit=fit.report())
+                   predictions=predictions, fit=fit.report(), seconds=fit.seconds)
     if fit.mix is not None:
         run.weights = [round(float(v), 4) for v in fit.mix]
     return run
