@@ -346,8 +346,7 @@ def uniform_problem(problem: Problem) -> Problem:
     assert problem.cov is not None
     mixed = MixView(view.x, np.full(view.layers, 1.0 / view.layers, dtype=np.float32), problem.mean, problem.scale,
                     problem.cov)
-    held = torch.cat([v.half() for _, _, v in mixed.chunks(problem.rows)])[:, None, :]
-    plain = FeatureView(held, "concat")
+    plain = FeatureView(mixed.held(problem.rows), "concat")
     mean, scale = plain.moments(None)
     return Problem(plain, None, problem.y, problem.classes, mean, scale)
 

@@ -38,15 +38,20 @@ class FeatureView:
         self.layers, self.width = int(x.shape[1]), int(x.shape[2])
         self.dim = self.width if self.summed else self.layers * self.width
         self.chunk = max(256, CHUNK_VALUES // (self.layers * self.width))
+        self._buffer: torch.Tensor | None = None
 
     def chunks(self, rows: np.ndarray | None) -> Iterator[tuple[int, int, torch.Tensor]]:
         """``(start, end, v)`` over ``rows`` (indices into ``x``; ``None``: every row), ``v [end - start, D]``
-        float32: the features of rows ``rows[start:end]`` as this view combines them."""
+        float32: the features of rows ``rows[start:end]`` as this view combines them. ``v`` lives in a buffer that
+        the next chunk overwrites (one allocation for the whole pass, none per chunk): use it before the next."""
         n = len(self.x) if rows is None else len(rows)
+        if self._buffer is None:
+            self._buffer = torch.empty(self.chunk, self.layers, self.width, dtype=torch.float32)
         for s in range(0, n, self.chunk):
             e = min(n, s + self.chunk)
-            block = (self.x[s:e] if rows is None else self.x[torch.from_numpy(rows[s:e])]).float()
-            yield s, e, block.sum(1) if self.summed else block.reshape(e - s, -1)
+            block = self._buffer[: e - s]
+            block.copy_(self.x[s:e] if rows is None else self.x[torch.from_numpy(rows[s:e])])
+            yield s, e, block.sum(1) if self.summed else block.view(e - s, -1)
 
     def count(self, rows: np.ndarray | None) -> int:
         return len(self.x) if rows is None else len(rows)
@@ -57,9 +62,8 @@ class FeatureView:
         total = torch.zeros(self.dim, dtype=torch.float64)
         squares = torch.zeros(self.dim, dtype=torch.float64)
         for _, _, v in self.chunks(rows):
-            vd = v.double()
-            total += vd.sum(0)
-            squares += (vd * vd).sum(0)
+            total += v.sum(0, dtype=torch.float64)
+            squares += torch.einsum("nd,nd->d", v, v).double()
         n = max(self.count(rows), 1)
         mean = total / n
         var = (squares / n - mean * mean).clamp_min(0)
@@ -71,13 +75,24 @@ class FeatureView:
         the diagonal)."""
         cov = torch.zeros(self.width, self.layers, self.layers, dtype=torch.float64)
         for _, _, v in self.chunks(rows):
-            z = ((v - mean) / scale).view(-1, self.layers, self.width).double()
-            cov += torch.einsum("nkw,nlw->wkl", z, z)
+            z = v.sub_(mean).div_(scale).view(-1, self.layers, self.width)  # in the chunk's own buffer
+            cov += torch.einsum("nkw,nlw->wkl", z, z).double()
         return cov / max(self.count(rows), 1)
 
     def dense(self, rows: np.ndarray | None, mean: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
         """``[rows, D]`` float32, standardised: the whole view in memory (for scikit-learn on small data)."""
-        return torch.cat([(v - mean) / scale for _, _, v in self.chunks(rows)]).numpy()
+        out = torch.empty(self.count(rows), self.dim, dtype=torch.float32)
+        for s, e, v in self.chunks(rows):
+            torch.div(v - mean, scale, out=out[s:e])
+        return out.numpy()
+
+    def held(self, rows: np.ndarray | None) -> torch.Tensor:
+        """``[rows, 1, D]`` float16: this view computed once for ``rows`` and held (a mix's view, read as one
+        layer)."""
+        out = torch.empty(self.count(rows), 1, self.dim, dtype=torch.float16)
+        for s, e, v in self.chunks(rows):
+            out[s:e, 0] = v
+        return out
 
 
 class MixView(FeatureView):
@@ -96,8 +111,8 @@ class MixView(FeatureView):
 
     def chunks(self, rows: np.ndarray | None) -> Iterator[tuple[int, int, torch.Tensor]]:
         for s, e, v in super().chunks(rows):
-            z = (v.view(e - s, self.layers, self.width) - self.layer_mean) / self.layer_scale
-            yield s, e, torch.einsum("nkw,k->nw", z, self.mix) / self.spread
+            z = v.view(e - s, self.layers, self.width).sub_(self.layer_mean).div_(self.layer_scale)
+            yield s, e, (z * self.mix[None, :, None]).sum(1).div_(self.spread)
 
 
 def mix_spread(cov: torch.Tensor | np.ndarray, mix: torch.Tensor | np.ndarray) -> np.ndarray:

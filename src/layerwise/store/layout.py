@@ -381,6 +381,10 @@ class ShardFile:
             self._cache[name] = arr
         return self._cache[name]
 
+    def forget(self, name: str) -> None:
+        """Let go of the mapped tensor ``name`` (unmapped once no array refers to it; :meth:`array` maps it again)."""
+        self._cache.pop(name, None)
+
     def json_meta(self, key: str, default: Any = None) -> Any:
         """The metadata value ``key`` parsed as JSON (``default`` when absent).
 

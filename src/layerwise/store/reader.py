@@ -381,13 +381,21 @@ class FeatureStore:
             sizes = np.array([0] + [len(r) for r in records], dtype=np.int64)
             flat_rows = (np.concatenate(records) if records else np.zeros((0,) + self.feature_shape, dtype=self.dtype))
             return flat_rows, np.cumsum(sizes)
-        rows, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
+        offsets, base = [np.zeros(1, dtype=np.int64)], 0
         for s in self._all_shards():
             off = s.array("offsets")
-            rows.append(s.array("features").reshape((-1,) + self.feature_shape))
             offsets.append(off[1:] + base)
             base += int(off[-1])
-        flat = np.concatenate(rows) if rows else np.zeros((0,) + self.feature_shape, dtype=self.dtype)
+        # one array filled shard by shard, each shard's mapped features let go once copied: the copy is what the
+        # caller holds, and the mapped pages would stay resident beside it (twice the features in memory)
+        flat = np.empty((base,) + self.feature_shape, dtype=self.dtype)
+        at = 0
+        for s in self._all_shards():
+            part = s.array("features").reshape((-1,) + self.feature_shape)
+            flat[at : at + len(part)] = part
+            at += len(part)
+            del part
+            s.forget("features")
         return flat, np.concatenate(offsets)
 
     @property
