@@ -4,6 +4,7 @@ output directory (``--overwrite`` replaces only an earlier probe output) and dev
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -65,6 +66,9 @@ def test_probe_command(tmp_path, conll, tiny_dirs):
     # the table on stdout (Markdown, each column naming its split), the logs and the summary on stderr
     assert "| layer 1 | [1] | - |" in result.stdout and "| concat last 2 | [1, 2] | concat |" in result.stdout
     assert "dev entity F1 [95% CI]" in result.stdout
+    # what each score is over, the strength chosen and whether the fit converged, beside the scores
+    assert re.search(r"dev entity F1 \[95% CI\] \([\d,]+ sentences, [\d,]+ words\)", result.stdout), result.stdout
+    assert "| C | converged |" in result.stdout and "token accuracy" in result.stderr
     assert "features: train" not in result.stdout and "best:" not in result.stdout
     assert "within the noise of the best" in result.stderr or "ahead of every other probe" in result.stderr
     best = " ".join(text[text.index("best:") :].split())  # the console wraps long lines

@@ -73,6 +73,8 @@ def table_rows(results) -> list[dict]:
             "within_noise_of_best": r.get("within_noise_of_best"), "selectivity": r.get("selectivity"),
             "dev_accuracy": r["dev_accuracy"], "weights": r.get("weights"),
             "one_hot": one_hot_layer(r),
+            "C": (r.get("fits") or [{}])[0].get("C"),  # the linear probe's chosen strength (None otherwise)
+            "converged": (r.get("fits") or [{}])[0].get("converged"),
         })
     return rows
 
@@ -111,13 +113,30 @@ def method_note(results) -> str:
     return " ".join(lines)
 
 
+def _items(results, split: str) -> str:
+    """``" (2,001 sentences, 25,148 words)"``: what a split's score is over (empty when not recorded)."""
+    rows = (getattr(results, "provenance", None) or {}).get(f"{split}_rows")
+    if rows is None:
+        return ""
+    if results.task != "tagging":
+        return f" ({rows:,} texts)"
+    sentences = (getattr(results, "provenance", None) or {}).get(f"{split}_sentences")
+    return f" ({sentences:,} sentences, {rows:,} words)" if sentences else f" ({rows:,} words)"
+
+
+def _linear(results) -> bool:
+    return any(r.get("fits") and r["fits"][0].get("C") is not None for r in results.rows)
+
+
 def _columns(results) -> tuple[list[str], bool, bool, bool]:
     metric = results.metric_name
     has_test = any(r.get("test_mean") is not None for r in results.rows)
     extra_acc = metric != "accuracy"  # entity F1 tables also show token accuracy
     control = any(r.get("selectivity") is not None for r in results.rows)
-    head = (["probe", "layers", "combine", f"dev {metric} [95% CI]"] + ([f"test {metric} [95% CI]"] if has_test else [])
+    head = (["probe", "layers", "combine", f"dev {metric} [95% CI]{_items(results, 'dev')}"]
+            + ([f"test {metric} [95% CI]{_items(results, 'test')}"] if has_test else [])
             + (["dev accuracy"] if extra_acc else []) + (["selectivity"] if control else [])
+            + (["C", "converged"] if _linear(results) else [])
             + [f"within noise of best ({'test' if has_test else 'dev'})"])
     return head, has_test, extra_acc, control
 
@@ -131,6 +150,9 @@ def _cells(results, r: dict, has_test: bool, extra_acc: bool, control: bool) -> 
         cells.append(f"{100 * r['dev_accuracy']:.2f}")
     if control:
         cells.append("-" if r["selectivity"] is None else f"{100 * r['selectivity']:.2f}")
+    if _linear(results):
+        cells.append("-" if r.get("C") is None else f"{r['C']:.3g}")
+        cells.append({True: "yes", False: "no", None: "-"}[r.get("converged")])
     cells.append({True: "yes", False: "no", None: "-"}[r["within_noise_of_best"]])
     return cells
 

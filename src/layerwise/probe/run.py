@@ -217,6 +217,8 @@ def _provenance(ex: Extractor, paths: dict[str, Any], splits: dict[str, ProbeSpl
     return {"model": ex.loaded.name, "num_layers": ex.num_layers, "hidden_size": ex.hidden_size,
             **{name: os.fspath(path) if path else None for name, path in paths.items()},
             **{f"{name}_rows": len(split) for name, split in splits.items()},
+            **{f"{name}_sentences": len(split.sentence_offsets) - 1 for name, split in splits.items()
+               if split.offsets is not None},
             "layerwise_version": __version__, "labels": labels}
 
 
