@@ -118,11 +118,35 @@ def split_features(
     progress: bool | None = None,
     overwrite: bool = False,
 ) -> ProbeSplit:
-    """Extract (or find cached) all-layer features of one split and load them.
+    """Extract (or find cached) all-layer features of one split and load them: :func:`extract_split`, then
+    :func:`load_split` (a run extracts every split before it loads any, so that the extraction's working memory never
+    sits on top of loaded features).
 
     A store at ``store_dir`` made with the same options is reused (resumed if unfinished); one made with other
     options (or damaged) is extracted again with ``overwrite``, and refused without it.
     """
+    extract_split(ex, path, store_dir, task=task, fmt=fmt, column=column, subword=subword, pool=pool,
+                  text_field=text_field, document_context=document_context, progress=progress, overwrite=overwrite)
+    return load_split(path, store_dir, task=task, column=column)
+
+
+def extract_split(
+    ex: Extractor,
+    path: str | os.PathLike,
+    store_dir: Path,
+    *,
+    task: str,
+    fmt: str,
+    column: str,
+    subword: str = "first",
+    pool: str = "mean",
+    text_field: str | None = None,
+    document_context: bool = False,
+    progress: bool | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Extract (or find cached) the all-layer float16 features of one split into ``store_dir`` (see
+    :func:`split_features`)."""
     if task == "tagging":
         keep = (column, "doc") if fmt == "conll" else (column,)
         spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, output_dtype="float16")
@@ -140,6 +164,11 @@ def split_features(
             raise
         extract(path, store_dir, spec, model=ex, reading=reading,
                 options=ExtractOptions(progress=progress, overwrite=True))
+
+
+def load_split(path: str | os.PathLike, store_dir: Path, *, task: str, column: str) -> ProbeSplit:
+    """The features of a split extracted by :func:`split_features` into ``store_dir`` (from ``path``, named in the
+    error when it held no usable record), loaded: ``x [rows, L + 1, W]`` float16, labels, sentence offsets."""
     store = open_store(store_dir)
     if len(store) == 0:
         raise InputError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")

@@ -27,7 +27,7 @@ from ..model.options import ModelOptions
 from ..version import __version__
 from .config import ProbeConfig
 from .control import control_splits
-from .data import ProbeSplit, check_task, split_features
+from .data import ProbeSplit, check_task, extract_split, load_split
 from .metrics import detect_scheme
 from .models import ProbeSpec, probe_specs
 from .report import check_output, cka_matrix, markdown, unseen_notes, write_all
@@ -169,14 +169,14 @@ def run(
     t0 = time.perf_counter()
     ex = Extractor.of(model)
     paths = {"train": train, "dev": dev, "test": test}
-    splits: dict[str, ProbeSplit] = {}
-    for name, path in paths.items():
-        if path is not None:
-            say(f"features: {name} ({os.fspath(path)})")
-            splits[name] = split_features(ex, path, out / "features" / name, task=cfg.task, fmt=fmt, column=column,
-                                          subword=cfg.subword, pool=cfg.pool, text_field=text_field,
-                                          document_context=cfg.document_context, progress=progress,
-                                          overwrite=overwrite)
+    given = {name: path for name, path in paths.items() if path is not None}
+    for name, path in given.items():  # every split extracted before any is loaded: the extraction's working memory
+        say(f"features: {name} ({os.fspath(path)})")  # never sits on top of loaded features
+        extract_split(ex, path, out / "features" / name, task=cfg.task, fmt=fmt, column=column, subword=cfg.subword,
+                      pool=cfg.pool, text_field=text_field, document_context=cfg.document_context,
+                      progress=progress, overwrite=overwrite)
+    splits = {name: load_split(path, out / "features" / name, task=cfg.task, column=column)
+              for name, path in given.items()}
     extract_seconds = time.perf_counter() - t0
     labels = sorted(set(splits["train"].labels))
     if len(labels) < 2:
