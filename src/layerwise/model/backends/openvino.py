@@ -118,8 +118,9 @@ def check_precision(compute_dtype: object) -> str:
 
 
 class OpenVinoBackend(Staged, Backend):
-    """OpenVINO on the CPU, block site only; one converted graph per deepest requested layer. One caller at a time
-    (its infer requests are shared; the service and the explorer hold a model lock around every encode).
+    """OpenVINO on the CPU, block site only; one converted graph per deepest requested layer. Its infer requests are
+    shared: a batch is started, read or run whole under one lock, so a background thread (a fidelity check, a race)
+    and a caller never start a request another is reading.
 
     Args:
         loaded: the model in float32 (converted from its PyTorch weights; a BERT-style encoder of the family table).
@@ -197,6 +198,9 @@ class OpenVinoBackend(Staged, Backend):
         # (depth, request slot) -> the started batch whose result it holds (per depth: auto prepares a new depth in
         # the background while the caller runs another)
         self._holding: dict[tuple[int, int], _Pending] = {}
+        # the infer requests are shared: a batch is started, read or run whole under this lock, so a request is never
+        # started again while another thread reads it ("Infer Request is busy")
+        self._requests_lock = threading.RLock()
         self._next = 0  # the slot the next started batch takes
         self.stages = OpenVinoStages(self)  # one-layer graphs, built only when rows of mixed depths are run
 
@@ -418,15 +422,16 @@ class OpenVinoBackend(Staged, Backend):
         returned callable waits and copies the requested states out, once. A request still holding an unread
         result is read before it is reused, so no result is lost however many batches are started."""
         _, requests = self.compiled(layers)
-        slot = (self.depth_for(layers), self._next % len(requests))
-        self._next += 1
-        previous = self._holding.get(slot)
-        if previous is not None:
-            previous()  # its states copied out: the request is free
-        pending = _Pending(requests[slot[1]], list(layers), self.loaded.hidden_size)
-        requests[slot[1]].start_async({"input_ids": input_ids.numpy().astype(np.int64, copy=False),
-                                       "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)})
-        self._holding[slot] = pending
+        with self._requests_lock:
+            slot = (self.depth_for(layers), self._next % len(requests))
+            self._next += 1
+            previous = self._holding.get(slot)
+            if previous is not None:
+                previous()  # its states copied out: the request is free
+            pending = _Pending(requests[slot[1]], list(layers), self.loaded.hidden_size, self._requests_lock)
+            requests[slot[1]].start_async({"input_ids": input_ids.numpy().astype(np.int64, copy=False),
+                                           "attention_mask": attention_mask.numpy().astype(np.int64, copy=False)})
+            self._holding[slot] = pending
         return pending
 
     def forward(
@@ -435,20 +440,21 @@ class OpenVinoBackend(Staged, Backend):
         """``[K, batch, tokens, hidden]`` float32 from OpenVINO (see :meth:`Backend.forward`): the batch cut by rows
         across the infer requests, run asynchronously, the requested states copied once into the result."""
         _, requests = self.compiled(layers)
-        depth = self.depth_for(layers)
-        for key in [key for key in self._holding if key[0] == depth]:
-            self._holding.pop(key)()  # results of started batches are read before their requests are reused
         ids = input_ids.numpy().astype(np.int64, copy=False)
         mask = attention_mask.numpy().astype(np.int64, copy=False)
         batch, tokens = ids.shape
         out = np.empty((len(layers), batch, tokens, self.loaded.hidden_size), dtype=np.float32)
         bounds = np.linspace(0, batch, min(len(requests), batch) + 1).astype(int)
-        running = []
-        for request, start, end in zip(requests, bounds[:-1], bounds[1:]):
-            request.start_async({"input_ids": ids[start:end], "attention_mask": mask[start:end]})
-            running.append((request, start, end))
-        for request, start, end in running:
-            copy_states(request, layers, out[:, start:end])
+        with self._requests_lock:
+            depth = self.depth_for(layers)
+            for key in [key for key in self._holding if key[0] == depth]:
+                self._holding.pop(key)()  # results of started batches are read before their requests are reused
+            running = []
+            for request, start, end in zip(requests, bounds[:-1], bounds[1:]):
+                request.start_async({"input_ids": ids[start:end], "attention_mask": mask[start:end]})
+                running.append((request, start, end))
+            for request, start, end in running:
+                copy_states(request, layers, out[:, start:end])
         return torch.from_numpy(out)
 
 
@@ -491,16 +497,17 @@ def copy_states(request: Any, layers: Sequence[int], out: np.ndarray) -> np.ndar
 class _Pending:
     """The states of one batch started on an infer request: waited for and copied out on the first call."""
 
-    def __init__(self, request: Any, layers: list[int], width: int):
-        self.request, self.layers, self.width = request, layers, width
+    def __init__(self, request: Any, layers: list[int], width: int, lock: Any):
+        self.request, self.layers, self.width, self.lock = request, layers, width, lock
         self.states: torch.Tensor | None = None
 
     def __call__(self) -> torch.Tensor:
-        if self.states is None:
-            self.request.wait()
-            rows, tokens = self.request.get_tensor(f"hidden_{self.layers[0]}").data.shape[:2]
-            out = np.empty((len(self.layers), rows, tokens, self.width), dtype=np.float32)
-            self.states = torch.from_numpy(copy_states(self.request, self.layers, out))
+        with self.lock:  # read once, never while its request is started again by another thread
+            if self.states is None:
+                self.request.wait()
+                rows, tokens = self.request.get_tensor(f"hidden_{self.layers[0]}").data.shape[:2]
+                out = np.empty((len(self.layers), rows, tokens, self.width), dtype=np.float32)
+                self.states = torch.from_numpy(copy_states(self.request, self.layers, out))
         return self.states
 
 
