@@ -239,7 +239,8 @@ def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combin
         sol, starts = _fit_mix(problem, strength, seed)
         w, b, iterations, grad_norm, objective, mix = (sol.weight, sol.bias, sol.iterations, sol.grad_norm,
                                                        sol.objective, sol.mix)
-        assert mix is not None and cov is not None
+        if mix is None or cov is None:  # pragma: no cover - a mix's fit always has both
+            raise RuntimeError("a scalar mix's fit returned no mix weights")
         mix_scale = mix_spread(cov, mix)
     elif use == "sklearn":
         z = view.dense(rows, mean, scale)
@@ -343,7 +344,8 @@ def uniform_problem(problem: Problem) -> Problem:
     standardised layers, standardised again (:class:`~layerwise.probe.solver.MixView`), computed once for the
     problem's rows and held as float16 ``[rows, 1, W]`` (a one-layer probe's features and cost)."""
     view = problem.view
-    assert problem.cov is not None
+    if problem.cov is None:  # pragma: no cover - only a scalar mix's problem is made uniform
+        raise RuntimeError("uniform_problem needs a scalar mix's problem (its layers' covariance)")
     mixed = MixView(view.x, np.full(view.layers, 1.0 / view.layers, dtype=np.float32), problem.mean, problem.scale,
                     problem.cov)
     plain = FeatureView(mixed.held(problem.rows), "concat")

@@ -233,7 +233,8 @@ def solve(problem: Problem, strength: float, *, mix: np.ndarray | None = None, l
             return w
         weights = torch.softmax(logit_k, 0)
         wd = weights.double()
-        assert cov is not None
+        if cov is None:  # pragma: no cover - solve() of a mix needs the layers' covariance
+            raise RuntimeError("a scalar mix needs its problem's layer covariance")
         spread = torch.einsum("k,wkl,l->w", wd, cov, wd).clamp_min(1e-12).sqrt().float()
         return (weights[None, :, None] * (w / spread)[:, None, :]).reshape(classes, k * width)
 
@@ -274,7 +275,8 @@ def objective_at(problem: Problem, strength: float, weight: np.ndarray, bias: np
     b = torch.from_numpy(np.nan_to_num(np.asarray(bias, dtype=np.float32), neginf=0.0))
     a = w
     if mix is not None:
-        assert problem.cov is not None
+        if problem.cov is None:  # pragma: no cover
+            raise RuntimeError("a scalar mix needs its problem's layer covariance")
         s = torch.from_numpy(np.asarray(mix, dtype=np.float32))
         spread = torch.from_numpy(mix_spread(problem.cov, mix))
         a = (s[None, :, None] * (w / spread)[:, None, :]).reshape(problem.classes, -1)
