@@ -219,6 +219,31 @@ def test_a_learned_mix_is_at_least_the_uniform_mix_of_its_layers():
     np.testing.assert_array_equal(mix.predict(x[:50]), mix.logits(x[:50]).argmax(1))
 
 
+def test_a_learned_mix_that_validates_below_the_uniform_mix_gives_way_to_it(monkeypatch):
+    """The learned mix is checked on the strength scan's held-out folds against the uniform mix fitted on the same
+    rows: where it scores lower there (here a learned fit that has lost its weights), the uniform mix is the fit, and
+    the report says which was kept and on how many rows."""
+    import layerwise.probe.linear as linear
+
+    x, y = _noisy_copies(1500)
+    honest = fit_linear(x, y, 3, "scalar_mix")
+    v = honest.mix_validation
+    assert v["kept"] == "learned" and v["rows"] == 1500 and 0.5 < v["uniform"] <= v["learned"] <= 1
+    assert honest.report()["mix_validation"] == v
+    real = linear._fit_mix
+
+    def broken(problem, strength, seed):
+        learned, plain, starts = real(problem, strength, seed)
+        learned.bias[:] = np.array([5.0, -5.0, -5.0], dtype=np.float32)  # always class 0
+        return learned, plain, starts
+
+    monkeypatch.setattr(linear, "_fit_mix", broken)
+    fit = fit_linear(x, y, 3, "scalar_mix")
+    assert fit.mix_validation["kept"] == "uniform" and fit.mix_validation["learned"] < fit.mix_validation["uniform"]
+    np.testing.assert_allclose(fit.mix, 0.25)
+    assert (fit.predict(x) == y).mean() > 0.7  # the uniform mix's probe, not the broken one
+
+
 def test_the_table_says_how_c_was_chosen_what_the_control_is_and_flags_one_hot_mixes():
     from types import SimpleNamespace
 
@@ -233,6 +258,10 @@ def test_the_table_says_how_c_was_chosen_what_the_control_is_and_flags_one_hot_m
     note = method_note(tagging)
     assert "chosen by cross-validated token accuracy on the training split (the table reports entity F1)" in note
     assert "weighted sum last 4 put all but 0.001 of its weight on one layer" in note
+    kept = dict(mixed, fits=[{"mix_validation": {"kept": "uniform", "learned": 0.8, "uniform": 0.81}}])
+    note = method_note(SimpleNamespace(options={"probe": "linear"}, metric_name="accuracy", task="sentence",
+                                       rows=[kept]))
+    assert "scalar mix all kept the uniform mix of its layers" in note
     sentence = SimpleNamespace(options={"probe": "linear", "control": True}, metric_name="accuracy", task="sentence",
                                rows=[mixed])
     assert "the control scores about chance" in method_note(sentence)

@@ -38,6 +38,8 @@ class ProbeConfig:
         pool: sentence tasks: how tokens are pooled per layer.
         document_context: CoNLL-2003: encode sentences with their document neighbours (the paper's setting).
         layers_only: train single-layer probes only (skip the strategies).
+        mdl: also give each single layer's online code length of the training labels (Voita & Titov 2020:
+            :mod:`layerwise.probe.mdl`), with the linear probe at the strength its fit chose.
     """
 
     task: str = "tagging"
@@ -55,6 +57,7 @@ class ProbeConfig:
     document_context: bool = False
     layers_only: bool = False
     control: bool = False
+    mdl: bool = False
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -71,6 +74,8 @@ class ProbeConfig:
         positive_numbers(lr=self.lr)
         if self.probe == "bilstm" and self.task != "tagging":
             raise SpecError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
+        if self.mdl and self.probe != "linear":
+            raise SpecError(f"mdl=True codes the labels with the linear probe; use probe='linear' (got {self.probe!r})")
         if self.crf and self.probe != "bilstm":
             raise SpecError(
                 f"crf=True is the output layer of the bilstm probe; use probe='bilstm' (got {self.probe!r})"

@@ -28,6 +28,7 @@ from ..extraction.engine import ExtractOptions, extract
 from ..extractor import Extractor
 from ..heads.data import label_text
 from ..store import FeatureStore, open_store
+from ..store.rows import StoredRows
 
 Task = Literal["sentence", "tagging"]
 TASKS = ("sentence", "tagging")
@@ -36,13 +37,15 @@ TAG_COLUMNS = {"conll": ("ner", "chunk", "pos"), "conllu": ("upos", "xpos")}
 
 @dataclass
 class ProbeSplit:
-    """Features of one split in memory: ``x [rows, L + 1, W]`` (float16), string labels, and sentence offsets.
+    """Features of one split: ``x [rows, L + 1, W]`` (float16: a tensor in memory, or rows read from the store on
+    demand, :class:`~layerwise.store.rows.StoredRows`; either indexed by rows gives a tensor), string labels, and
+    sentence offsets.
 
     For tagging, rows are words and ``offsets [sentences + 1]`` delimits sentences; for sentence tasks rows are
     records and ``offsets`` is ``None``.
     """
 
-    x: torch.Tensor
+    x: torch.Tensor | StoredRows
     labels: list[str]
     offsets: np.ndarray | None
     store: FeatureStore
@@ -166,17 +169,31 @@ def extract_split(
                 options=ExtractOptions(progress=progress, overwrite=True))
 
 
-def load_split(path: str | os.PathLike, store_dir: Path, *, task: str, column: str) -> ProbeSplit:
+def load_split(path: str | os.PathLike, store_dir: Path, *, task: str, column: str,
+               resident: bool = True) -> ProbeSplit:
     """The features of a split extracted by :func:`split_features` into ``store_dir`` (from ``path``, named in the
-    error when it held no usable record), loaded: ``x [rows, L + 1, W]`` float16, labels, sentence offsets."""
+    error when it held no usable record), loaded: ``x [rows, L + 1, W]`` float16, labels, sentence offsets.
+
+    ``resident=False``: ``x`` is read from the store on demand (:meth:`~layerwise.store.FeatureStore.rows`, a split
+    only scored, a block of rows at a time), not held in memory; a store whose records are out of its shards' order
+    is held anyway."""
     store = open_store(store_dir)
     if len(store) == 0:
         raise InputError(f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad)")
     values = store.column(column)
+    x: torch.Tensor | StoredRows | None = None
+    if not resident:
+        try:
+            x = store.rows()
+        except StoreError:  # records out of the shards' order: held in memory
+            x = None
     if task == "tagging":
-        rows, offsets = store.ragged()
         labels = [str(t) for tags in values for t in tags]
+        if x is not None:
+            return ProbeSplit(x, labels, np.asarray(store.record_offsets()), store)
+        rows, offsets = store.ragged()
         return ProbeSplit(torch.from_numpy(np.ascontiguousarray(rows)), labels, np.asarray(offsets), store)
-    x = np.concatenate(list(store.iter_chunks(8192)))
+    if x is None:
+        x = torch.from_numpy(np.ascontiguousarray(np.concatenate(list(store.iter_chunks(8192)))))
     labels = [label_text(v) or str(v).strip() for v in values]  # 0, 0.0 and "0" are one class, as for heads
-    return ProbeSplit(torch.from_numpy(np.ascontiguousarray(x)), labels, None, store)
+    return ProbeSplit(x, labels, None, store)

@@ -22,7 +22,10 @@ A learned scalar mix (``combine="scalar_mix"``) weighs the ``K`` standardised la
 standardises the mix again (its per-feature spread computed from the layers' covariance), so the penalty on the probe
 is the same for every mix. It is fitted from two starts, the uniform mix (its probe fitted first: L-BFGS only
 descends from there) and the mix leaning on the layer that probe reads best, and the lower training objective is
-kept, so a learned mix is never worse on the training objective than the uniform mix of the same layers. (Without
+kept, so a learned mix is never worse on the training objective than the uniform mix of the same layers. A lower
+training objective can still be an overfit of ``K`` more parameters, so both mixes are then fitted on the strength
+scan's folds and scored on their held-out rows, and the uniform mix is kept where it validates strictly better
+(:func:`validate_mix`; ``mix_validation`` in the fit's report). (Without
 the second standardisation a mix of layers that are not perfectly correlated has a smaller spread than any one layer,
 and the penalty pushed every mix onto one: 0.9999 of the weight on one layer on SST-2.)
 
@@ -46,7 +49,17 @@ import numpy as np
 import torch
 
 from ..errors import LayerwiseError
-from .solver import FeatureView, MixView, Problem, Solution, layer_objectives, mix_spread, objective_at, solve
+from .solver import (
+    FeatureView,
+    MixView,
+    Problem,
+    Solution,
+    layer_objectives,
+    mix_effective,
+    mix_spread,
+    objective_at,
+    solve,
+)
 
 COMBINES = ("concat", "sum", "scalar_mix")
 SOLVERS = ("sklearn", "torch")
@@ -59,6 +72,7 @@ SCAN_PATIENCE = 2  # strengths in a row below the best before the scan stops
 ONE_FOLD_ROWS = 5000  # above this many training rows, the strengths are ranked on one of the folds only
 TOL = 1e-4
 SKLEARN_VALUES = 10_000_000  # rows x width up to which scikit-learn fits the final probe (its float64 copy: 80 MB)
+PREDICT_VALUES = 1 << 21  # feature values widened at a time when a fit predicts (float64: 16 MB)
 SCAN_ROWS = 20_000  # above this many training rows, the strengths are ranked on a sample of about this many
 
 
@@ -83,6 +97,8 @@ class LinearFit:
         objective: the training objective at the fit (:func:`mean_objective`: mean cross-entropy plus the L2
             penalty over ``2 C rows``), comparable between probes of the same rows and strength.
         starts: a scalar mix: the final objective reached from each start (``{"uniform": .., "layer k": ..}``).
+        mix_validation: a scalar mix: the held-out accuracy of the learned and of the uniform mix on the scan's
+            folds and which was kept (:func:`validate_mix`; empty when there were too few rows to validate).
         scan_rows: the training rows the strengths were ranked on (all of them, or a sample above
             :data:`SCAN_ROWS`; 0: no scan).
         seconds: the wall time of the strength scan and of the final fit (``{"scan": .., "fit": ..}``).
@@ -103,15 +119,22 @@ class LinearFit:
     scores: dict[float, float] = field(default_factory=dict)
     objective: float = float("nan")
     starts: dict[str, float] = field(default_factory=dict)
+    mix_validation: dict[str, Any] = field(default_factory=dict)
     scan_rows: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
     def logits(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
-        """``[rows, classes]`` for features ``x [rows, K, W]``."""
-        x = _as_float(x)
-        z = _mixed((x - self.mean) / self.scale, self.mix) / self.mix_scale if self.mix is not None else \
-            (_combined(x, self.combine) - self.mean) / self.scale
-        return z.astype(np.float64) @ self.weight.T.astype(np.float64) + self.bias  # float64: ties as scikit-learn
+        """``[rows, classes]`` float64 for features ``x [rows, K, W]`` (any float dtype: widened a block of rows at
+        a time, :data:`PREDICT_VALUES` values, never whole)."""
+        step = max(1, PREDICT_VALUES // max(1, int(np.prod(x.shape[1:]))))
+        w = self.weight.T.astype(np.float64)
+        out = np.empty((len(x), len(self.bias)), dtype=np.float64)
+        for s in range(0, len(x), step):
+            v = _as_float(x[s : s + step])
+            z = _mixed((v - self.mean) / self.scale, self.mix) / self.mix_scale if self.mix is not None else \
+                (_combined(v, self.combine) - self.mean) / self.scale
+            out[s : s + step] = z.astype(np.float64) @ w + self.bias  # float64: ties as scikit-learn
+        return out
 
     def predict(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
         """Class indices ``[rows]`` for features ``x [rows, K, W]``."""
@@ -126,6 +149,8 @@ class LinearFit:
                "cv_accuracy": {f"{c:.4g}": round(s, 5) for c, s in self.scores.items()}}
         if self.starts:
             out["starts"] = {k: float(f"{v:.6g}") for k, v in self.starts.items()}
+        if self.mix_validation:
+            out["mix_validation"] = dict(self.mix_validation)
         return out
 
 
@@ -235,8 +260,13 @@ def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combin
     starts: dict[str, float] = {}
     mix_scale: np.ndarray | None = None
     mix: np.ndarray | None = None
+    validation: dict[str, Any] = {}
     if mixing:
-        sol, starts = _fit_mix(problem, strength, seed)
+        sol, plain, starts = _fit_mix(problem, strength, seed)
+        if splits:  # held-out rows decide between the learned and the uniform mix, as they decided the strength
+            validation = validate_mix(scanned, splits, strength, seed)
+            if validation["kept"] == "uniform":
+                sol = plain
         w, b, iterations, grad_norm, objective, mix = (sol.weight, sol.bias, sol.iterations, sol.grad_norm,
                                                        sol.objective, sol.mix)
         if mix is None or cov is None:  # pragma: no cover - a mix's fit always has both
@@ -254,7 +284,7 @@ def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combin
                      combine=combine, strength=strength, iterations=iterations, grad_norm=grad_norm,
                      converged=iterations < MAX_ITER, solver="scikit-learn lbfgs" if use == "sklearn" else
                      "torch L-BFGS", mix=mix, mix_scale=mix_scale, scores=scores, objective=objective, starts=starts,
-                     scan_rows=scanned.n if splits else 0,
+                     mix_validation=validation, scan_rows=scanned.n if splits else 0,
                      seconds={"scan": round(t1 - t0, 2), "fit": round(time.perf_counter() - t1, 2)})
 
 
@@ -339,23 +369,26 @@ def mean_objective_grad(z: np.ndarray, y: np.ndarray, coef: np.ndarray, intercep
 Fitted = tuple[np.ndarray, np.ndarray, int, float, "np.ndarray | None"]
 
 
-def uniform_problem(problem: Problem) -> Problem:
+def uniform_problem(problem: Problem, *, held: bool = True) -> Problem:
     """The problem of a scalar mix with its weights fixed at the uniform mix: a plain probe on the mean of the
-    standardised layers, standardised again (:class:`~layerwise.probe.solver.MixView`), computed once for the
-    problem's rows and held as float16 ``[rows, 1, W]`` (a one-layer probe's features and cost)."""
+    standardised layers, standardised again (:class:`~layerwise.probe.solver.MixView`, its values rounded to
+    float16). ``held``: computed once for the problem's rows and held ``[rows, 1, W]`` (a one-layer probe's features
+    and cost: the strength scan's sample); else computed chunk by chunk at every pass (no copy: a final fit on every
+    training row, where the copy would be 0.16 GB on UD English-EWT)."""
     view = problem.view
     if problem.cov is None:  # pragma: no cover - only a scalar mix's problem is made uniform
         raise RuntimeError("uniform_problem needs a scalar mix's problem (its layers' covariance)")
     mixed = MixView(view.x, np.full(view.layers, 1.0 / view.layers, dtype=np.float32), problem.mean, problem.scale,
-                    problem.cov)
-    plain = FeatureView(mixed.held(problem.rows), "concat")
-    mean, scale = plain.moments(None)
-    return Problem(plain, None, problem.y, problem.classes, mean, scale)
+                    problem.cov, rounded=True)
+    plain: FeatureView = FeatureView(mixed.held(problem.rows), "concat") if held else mixed
+    rows = None if held else problem.rows
+    mean, scale = plain.moments(rows)
+    return Problem(plain, rows, problem.y, problem.classes, mean, scale)
 
 
-def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, dict[str, float]]:
+def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, Solution, dict[str, float]]:
     """A scalar mix over the problem's ``K`` standardised layers, fitted from several starts, the lowest training
-    objective kept: ``(solution, {start: objective})``.
+    objective kept: ``(learned, uniform, {start: objective})``, ``uniform`` being the probe of the uniform mix.
 
     The starts: the uniform mix, with the probe fitted first on the uniform mix of the layers (standardised again:
     the probe scikit-learn would fit on their mean), and the mix leaning on the layer that probe reads best alone.
@@ -364,7 +397,14 @@ def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, di
     that probe is the fit."""
     k = problem.view.layers
     uniform = np.full(k, 1.0 / k, dtype=np.float32)
-    base = solve(uniform_problem(problem), strength, seed=seed)  # the probe of the uniform mix: one layer's cost
+    # the probe of the uniform mix (a one-layer probe's matrix products), its values computed at every pass
+    base = solve(uniform_problem(problem, held=False), strength, seed=seed)
+    floor = objective_at(problem, strength, base.weight, base.bias, uniform)  # where the uniform start began
+    if problem.cov is None:  # pragma: no cover - only a scalar mix's problem is mixed
+        raise RuntimeError("a scalar mix needs its problem's layer covariance")
+    plain = Solution(weight=base.weight, bias=base.bias, mix=uniform,
+                     effective=mix_effective(problem.cov, base.weight, uniform), iterations=base.iterations,
+                     grad_norm=base.grad_norm, objective=floor)
     alone = layer_objectives(problem, base.weight, base.bias)
     j = int(np.argmin(alone))
     lean = np.full(k, 0.1 / (k - 1), dtype=np.float32)
@@ -373,13 +413,28 @@ def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, di
             for name, start in (("uniform", uniform), (f"lean on input {j}", lean))}
     objectives = {name: fit.objective for name, fit in fits.items()}
     best = min(objectives, key=lambda name: objectives[name])
-    floor = objective_at(problem, strength, base.weight, base.bias, uniform)  # where the uniform start began
     if not objectives[best] <= floor:  # never worse than the uniform mix, whatever the optimiser did
-        a = torch.from_numpy(np.zeros((problem.classes, problem.view.dim), dtype=np.float32))
-        kept = Solution(weight=base.weight, bias=base.bias, mix=uniform, effective=a, iterations=base.iterations,
-                        grad_norm=base.grad_norm, objective=floor)
-        return kept, {**objectives, "uniform probe": floor}
-    return fits[best], objectives
+        return plain, plain, {**objectives, "uniform probe": floor}
+    return fits[best], plain, objectives
+
+
+def validate_mix(problem: Problem, splits: list[tuple[np.ndarray, np.ndarray]], strength: float,
+                 seed: int) -> dict[str, Any]:
+    """Whether a learned scalar mix predicts held-out rows at least as well as the uniform mix of its layers: on
+    each of ``splits`` (the strength scan's folds of the training rows), both are fitted on the fold's training rows
+    at ``strength`` (:func:`_fit_mix`) and scored on its held-out rows. ``{"learned": accuracy, "uniform":
+    accuracy, "rows": validated rows, "kept": "learned" | "uniform"}``: the learned mix is kept unless the uniform
+    one validates strictly better (a lower training objective alone can be an overfit of ``K`` more parameters)."""
+    right = {"learned": 0, "uniform": 0}
+    for tr, va in splits:
+        learned, plain, _ = _fit_mix(problem.subset(tr), strength, seed)
+        check = problem.subset(va)
+        for name, sol in (("learned", learned), ("uniform", plain)):
+            bias = torch.from_numpy(np.nan_to_num(sol.bias, neginf=-1e30).astype(np.float32))
+            right[name] += int((check.logits(sol.effective, bias).argmax(1) == check.y).sum())
+    rows = sum(len(va) for _, va in splits)
+    return {"learned": round(right["learned"] / rows, 5), "uniform": round(right["uniform"] / rows, 5), "rows": rows,
+            "kept": "learned" if right["learned"] >= right["uniform"] else "uniform"}
 
 
 def _fit_sklearn(z: np.ndarray, y: np.ndarray, classes: int, strength: float, combine: str, seed: int) -> Fitted:

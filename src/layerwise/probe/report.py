@@ -21,7 +21,10 @@ import numpy as np
 from ..outputs import OwnedOutput
 
 if TYPE_CHECKING:
+    import torch
     from rich.table import Table
+
+    from ..store.rows import StoredRows
 
 FORMAT = "layerwise-probe"  # the marker in results.json
 OUTPUT_FILES = ("results.md", "results.csv", "results.json", "layers.png", "similarity.png", "report.html")
@@ -39,16 +42,18 @@ def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
     return float(cross / denom) if denom > 0 else 0.0
 
 
-def cka_matrix(x: np.ndarray, max_rows: int = 4000, seed: int = 0) -> np.ndarray:
-    """``[L + 1, L + 1]`` linear CKA between every pair of layers of ``x [rows, L + 1, W]`` (rows subsampled)."""
+def cka_matrix(x: "np.ndarray | torch.Tensor | StoredRows", max_rows: int = 4000, seed: int = 0) -> np.ndarray:
+    """``[L + 1, L + 1]`` linear CKA between every pair of layers of ``x [rows, L + 1, W]`` (any float dtype, or rows
+    read from a store on demand; only the ``max_rows`` rows sampled are read and widened to float64)."""
     rng = np.random.default_rng(seed)
     rows = rng.choice(len(x), size=min(max_rows, len(x)), replace=False) if len(x) > max_rows else np.arange(len(x))
-    sub = np.asarray(x[rows], dtype=np.float64)
+    sub = x[rows]  # in its own dtype; each layer widened to float64 when compared
     k = sub.shape[1]
     out = np.eye(k)
     for i in range(k):
+        a = np.asarray(sub[:, i], dtype=np.float64)
         for j in range(i + 1, k):
-            out[i, j] = out[j, i] = linear_cka(sub[:, i], sub[:, j])
+            out[i, j] = out[j, i] = linear_cka(a, np.asarray(sub[:, j], dtype=np.float64))
     return out
 
 
@@ -75,6 +80,7 @@ def table_rows(results) -> list[dict]:
             "one_hot": one_hot_layer(r),
             "C": (r.get("fits") or [{}])[0].get("C"),  # the linear probe's chosen strength (None otherwise)
             "converged": (r.get("fits") or [{}])[0].get("converged"),
+            "mdl": r.get("mdl"),  # the online code (ProbeConfig.mdl; single layers)
         })
     return rows
 
@@ -106,6 +112,11 @@ def method_note(results) -> str:
         lines.append("Control (sentence task): each distinct text was given a fixed random label; texts rarely "
                      "repeat between splits, so the control scores about chance (the most frequent label's share) "
                      "and selectivity is the score above chance, not a measure of memorisation.")
+    uniform = [r["name"] for r in results.rows
+               if any((f.get("mix_validation") or {}).get("kept") == "uniform" for f in r.get("fits") or [])]
+    if uniform:
+        lines.append(f"{_names(uniform)} kept the uniform mix of {'its' if len(uniform) == 1 else 'their'} layers: "
+                     "the learned weights scored below it on held-out folds of the training split.")
     flagged = [r["name"] for r in results.rows if one_hot_layer(r) is not None]
     if flagged:
         lines.append(f"{_names(flagged)} put all but {ONE_HOT:g} of {'its' if len(flagged) == 1 else 'their'} "
@@ -128,6 +139,10 @@ def _linear(results) -> bool:
     return any(r.get("fits") and r["fits"][0].get("C") is not None for r in results.rows)
 
 
+def _has_mdl(results) -> bool:
+    return any(r.get("mdl") for r in results.rows)
+
+
 def _columns(results) -> tuple[list[str], bool, bool, bool]:
     metric = results.metric_name
     has_test = any(r.get("test_mean") is not None for r in results.rows)
@@ -137,6 +152,7 @@ def _columns(results) -> tuple[list[str], bool, bool, bool]:
             + ([f"test {metric} [95% CI]{_items(results, 'test')}"] if has_test else [])
             + (["dev accuracy"] if extra_acc else []) + (["selectivity"] if control else [])
             + (["C", "converged"] if _linear(results) else [])
+            + (["MDL kbits (compression)"] if _has_mdl(results) else [])
             + [f"within noise of best ({'test' if has_test else 'dev'})"])
     return head, has_test, extra_acc, control
 
@@ -153,6 +169,9 @@ def _cells(results, r: dict, has_test: bool, extra_acc: bool, control: bool) -> 
     if _linear(results):
         cells.append("-" if r.get("C") is None else f"{r['C']:.3g}")
         cells.append({True: "yes", False: "no", None: "-"}[r.get("converged")])
+    if _has_mdl(results):
+        code = r.get("mdl")
+        cells.append("-" if not code else f"{code['kbits']:,.1f} ({code['compression']:.2f}x)")
     cells.append({True: "yes", False: "no", None: "-"}[r["within_noise_of_best"]])
     return cells
 

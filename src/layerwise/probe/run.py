@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -24,14 +25,17 @@ import numpy as np
 from ..errors import LayerwiseError
 from ..extractor import Extractor
 from ..model.options import ModelOptions
+from ..store import open_store
 from ..version import __version__
 from .config import ProbeConfig
 from .control import control_splits
 from .data import ProbeSplit, check_task, extract_split, load_split
+from .isolated import extract_isolated
+from .mdl import FRACTIONS
 from .metrics import detect_scheme
 from .models import ProbeSpec, probe_specs
 from .report import check_output, cka_matrix, markdown, unseen_notes, write_all
-from .train import ProbeOptions, ProbeRun, fit_probe
+from .train import ProbeOptions, ProbeRun, fit_probe, online_code_of
 from .uncertainty import RESAMPLES, interval, item_counts, resample_weights, resampled, within_noise
 
 
@@ -167,16 +171,28 @@ def run(
     out = Path(output)
     check_output(out, overwrite)
     t0 = time.perf_counter()
-    ex = Extractor.of(model)
     paths = {"train": train, "dev": dev, "test": test}
     given = {name: path for name, path in paths.items() if path is not None}
-    for name, path in given.items():  # every split extracted before any is loaded: the extraction's working memory
-        say(f"features: {name} ({os.fspath(path)})")  # never sits on top of loaded features
-        extract_split(ex, path, out / "features" / name, task=cfg.task, fmt=fmt, column=column, subword=cfg.subword,
-                      pool=cfg.pool, text_field=text_field, document_context=cfg.document_context,
-                      progress=progress, overwrite=overwrite)
-    splits = {name: load_split(path, out / "features" / name, task=cfg.task, column=column)
-              for name, path in given.items()}
+    jobs = [dict(path=path, store_dir=out / "features" / name, task=cfg.task, fmt=fmt, column=column,
+                 subword=cfg.subword, pool=cfg.pool, text_field=text_field, document_context=cfg.document_context)
+            for name, path in given.items()]
+    for name, path in given.items():
+        say(f"features: {name} ({os.fspath(path)})")
+    if isinstance(model, Extractor):  # the caller's model, already loaded: extracted here
+        model_facts = _extract_here(model, jobs, progress, overwrite)
+    else:  # every split extracted in a child process, before any is loaded (layerwise.probe.isolated)
+        options = ModelOptions.of(model)
+        if extract_isolated(options, jobs, progress=progress, overwrite=overwrite):
+            model_facts = _stored_facts(out / "features" / "train", options)
+        else:  # the child could not start or failed: here, where its error, if any, is raised with its traceback
+            ex = Extractor.from_options(options)
+            model_facts = _extract_here(ex, jobs, progress, overwrite)
+            del ex  # its runtime (compiled graphs, pools) let go before any feature is loaded
+            gc.collect()
+    # train is held in memory (every probe passes over it many times); dev and test, only scored, are read from
+    # their stores a block of rows at a time
+    splits = {name: load_split(path, out / "features" / name, task=cfg.task, column=column,
+                               resident=name == "train") for name, path in given.items()}
     extract_seconds = time.perf_counter() - t0
     labels = sorted(set(splits["train"].labels))
     if len(labels) < 2:
@@ -186,12 +202,12 @@ def run(
     for note in unseen_notes(unseen, task=cfg.task, metric=metric, rows={k: len(v) for k, v in splits.items()}):
         say(f"warning: {note}")
     spent: dict[str, float] = {}
-    rows = _train_all(cfg, ex, splits, labels, scheme, metric, say, spent)
+    rows = _train_all(cfg, model_facts, splits, labels, scheme, metric, say, spent)
     results = ProbeResults(
         task=cfg.task, task_title=title, metric_name=metric, restarts=cfg.restarts, rows=rows,
-        cka=cka_matrix(splits["dev"].x.float().numpy()).round(4).tolist(),
+        cka=cka_matrix(splits["dev"].x).round(4).tolist(),  # on sampled rows: never the whole split widened
         options=_options(cfg, scheme, column),
-        provenance=_provenance(ex, paths, splits, labels),
+        provenance=_provenance(model_facts, paths, splits, labels),
         seconds=0.0, extract_seconds=round(extract_seconds, 1), unseen_labels=unseen,
     )
     results.seconds = round(time.perf_counter() - t0, 1)
@@ -209,12 +225,41 @@ def _options(cfg: ProbeConfig, scheme: str, column: str) -> dict:
             "part of train to stop on)", "strength_metric": strength_metric,
             "intervals": f"bootstrap 95%, items resampled {RESAMPLES} times",
             "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
-            "column": column}
+            "column": column, "mdl": "online code (Voita & Titov 2020), linear probe at its chosen C, blocks at "
+            + ", ".join(f"{f:g}" for f in FRACTIONS) + " of the training rows" if cfg.mdl else None}
 
 
-def _provenance(ex: Extractor, paths: dict[str, Any], splits: dict[str, ProbeSplit], labels: list[str]) -> dict:
-    """Where the results came from: the model, the input files, their row counts, the labels, the version."""
+def _extract_here(ex: Extractor, jobs: list[dict[str, Any]], progress: bool | None, overwrite: bool) -> dict[str, Any]:
+    """Extract every split with ``ex`` in this process (:func:`extract_split`); returns :func:`_model_facts`."""
+    for job in jobs:
+        extract_split(ex, job["path"], job["store_dir"], task=job["task"], fmt=job["fmt"], column=job["column"],
+                      subword=job["subword"], pool=job["pool"], text_field=job["text_field"],
+                      document_context=job["document_context"], progress=progress, overwrite=overwrite)
+    return _model_facts(ex)
+
+
+def _stored_facts(store_dir: Path, options: ModelOptions) -> dict[str, Any]:
+    """:func:`_model_facts` read from the model record of a store the child extracted (the device: where the
+    options put the model)."""
+    from ..model.loading import resolve_device
+
+    model = open_store(store_dir).model
+    return {"model": model["name"], "num_layers": int(model["num_layers"]), "hidden_size": int(model["hidden_size"]),
+            "device": str(resolve_device(options.device))}
+
+
+def _model_facts(ex: Extractor) -> dict[str, Any]:
+    """What the probes and the report need of the model once its features are extracted: its name, layer count,
+    width and device (so the model itself can be let go)."""
     return {"model": ex.loaded.name, "num_layers": ex.num_layers, "hidden_size": ex.hidden_size,
+            "device": str(ex.loaded.device)}
+
+
+def _provenance(facts: dict[str, Any], paths: dict[str, Any], splits: dict[str, ProbeSplit],
+                labels: list[str]) -> dict:
+    """Where the results came from: the model (:func:`_model_facts`), the input files, their row counts, the
+    labels, the version."""
+    return {"model": facts["model"], "num_layers": facts["num_layers"], "hidden_size": facts["hidden_size"],
             **{name: os.fspath(path) if path else None for name, path in paths.items()},
             **{f"{name}_rows": len(split) for name, split in splits.items()},
             **{f"{name}_sentences": len(split.sentence_offsets) - 1 for name, split in splits.items()
@@ -246,15 +291,15 @@ def _task_terms(cfg: ProbeConfig, train: ProbeSplit, path: str | os.PathLike) ->
     return scheme, metric, f"{str(cfg.column).upper()} tagging ({name})"
 
 
-def _train_all(cfg: ProbeConfig, ex: Extractor, splits: dict[str, ProbeSplit], labels: list[str], scheme: str,
+def _train_all(cfg: ProbeConfig, facts: dict[str, Any], splits: dict[str, ProbeSplit], labels: list[str], scheme: str,
                metric: str, say: Callable[[str], None], spent: dict[str, float] | None = None) -> list[dict]:
     """Train every probe (every layer, then the strategies) with ``cfg.restarts`` seeds (once for a one-layer linear
     probe: convex, solved exactly); one table row each, with bootstrap intervals on every scored split and, on the
     reported split (test when given, else dev), whether it is inside the noise of the best probe. ``spent``
     receives the linear probes' seconds by part (``scan``, ``fit``), summed."""
     opts = ProbeOptions(probe=cfg.probe, crf=cfg.crf, hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
-                        patience=cfg.patience, device=str(ex.loaded.device))
-    specs = probe_specs(ex.num_layers)
+                        patience=cfg.patience, device=facts["device"])
+    specs = probe_specs(facts["num_layers"])
     if cfg.layers_only:
         specs = [s for s in specs if s.kind == "layer"]
     scored = [name for name in ("dev", "test") if name in splits]
@@ -285,6 +330,8 @@ def _train_all(cfg: ProbeConfig, ex: Extractor, splits: dict[str, ProbeSplit], l
                     samples[key] = draws
             if control is not None and spec.kind == "layer":
                 row.update(_control(spec, control, cfg, opts, reported, runs))
+            if cfg.mdl and spec.kind == "layer":
+                row["mdl"] = online_code_of(spec, splits["train"], labels, cfg.task, runs[0].fit["C"]).report()
             unconverged = [r.fit for r in runs if r.fit.get("converged") is False]
             if unconverged:
                 say(f"warning: the {spec.name} probe did not converge in {unconverged[0]['iterations']} iterations "

@@ -99,11 +99,13 @@ class MixView(FeatureView):
     """The fixed mix ``sum_k s_k z_k / sigma(s)`` of the ``K`` standardised layers of ``x`` (``mean``, ``scale``
     ``[K * W]``; ``cov`` their covariance), standardised again: ``[rows, W]``, computed chunk by chunk. A probe on it
     costs what a one-layer probe does (its matrix products are ``W`` wide, not ``K * W``); its mean is 0 and its
-    scale 1 by construction."""
+    scale 1 by construction. ``rounded``: its values rounded to float16 (as a held copy of it, :meth:`held`, keeps
+    them)."""
 
     def __init__(self, x: torch.Tensor, mix: np.ndarray, mean: torch.Tensor, scale: torch.Tensor,
-                 cov: torch.Tensor):
+                 cov: torch.Tensor, *, rounded: bool = False):
         super().__init__(x, "concat")
+        self.rounded = rounded  # the mix's values rounded to float16, as :meth:`held` keeps them
         self.dim = self.width
         self.mix = torch.as_tensor(np.asarray(mix, dtype=np.float32))
         self.spread = torch.from_numpy(mix_spread(cov, mix))
@@ -112,7 +114,8 @@ class MixView(FeatureView):
     def chunks(self, rows: np.ndarray | None) -> Iterator[tuple[int, int, torch.Tensor]]:
         for s, e, v in super().chunks(rows):
             z = v.view(e - s, self.layers, self.width).sub_(self.layer_mean).div_(self.layer_scale)
-            yield s, e, (z * self.mix[None, :, None]).sum(1).div_(self.spread)
+            mixed = (z * self.mix[None, :, None]).sum(1).div_(self.spread)
+            yield s, e, mixed.half().float() if self.rounded else mixed
 
 
 def mix_spread(cov: torch.Tensor | np.ndarray, mix: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -122,6 +125,17 @@ def mix_spread(cov: torch.Tensor | np.ndarray, mix: torch.Tensor | np.ndarray) -
     c = torch.as_tensor(np.asarray(cov), dtype=torch.float64)
     s = torch.as_tensor(np.asarray(mix), dtype=torch.float64)
     return torch.einsum("k,wkl,l->w", s, c, s).clamp_min(1e-12).sqrt().float().numpy()
+
+
+def mix_effective(cov: torch.Tensor | np.ndarray, weight: torch.Tensor | np.ndarray,
+                  mix: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """``[C, K * W]`` float32: the probe ``weight [C, W]`` on the scalar mix ``mix [K]`` of standardised layers
+    (standardised again by its spread, :func:`mix_spread`) as weights on the ``K`` standardised layers
+    concatenated."""
+    w = torch.as_tensor(np.asarray(weight, dtype=np.float32))
+    s = torch.as_tensor(np.asarray(mix, dtype=np.float32))
+    spread = torch.from_numpy(mix_spread(cov, mix))
+    return (s[None, :, None] * (w / spread)[:, None, :]).reshape(len(w), -1)
 
 
 @dataclass
@@ -277,9 +291,7 @@ def objective_at(problem: Problem, strength: float, weight: np.ndarray, bias: np
     if mix is not None:
         if problem.cov is None:  # pragma: no cover
             raise RuntimeError("a scalar mix needs its problem's layer covariance")
-        s = torch.from_numpy(np.asarray(mix, dtype=np.float32))
-        spread = torch.from_numpy(mix_spread(problem.cov, mix))
-        a = (s[None, :, None] * (w / spread)[:, None, :]).reshape(problem.classes, -1)
+        a = mix_effective(problem.cov, w, mix)
     loss, _, _ = problem.pass_over(a, b)
     kept = w[problem.present].double()
     reg = ((kept[1] - kept[0]) ** 2).sum() if len(kept) == 2 else (kept ** 2).sum()
@@ -302,5 +314,5 @@ def layer_objectives(problem: Problem, weight: np.ndarray, bias: np.ndarray) -> 
     return (total / problem.n).tolist()
 
 
-__all__ = ["CHUNK_VALUES", "FeatureView", "MixView", "Problem", "Solution", "layer_objectives", "mix_spread",
-           "objective_at", "solve"]
+__all__ = ["CHUNK_VALUES", "FeatureView", "MixView", "Problem", "Solution", "layer_objectives", "mix_effective",
+           "mix_spread", "objective_at", "solve"]

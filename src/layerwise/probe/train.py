@@ -24,6 +24,7 @@ from ..training.early_stopping import EarlyStopping
 from ..training.rng import seeded
 from .data import ProbeSplit
 from .linear import fit_linear
+from .mdl import OnlineCode, online_code
 from .metrics import sentence_scores, tagging_scores
 from .models import ProbeSpec, SequenceProbe, word_head
 
@@ -174,6 +175,16 @@ def _fit_linear(spec: ProbeSpec, train: ProbeSplit, dev: ProbeSplit, test: Probe
     if fit.mix is not None:
         run.weights = [round(float(v), 4) for v in fit.mix]
     return run
+
+
+def online_code_of(spec: ProbeSpec, train: ProbeSplit, labels: list[str], task: str, strength: float) -> OnlineCode:
+    """The online code length of the training labels from ``spec``'s layers (:func:`~layerwise.probe.mdl.
+    online_code`), with the linear probe at ``strength``; a tagging task's sentences stay whole in its blocks."""
+    pos = list(spec.layers)
+    read = slice(pos[0], pos[-1] + 1) if pos == list(range(pos[0], pos[-1] + 1)) else pos
+    y = _targets(train, {label: i for i, label in enumerate(labels)}).numpy()
+    return online_code(train.x[:, read], y, len(labels), strength, combine=spec.combine if len(pos) > 1 else "concat",
+                       groups=sentence_ids(train) if task == "tagging" else None)
 
 
 def held_out(train: ProbeSplit, seed: int, share: float = HELD_OUT) -> tuple[ProbeSplit, ProbeSplit | None]:

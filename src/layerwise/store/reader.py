@@ -29,6 +29,7 @@ from .integrity import Expected, VerifyReport, open_shard, size_problems, unlist
 from .layout import ERRORS, RESTORE, STORE_DTYPES, ShardFile
 from .manifest import read_manifest
 from .parts import is_parted, part_order, read_parts
+from .rows import StoredRows
 
 
 class StoreWarning(UserWarning):
@@ -381,11 +382,8 @@ class FeatureStore:
             sizes = np.array([0] + [len(r) for r in records], dtype=np.int64)
             flat_rows = (np.concatenate(records) if records else np.zeros((0,) + self.feature_shape, dtype=self.dtype))
             return flat_rows, np.cumsum(sizes)
-        offsets, base = [np.zeros(1, dtype=np.int64)], 0
-        for s in self._all_shards():
-            off = s.array("offsets")
-            offsets.append(off[1:] + base)
-            base += int(off[-1])
+        offsets = self.record_offsets()
+        base = int(offsets[-1])
         # one array filled shard by shard, each shard's mapped features let go once copied: the copy is what the
         # caller holds, and the mapped pages would stay resident beside it (twice the features in memory)
         flat = np.empty((base,) + self.feature_shape, dtype=self.dtype)
@@ -396,7 +394,34 @@ class FeatureStore:
             at += len(part)
             del part
             s.forget("features")
-        return flat, np.concatenate(offsets)
+        return flat, offsets
+
+    def record_offsets(self) -> np.ndarray:
+        """Token/word level, records in their shards' order: ``[records + 1]``, record ``i``'s rows being
+        ``offsets[i]:offsets[i + 1]`` of :meth:`ragged`'s rows and of :meth:`rows` (no feature is read)."""
+        if self.level == "sentence" or self._order is not None:
+            raise StoreError("record_offsets() is for token- and word-level stores whose records are in their shards' "
+                             "order; use ragged()")
+        offsets, base = [np.zeros(1, dtype=np.int64)], 0
+        for s in self._all_shards():
+            off = s.array("offsets")
+            offsets.append(off[1:] + base)
+            base += int(off[-1])
+        return np.concatenate(offsets)
+
+    def rows(self) -> StoredRows:
+        """Every feature row ``[N, *F]`` (records at sentence level, the tokens or words of every record otherwise,
+        in order) read on demand: indexed like an array (``rows[a:b]``, ``rows[indices]``), giving torch tensors,
+        never held whole (:class:`~layerwise.store.rows.StoredRows`).
+
+        Raises:
+            StoreError: the store's records are not in its shards' order (read it with :meth:`ragged` or
+                :meth:`to_numpy`).
+        """
+        if self._order is not None:
+            raise StoreError("this store's records are not in its shards' order; read its rows with ragged() (token "
+                             "or word level) or to_numpy() (sentence level)")
+        return StoredRows(list(self._all_shards()), self.level, tuple(self.feature_shape), self.dtype)
 
     @property
     def lines(self) -> np.ndarray:

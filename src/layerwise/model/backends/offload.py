@@ -85,21 +85,23 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def child_setup(parent: int) -> None:
+def child_setup(parent: int, *, idle: bool = True) -> None:
     """What a child runs first, in its own interpreter (never between fork and exec: ``preexec_fn`` runs Python in a
     forked copy of a process with threads, where a lock another thread held at the fork, the dynamic loader's or an
     allocator's, is never released and the child hangs before its step starts; its parent then waited for ever,
     holding the build lock every later export needed). A lower CPU priority (``SCHED_IDLE`` on Linux, else ``nice``
     :data:`NICE`), and on Linux ``SIGKILL`` when the thread that started it ends (``PR_SET_PDEATHSIG``); it exits at
-    once when its parent (PID ``parent``) ended before the signal was armed."""
-    try:
-        os.nice(NICE)
-    except OSError:  # not permitted here: the child runs at the caller's priority
-        pass
-    try:  # Linux: runs only on a core the caller leaves idle
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError):
-        pass
+    once when its parent (PID ``parent``) ended before the signal was armed. ``idle=False``: the priority is left
+    as it is (a child doing the caller's own work, e.g. a probe run's extraction)."""
+    if idle:
+        try:
+            os.nice(NICE)
+        except OSError:  # not permitted here: the child runs at the caller's priority
+            pass
+        try:  # Linux: runs only on a core the caller leaves idle
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
