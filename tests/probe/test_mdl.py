@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from layerwise.errors import LayerwiseError
 from layerwise.probe.mdl import SMOOTHING, block_ends, online_code
 
 
@@ -68,5 +69,5 @@ def test_a_block_is_coded_by_the_probe_fitted_on_the_blocks_before_it():
 
 def test_too_few_rows_is_refused():
     x, y = _layers(4)
-    with pytest.raises(ValueError, match="at least 2 labelled rows, got 1"):
+    with pytest.raises(LayerwiseError, match="at least 2 labelled rows, got 1"):
         online_code(x, np.array([0, -1, -1, -1]), 3, 1.0)

@@ -353,10 +353,14 @@ def test_a_big_request_whose_client_gave_up_is_dropped_between_batches(server):
     while delta(metrics(server), m0, answered("/v1/encode", 499)) < 1:
         assert time.monotonic() < deadline, "the dropped request was never counted as 499"
         time.sleep(0.1)
-    time.sleep(1.0)  # the forward batch running when the client went away ends (it takes far less)
+    # the forward batch running when the client went away ends; then nothing is open: no model work is left
+    deadline = time.monotonic() + 20
+    while metrics(server)["layerwise_open_work"] > 0:
+        assert time.monotonic() < deadline, "the model still has work open after the dropped request"
+        time.sleep(0.1)
     m1 = metrics(server)
-    time.sleep(1.0)
     m2 = metrics(server)
+    assert m1["layerwise_open_work"] == 0
     assert m2["layerwise_tokens_total"] == m1["layerwise_tokens_total"], "the model still computes the dropped request"
     counted = {name: delta(m2, m0, name) for name in (answered("/v1/encode", 499), answered("/v1/encode", 200),
                                                       "layerwise_batches_total")}

@@ -73,6 +73,7 @@ ONE_FOLD_ROWS = 5000  # above this many training rows, the strengths are ranked 
 TOL = 1e-4
 SKLEARN_VALUES = 10_000_000  # rows x width up to which scikit-learn fits the final probe (its float64 copy: 80 MB)
 PREDICT_VALUES = 1 << 21  # feature values widened at a time when a fit predicts (float64: 16 MB)
+HELD_MIX_BYTES = 32 << 20  # a uniform mix's values up to this size are held (float16), above computed at each pass
 SCAN_ROWS = 20_000  # above this many training rows, the strengths are ranked on a sample of about this many
 
 
@@ -264,7 +265,7 @@ def fit_linear(x: torch.Tensor | np.ndarray, y: np.ndarray, classes: int, combin
     if mixing:
         sol, plain, starts = _fit_mix(problem, strength, seed)
         if splits:  # held-out rows decide between the learned and the uniform mix, as they decided the strength
-            validation = validate_mix(scanned, splits, strength, seed)
+            validation = validate_mix(scanned, splits, strength, seed, sol, plain)
             if validation["kept"] == "uniform":
                 sol = plain
         w, b, iterations, grad_norm, objective, mix = (sol.weight, sol.bias, sol.iterations, sol.grad_norm,
@@ -369,12 +370,13 @@ def mean_objective_grad(z: np.ndarray, y: np.ndarray, coef: np.ndarray, intercep
 Fitted = tuple[np.ndarray, np.ndarray, int, float, "np.ndarray | None"]
 
 
-def uniform_problem(problem: Problem, *, held: bool = True) -> Problem:
+def uniform_problem(problem: Problem) -> Problem:
     """The problem of a scalar mix with its weights fixed at the uniform mix: a plain probe on the mean of the
     standardised layers, standardised again (:class:`~layerwise.probe.solver.MixView`, its values rounded to
-    float16). ``held``: computed once for the problem's rows and held ``[rows, 1, W]`` (a one-layer probe's features
-    and cost: the strength scan's sample); else computed chunk by chunk at every pass (no copy: a final fit on every
-    training row, where the copy would be 0.16 GB on UD English-EWT)."""
+    float16). Up to :data:`HELD_MIX_BYTES` it is computed once for the problem's rows and held ``[rows, 1, W]`` (a
+    one-layer probe's features and cost); above, it is computed chunk by chunk at every pass (the same values, no
+    copy: 0.16 GB on UD English-EWT's 204k words, beside 1.1 GB of features)."""
+    held = problem.n * problem.view.width * 2 <= HELD_MIX_BYTES
     view = problem.view
     if problem.cov is None:  # pragma: no cover - only a scalar mix's problem is made uniform
         raise RuntimeError("uniform_problem needs a scalar mix's problem (its layers' covariance)")
@@ -397,8 +399,7 @@ def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, So
     that probe is the fit."""
     k = problem.view.layers
     uniform = np.full(k, 1.0 / k, dtype=np.float32)
-    # the probe of the uniform mix (a one-layer probe's matrix products), its values computed at every pass
-    base = solve(uniform_problem(problem, held=False), strength, seed=seed)
+    base = solve(uniform_problem(problem), strength, seed=seed)  # the probe of the uniform mix: one layer's cost
     floor = objective_at(problem, strength, base.weight, base.bias, uniform)  # where the uniform start began
     if problem.cov is None:  # pragma: no cover - only a scalar mix's problem is mixed
         raise RuntimeError("a scalar mix needs its problem's layer covariance")
@@ -418,20 +419,28 @@ def _fit_mix(problem: Problem, strength: float, seed: int) -> tuple[Solution, So
     return fits[best], plain, objectives
 
 
-def validate_mix(problem: Problem, splits: list[tuple[np.ndarray, np.ndarray]], strength: float,
-                 seed: int) -> dict[str, Any]:
+def validate_mix(problem: Problem, splits: list[tuple[np.ndarray, np.ndarray]], strength: float, seed: int,
+                 learned: Solution, plain: Solution) -> dict[str, Any]:
     """Whether a learned scalar mix predicts held-out rows at least as well as the uniform mix of its layers: on
     each of ``splits`` (the strength scan's folds of the training rows), both are fitted on the fold's training rows
-    at ``strength`` (:func:`_fit_mix`) and scored on its held-out rows. ``{"learned": accuracy, "uniform":
-    accuracy, "rows": validated rows, "kept": "learned" | "uniform"}``: the learned mix is kept unless the uniform
-    one validates strictly better (a lower training objective alone can be an overfit of ``K`` more parameters)."""
+    at ``strength``, each warm-started from its fit on every row (``learned``, ``plain``: :func:`_fit_mix`), and
+    scored on its held-out rows. ``{"learned": accuracy, "uniform": accuracy, "rows": validated rows, "kept":
+    "learned" | "uniform"}``: the learned mix is kept unless the uniform one validates strictly better (a lower
+    training objective alone can be an overfit of ``K`` more parameters)."""
+    if problem.cov is None or learned.mix is None:  # pragma: no cover - only a scalar mix is validated
+        raise RuntimeError("validate_mix needs a scalar mix's problem and its learned mix")
+    uniform = np.full(problem.view.layers, 1.0 / problem.view.layers, dtype=np.float32)
     right = {"learned": 0, "uniform": 0}
     for tr, va in splits:
-        learned, plain, _ = _fit_mix(problem.subset(tr), strength, seed)
+        fold = problem.subset(tr)
+        mixed = solve(fold, strength, mix=learned.mix, learn_mix=True, start=(learned.weight, learned.bias),
+                      seed=seed)
+        base = solve(uniform_problem(fold), strength, start=(plain.weight, plain.bias), seed=seed)
         check = problem.subset(va)
-        for name, sol in (("learned", learned), ("uniform", plain)):
-            bias = torch.from_numpy(np.nan_to_num(sol.bias, neginf=-1e30).astype(np.float32))
-            right[name] += int((check.logits(sol.effective, bias).argmax(1) == check.y).sum())
+        for name, effective, bias in (("learned", mixed.effective, mixed.bias),
+                                      ("uniform", mix_effective(problem.cov, base.weight, uniform), base.bias)):
+            b = torch.from_numpy(np.nan_to_num(bias, neginf=-1e30).astype(np.float32))
+            right[name] += int((check.logits(effective, b).argmax(1) == check.y).sum())
     rows = sum(len(va) for _, va in splits)
     return {"learned": round(right["learned"] / rows, 5), "uniform": round(right["uniform"] / rows, 5), "rows": rows,
             "kept": "learned" if right["learned"] >= right["uniform"] else "uniform"}

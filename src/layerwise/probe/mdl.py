@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..errors import LayerwiseError
 from .linear import MAX_ITER
 from .solver import FeatureView, Problem, solve
 
@@ -93,7 +94,8 @@ def online_code(x: torch.Tensor, y: np.ndarray, classes: int, strength: float, *
     keep = np.flatnonzero(y >= 0)
     n = len(keep)
     if n < 2:
-        raise ValueError(f"an online code needs at least 2 labelled rows, got {n}")
+        raise LayerwiseError(f"an online code needs at least 2 labelled rows, got {n}: give the probe more labelled "
+                             f"training data")
     rng = np.random.default_rng(seed)
     if groups is None:
         order = rng.permutation(n)

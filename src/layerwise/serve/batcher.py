@@ -180,8 +180,15 @@ class Batcher:
         self._calls: deque[Call] = deque()
         self._cv = threading.Condition()
         self._stop = False
+        self._stepping = False  # the worker is inside a model step
         self._thread = threading.Thread(target=self._loop, name="layerwise-batcher", daemon=True)
         self._thread.start()
+
+    def open_work(self) -> int:
+        """Requests queued, model calls open, and 1 while the worker is inside a model step: 0 when the model is
+        idle (what ``layerwise_open_work`` reports)."""
+        with self._cv:
+            return len(self._queue) + len(self._calls) + int(self._stepping)
 
     async def submit(self, group: Hashable, depth: int, items: list, payload: Any, cost: int) -> list:
         """Queue ``items`` and wait for their results (in order).
@@ -307,8 +314,13 @@ class Batcher:
                         _close(running)
                     return
                 turn = self._next_call()
+                self._stepping = turn is not None
             if turn is not None:
-                self._step(turn)
+                try:
+                    self._step(turn)
+                finally:
+                    with self._cv:
+                        self._stepping = False
 
     def _step(self, call: Call) -> None:
         t0 = time.perf_counter()

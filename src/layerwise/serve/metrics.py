@@ -10,7 +10,7 @@ batcher's calls say how full they were and what they computed against what their
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, MutableMapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -80,6 +80,8 @@ class Metrics:
                             "waiting in send buffers", registry=r)
         self.send_timeouts = Gauge("layerwise_send_timeouts_total", "Connections dropped because their client read "
                                    "nothing of an answer for --send-timeout seconds", registry=r)
+        self.open_work = Gauge("layerwise_open_work", "Requests queued for the model, model calls open, and 1 while "
+                               "a model step runs (0: the model is idle)", registry=r)
 
     def request(self, route: str, status: int, seconds: float) -> None:
         """Count one answer."""
@@ -90,8 +92,10 @@ class Metrics:
         """Count a request shed at a ceiling (``"memory"`` or ``"answers"``; :mod:`layerwise.serve.ceilings`)."""
         self.shed_total.labels(reason=reason).inc()
 
-    def watch(self, ceilings: "Ceilings") -> None:
-        """Report ``ceilings``' numbers, read at each scrape."""
+    def watch(self, ceilings: "Ceilings", open_work: Callable[[], int] | None = None) -> None:
+        """Report ``ceilings``' numbers and ``open_work()`` (the batcher's), read at each scrape."""
+        if open_work is not None:
+            self.open_work.set_function(open_work)
         from ..model.memory import resident_bytes
 
         self.resident.set_function(resident_bytes)

@@ -120,11 +120,11 @@ class Service:
         self.ex, self.limits, self.lock = ex, limits, lock
         self.metrics = Metrics()
         self.ceilings = Ceilings(limits.max_memory, limits.max_unsent_bytes, shed=self.metrics.shed)
-        self.metrics.watch(self.ceilings)
         self.cost = CostModel.for_device(ex.backend.device.type, ex.batch_tokens)
         self.batcher = Batcher(self._run, self.cost, max_batch_tokens=limits.max_batch_tokens,
                                max_queue_tokens=limits.max_queue_tokens, on_batch=self._batch_done,
                                ragged=lambda site, depth: _ragged_offer(ex, depth, str(site)))
+        self.metrics.watch(self.ceilings, self.batcher.open_work)
         self.specs = SpecCache()
         self.model_id = ex.loaded.name
         self._ranges: dict[tuple[EncodeSpec, str], EncodeSpec] = {}
