@@ -119,12 +119,24 @@ def sentences() -> list[str]:
     return list(SENTENCES)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's time budget (:mod:`budget`): durations to a file, limits checked at the end."""
+    import budget
+
+    if not config.pluginmanager.is_registered(budget):
+        config.pluginmanager.register(budget, "layerwise-budget")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the pip-built environments of the collected tests that will run (Infinity's, the demo's) in the
-    background (:mod:`prebuilt`): their minutes overlap the rest of the suite."""
+    background (:mod:`prebuilt`): their minutes overlap the rest of the suite. Nothing is started for
+    ``--collect-only`` (no test runs, and the session would wait for the builds)."""
     import shutil
 
     import prebuilt
+
+    if session.config.option.collectonly:
+        return
 
     modules = {item.module.__name__: item.module for item in session.items if hasattr(item, "module")}
     if "test_export_servers" in modules and (os.environ.get("LAYERWISE_CI") or

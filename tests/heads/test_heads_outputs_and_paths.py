@@ -269,7 +269,7 @@ def test_frozen_training_at_sub_layer_sites(env, site):
         model=env["ex"],
         **QUIET,
     )
-    assert res.classifier.layers == (1, 2) and res.dev["accuracy"] >= 0.5
+    assert res.classifier.layers == (1, 2) and res.dev["accuracy"] >= 0.8  # separable toy data (chance: 0.5)
 
 
 UD = "".join(

@@ -68,28 +68,52 @@ def test_onnx_errors(tiny_extractors, tmp_path):
 
 def test_a_copy_for_export_never_carries_a_captures_hooks(tiny_extractors, monkeypatch):
     """auto exports in a background thread while the caller captures: the copy for the export waits for the
-    capture, so it never carries the capture's hooks (which stopped the export's trace with their early exit)."""
+    capture, so it never carries the capture's hooks (which stopped the export's trace with their early exit). The
+    model's lock is watched: the copy reaches it while the capture holds it, and enters only once the capture let
+    go (no timed wait)."""
     import threading
-    import time
 
     loaded = tiny_extractors["bert"].loaded
     monkeypatch.setattr(loaded, "ensure_depth", lambda depth: None)  # as a model loaded whole (no block to read)
     ex = lw.Extractor(loaded, backend="torch")
-    inside, release = threading.Event(), threading.Event()
+    inside, release, tried = threading.Event(), threading.Event(), threading.Event()
+    entered: list[bool] = []  # for the copy: whether the capture had been let go when it entered
+    copied: dict = {}
+    copying = threading.Thread(target=lambda: copied.setdefault("model", ob.truncated_copy(loaded, 1)))
+
+    class Watched:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __enter__(self):
+            mine = threading.current_thread() is copying
+            if mine:
+                tried.set()
+            self.inner.__enter__()
+            if mine:
+                entered.append(release.is_set())
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(loaded, "lock", Watched(loaded.lock))
     handle = loaded.layer_map.layers[0].register_forward_hook(
         lambda m, a, o: (inside.set(), release.wait(30)) and None)
     try:
         capturing = threading.Thread(target=lambda: ex.encode(["hello there"], layers=1))
         capturing.start()
         assert inside.wait(30)  # the capture's hooks are on the modules now
-        copied: dict = {}
-        copying = threading.Thread(target=lambda: copied.setdefault("model", ob.truncated_copy(loaded, 1)))
         copying.start()
-        time.sleep(0.3)
-        assert "model" not in copied  # it waits for the capture
+        assert tried.wait(30)  # the copy is at the model's lock, which the capture holds
+        assert "model" not in copied
         release.set()
         capturing.join(30)
         copying.join(30)
+        assert entered == [True]  # it entered only after the capture was let go
         hooks = [h for m in copied["model"].modules() for h in (*m._forward_hooks.values(),
                                                                *m._forward_pre_hooks.values())]
         assert hooks and not [h for h in hooks if type(getattr(h, "__self__", None)).__name__ == "Recorder"]

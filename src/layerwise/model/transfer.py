@@ -52,15 +52,23 @@ class Source:
     dtype: torch.dtype
 
 
-def _pinned(sources: Sequence[Source]) -> dict[str, torch.Tensor]:
-    """One page-locked buffer holding every file tensor of ``sources``: ``{name: view [shape] in the file's dtype}``."""
+def buffer_layout(sources: Sequence[Source]) -> tuple[dict[str, int], int]:
+    """Where each file tensor of ``sources`` sits in a block's one host buffer: ``({name: byte offset}, total
+    bytes)``, each offset a multiple of :data:`_ALIGN` (buffers, ``key=None``, are not in it)."""
     offsets, total = {}, 0
     for s in sources:
         if s.key is None:
             continue
         offsets[s.name] = total
         total += -(-s.source.numel() * s.source.element_size() // _ALIGN) * _ALIGN
-    flat = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=True)
+    return offsets, total
+
+
+def _pinned(sources: Sequence[Source], pin: bool = True) -> dict[str, torch.Tensor]:
+    """One page-locked buffer (``pin=False``: a plain one) holding every file tensor of ``sources``: ``{name: view
+    [shape] in the file's dtype}`` at :func:`buffer_layout`'s offsets."""
+    offsets, total = buffer_layout(sources)
+    flat = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pin)
     views = {}
     for s in sources:
         if s.key is not None:
@@ -68,6 +76,12 @@ def _pinned(sources: Sequence[Source]) -> dict[str, torch.Tensor]:
             start = offsets[s.name]
             views[s.name] = flat[start:start + n].view(s.source.dtype).view(s.source.shape)
     return views
+
+
+def keeps_host_copies(streamed_bytes: int, free_bytes: int | None) -> bool:
+    """Whether each streamed block's pinned copy is kept after its first read: when the streamed blocks take at most
+    :data:`HOST_SHARE` of the memory this process may still use (``free_bytes``; ``None``: unknown, so not)."""
+    return free_bytes is not None and streamed_bytes <= HOST_SHARE * free_bytes
 
 
 def _fits(views: dict[str, torch.Tensor], sources: Sequence[Source]) -> bool:
@@ -90,7 +104,7 @@ class GpuFeed:
         self.copy_stream = torch.cuda.Stream(device)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="layerwise-to-gpu")
         host = available("cpu")
-        self.keep_host = host is not None and streamed_bytes <= HOST_SHARE * host.bytes
+        self.keep_host = keeps_host_copies(streamed_bytes, None if host is None else host.bytes)
         self.host: dict[int, dict[str, torch.Tensor]] = {}  # block -> its pinned copy (kept, keep_host only)
         self.staging: list[dict[str, torch.Tensor]] = [{}, {}]  # per slot: a pinned buffer reused (not keep_host)
         self.gpu: list[dict[str, torch.Tensor]] = [{}, {}]  # per slot: the block's tensors on the GPU
@@ -193,4 +207,4 @@ class GpuFeed:
         self.gpu = [{}, {}]
 
 
-__all__ = ["HOST_SHARE", "GpuFeed", "Source"]
+__all__ = ["HOST_SHARE", "GpuFeed", "Source", "buffer_layout", "keeps_host_copies"]

@@ -107,6 +107,11 @@ class Activity:
                 self._alone = False
                 self._lock.notify_all()
 
+    def held(self) -> int:
+        """How many of the caller's passes wait now for a timing run to end (:meth:`alone`)."""
+        with self._lock:
+            return self._waiting
+
     def busy(self) -> bool:
         """Whether the caller is at work: a pass running or held, or one that ended less than :data:`QUIET_S` ago."""
         with self._lock:
