@@ -6,6 +6,7 @@ Each is saved to a directory (safetensors) and loaded back through layerwise's r
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 import torch
@@ -257,6 +258,29 @@ def module_hook_count(model) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Call ``predicate()`` until it returns a truthy value, and return that value.
+
+    The tests' one way to wait for something that happens on its own (a process, a thread, a server): instead of a
+    fixed sleep, poll for the observable condition every ``interval`` seconds, and fail at a deadline.
+    ``predicate`` is called at least once, and once more at the deadline (the condition may have come true during
+    the last interval); an exception it raises is not caught (a predicate may assert that waiting still makes sense).
+
+    Raises:
+        AssertionError: ``"{what}: not within {timeout} s"`` when ``timeout`` seconds (``time.monotonic``) passed
+            without a truthy value.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(min(interval, left))
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     import socket
@@ -276,7 +300,6 @@ def cli_server(args: list[str], log_path: Path, ready: str, timeout: float = 180
     import os
     import subprocess
     import sys
-    import time
     import urllib.request
 
     import pytest
@@ -284,20 +307,25 @@ def cli_server(args: list[str], log_path: Path, ready: str, timeout: float = 180
     port = free_port()
     cmd = [sys.executable, "-m", "layerwise.cli.main", *args, "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            urllib.request.urlopen(f"{base}{ready}", timeout=5).read()
+            return True
+        except OSError:
+            return False
+
     with open(log_path, "w+") as log, subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     ) as proc:
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    urllib.request.urlopen(f"{base}{ready}", timeout=5).read()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        pytest.fail(f"server did not start:\n{log.read()}")
-                    time.sleep(0.2)
+            try:
+                wait_until(lambda: proc.poll() is not None or answers(), timeout, f"GET {ready} answering",
+                           interval=0.2)
+                assert proc.poll() is None, f"the server exited with status {proc.returncode}"
+            except AssertionError as exc:
+                log.seek(0)
+                pytest.fail(f"server did not start ({exc}):\n{log.read()}")
             yield base
         finally:
             proc.terminate()

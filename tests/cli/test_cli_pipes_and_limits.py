@@ -13,7 +13,6 @@ import subprocess
 import sys
 import termios
 import threading
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -25,6 +24,8 @@ from typer.testing import CliRunner
 import layerwise as lw
 from layerwise.cli.main import app
 from layerwise.serve import Limits, ServiceError, create_app
+
+from tiny import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -205,10 +206,8 @@ def service(tiny_extractors):
     )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "in-thread server did not start"
-        time.sleep(0.05)
+    wait_until(lambda: srv.started or not thread.is_alive(), 60, "the in-thread server starting")
+    assert srv.started, "in-thread server did not start"
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(timeout=30)

@@ -14,7 +14,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 import layerwise as lw
 import prebuilt
 
-from tiny import free_port
+from tiny import free_port, wait_until
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
 st = pytest.importorskip("sentence_transformers", reason="in the test extra")
@@ -83,17 +82,22 @@ def serve(command: Path, models: dict[str, Path], log: Path):
     handle = open(log, "w+")
     proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
+
+    def healthy() -> bool:
         try:
             urllib.request.urlopen(f"{base}/health", timeout=5).read()
-            return proc, handle, base
+            return True
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                handle.seek(0)
-                pytest.fail(f"infinity did not start:\n{handle.read()[-4000:]}")
-            time.sleep(0.5)
+            return False
+
+    try:
+        wait_until(lambda: proc.poll() is not None or healthy(), 300, "GET /health answering", interval=0.5)
+        assert proc.poll() is None, f"infinity exited with status {proc.returncode}"
+    except AssertionError as exc:
+        proc.kill()
+        handle.seek(0)
+        pytest.fail(f"infinity did not start ({exc}):\n{handle.read()[-4000:]}")
+    return proc, handle, base
 
 
 def test_infinity_serves_a_layer_and_a_mix_as_sentence_transformers_computes_them(infinity, tmp_path):

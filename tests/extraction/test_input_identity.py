@@ -27,19 +27,18 @@ from layerwise.store import verify_store
 
 from tiny import extract
 
-# Extracts CORPUS into STORE; after its first shard waits until GO exists; an ExtractError is printed, exit 3.
+# Extracts CORPUS into STORE; after its first shard waits until its stdin closes; an ExtractError is printed, exit 3.
 HOLDER = textwrap.dedent(
     """
-    import os, sys, time
+    import sys
     import layerwise as lw
 
-    model, corpus, store, go, per_shard = sys.argv[1:6]
+    model, corpus, store, per_shard = sys.argv[1:5]
 
     def hold(n):
         if n == 1:
             print("holding", flush=True)
-            while not os.path.exists(go):
-                time.sleep(0.02)
+            sys.stdin.read()  # until the test closes it
 
     try:
         lw.extract(corpus, store, lw.EncodeSpec(layers=[1, 2]), model=lw.Extractor(model, device="cpu"),
@@ -75,13 +74,11 @@ def setup(tmp_path_factory, tiny_dirs):
 def run_holder(setup, corpus: Path, store: Path, per_shard: int, change) -> subprocess.CompletedProcess:
     """Run the holder; once it has written its first shard, ``change()`` the corpus; then let it go on."""
     root, script, model = setup
-    go = store.with_name(store.name + ".go")
-    proc = subprocess.Popen([sys.executable, str(script), model, str(corpus), str(store), str(go), str(per_shard)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), model, str(corpus), str(store), str(per_shard)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "holding", proc.stderr.read()  # type: ignore[union-attr]
     change()
-    go.touch()
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=300)  # closes its stdin first: it goes on
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

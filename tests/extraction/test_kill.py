@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 import layerwise as lw
 from layerwise.store import StoreWarning
 
-from tiny import extract
+from tiny import extract, wait_until
 
 pytestmark = [pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL"), pytest.mark.slow]
 
@@ -194,11 +193,8 @@ def test_sigkill_then_rerun_equals_clean_run(setup, default_path, level, point, 
 def _start_and_kill(cmd: list[str], store, env) -> bool:
     """Start the command, SIGKILL it once 3 shards exist; False if it finished first."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if len(list(store.glob("shard-*.safetensors"))) >= 3:
-            break
-        time.sleep(0.005)
+    wait_until(lambda: proc.poll() is not None or len(list(store.glob("shard-*.safetensors"))) >= 3, 120,
+               "3 shards written or the run ended", interval=0.005)
     if proc.poll() is not None:
         return False
     proc.send_signal(signal.SIGKILL)
@@ -282,9 +278,8 @@ def test_ctrl_c_says_what_is_safe_and_the_rerun_resumes(setup, default_path, tmp
     cmd = [sys.executable, "-m", "layerwise.cli.main", "extract", str(big), "-o", str(store), "--model", model,
            "--device", "cpu", "--layers", "1,2", "--shard-records", "8", "--batch-tokens", "64"]
     proc = subprocess.Popen(cmd, env=default_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and len(list(store.glob("shard-*.safetensors"))) < 3:
-        time.sleep(0.005)
+    wait_until(lambda: proc.poll() is not None or len(list(store.glob("shard-*.safetensors"))) >= 3, 120,
+               "3 shards written or the run ended", interval=0.005)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

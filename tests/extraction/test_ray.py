@@ -29,7 +29,7 @@ from layerwise.extraction.pool import local_resources, size_pool
 from layerwise.extraction.ray import part_path
 from layerwise.store import export, merge_stores, open_store
 
-from tiny import extract
+from tiny import extract, wait_until
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
 
@@ -227,6 +227,15 @@ def _ray_processes(tag: str) -> list[int]:
     return found
 
 
+def _left_after(temp: Path, seconds: float) -> list[int]:
+    """The processes of the Ray cluster under ``temp`` still running after ``seconds`` ([] as soon as none are)."""
+    try:
+        wait_until(lambda: not _ray_processes(str(temp)), seconds, "the Ray cluster's processes ending", interval=0.2)
+    except AssertionError:
+        return _ray_processes(str(temp))
+    return []
+
+
 def _names(pids: list[int]) -> list[str]:
     names = []
     for pid in pids:
@@ -257,27 +266,22 @@ def test_a_killed_driver_ends_its_cluster_and_resumes_with_the_same_command(data
     cmd = _cli(src, out, model, "--part-records", "100", "--batch-tokens", "16")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None and not (out / "writer.lock").exists():
-            time.sleep(0.05)
+        deadline = time.monotonic() + 240  # for the lock and the first parts together
+        wait_until(lambda: proc.poll() is not None or (out / "writer.lock").exists(), 240, "the driver's writer.lock")
         # the first driver holds the output (Ray and its parts still to come): a second one is refused, naming it
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         said = " ".join(second.stderr.split())
         assert second.returncode == 2 and "is being written by another run" in said, second.stderr[-3000:]
         assert f"pid {proc.pid}" in said
-        while time.monotonic() < deadline and proc.poll() is None:
-            if len(list(out.glob("part-*"))) >= 2:  # some parts written, the run not finished
-                break
-            time.sleep(0.05)
+        # some parts written, the run not finished
+        wait_until(lambda: proc.poll() is not None or len(list(out.glob("part-*"))) >= 2,
+                   round(deadline - time.monotonic(), 1), "two parts written")
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:] if proc.stderr else ""
         assert _ray_processes(str(temp)), "the driver's cluster was not found by its temp dir"
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as the out-of-memory killer would
         proc.wait(timeout=30)
         killed = time.monotonic()
-        left = _ray_processes(str(temp))
-        while left and time.monotonic() - killed < 30:
-            time.sleep(0.2)
-            left = _ray_processes(str(temp))
+        left = _left_after(temp, 30)
         print(f"the killed driver's Ray processes were gone {time.monotonic() - killed:.1f} s after the kill")
         assert left == [], f"left running after the driver's kill -9: {_names(left)}"
     finally:
@@ -290,11 +294,7 @@ def test_a_killed_driver_ends_its_cluster_and_resumes_with_the_same_command(data
     assert len(written) >= 2 and not (out / "manifest.json").exists()
     again = [c for c in cmd if c != "--quiet"]  # the same command (with its summary line)
     done = subprocess.run(again, capture_output=True, text=True, timeout=300, env=env)
-    ended = time.monotonic()
-    left = _ray_processes(str(temp))
-    while left and time.monotonic() - ended < 20:  # Ray's shutdown, then the guard's look for stragglers
-        time.sleep(0.2)
-        left = _ray_processes(str(temp))
+    left = _left_after(temp, 20)  # Ray's shutdown, then the guard's look for stragglers
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     shutil.rmtree(temp, ignore_errors=True)

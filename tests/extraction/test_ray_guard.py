@@ -9,9 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tiny import wait_until
 
 DRIVER = r"""
 import os, subprocess, sys, time
@@ -56,13 +57,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(map(_alive, pids)):
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
-
-
 @pytest.mark.parametrize("how", ["kill", "close"])
 def test_the_guard_ends_the_cluster_and_only_it(how):
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, how], stdout=subprocess.PIPE, text=True,
@@ -79,8 +73,9 @@ def test_the_guard_ends_the_cluster_and_only_it(how):
             driver.wait(10)
         else:
             assert driver.stdout.readline().strip() == "closed"
-        assert _wait_gone(cluster, 15) == [], "the cluster's processes outlived the driver's run"
-        assert _wait_gone([guard], 10) == []
+        wait_until(lambda: not any(map(_alive, cluster)), 15, "the cluster's processes ending with the driver's run",
+                   interval=0.1)
+        wait_until(lambda: not _alive(guard), 10, "the guard ending", interval=0.1)
         assert _alive(other), "a child of the driver that is not the cluster's was ended"
     finally:
         for pid in [driver.pid, *started]:

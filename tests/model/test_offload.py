@@ -21,6 +21,8 @@ import layerwise.model.backends.offload as offload
 import layerwise.model.backends.openvino as ovb
 import layerwise.model.backends.ort as ob
 
+from tiny import wait_until
+
 pytest.importorskip("onnxruntime")
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés " * 20]
@@ -142,15 +144,6 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")  # a zombie waiting for PID 1 to reap it has ended
 
 
-def _wait_gone(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        time.sleep(0.05)
-    return _gone(pid)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_child_dies_with_its_parent(tmp_path):
     """kill -9 of the parent during a build: the child is gone within 2 s (not re-parented to PID 1 for minutes)."""
@@ -160,15 +153,13 @@ def test_a_child_dies_with_its_parent(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     try:
-        deadline = time.monotonic() + 30
-        while os.sched_getscheduler(child) != os.SCHED_IDLE and time.monotonic() < deadline:
-            time.sleep(0.05)  # the child lowers its own priority and arms the signal first thing (no preexec_fn)
-        assert os.sched_getscheduler(child) == os.SCHED_IDLE
+        # the child lowers its own priority and arms the signal first thing (no preexec_fn)
+        wait_until(lambda: os.sched_getscheduler(child) == os.SCHED_IDLE, 30, "the child at SCHED_IDLE")
         time.sleep(0.3)
         assert not _gone(child)  # waiting for its model
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        assert _wait_gone(child, 2.0)
+        wait_until(lambda: _gone(child), 2.0, "the child gone after its parent's kill -9")
     finally:
         if not _gone(child):
             os.kill(child, signal.SIGKILL)

@@ -14,6 +14,8 @@ from layerwise.model.backends.offload import Stopped
 from layerwise.model.backends.policy import Decision, decide, pays_back, prior_gain
 from layerwise.model.backends.preparer import Activity, Preparer
 
+from tiny import wait_until
+
 
 def test_agrees_within_the_scale_of_the_states():
     want = torch.zeros(2, 1, 3, 4)
@@ -133,7 +135,7 @@ def test_alone_holds_the_callers_next_pass():
 
         caller = threading.Thread(target=call)
         caller.start()
-        time.sleep(0.1)
+        wait_until(lambda: activity.held() == 1, 5, "the caller's pass waiting for the timing run")
         order.append("timing done")
     caller.join(5)
     assert order == ["timing done", "caller"]

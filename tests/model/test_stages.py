@@ -256,11 +256,13 @@ def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, r
     next forward pass held (and its running ones let finish), so the price is the chain's alone, not its share of a
     busy machine. The held pass runs as soon as the timing ends, with the right states."""
     import threading
-    import time
+
+    from tiny import wait_until
 
     ex = auto_on(runtime, tiny_extractors, tiny_graph_cache, monkeypatch)
     want = ex.encode(TEXTS, layers=2)
     assert ex.backend.settle(timeout=120)
+    activity = ex.backend.preparer.activity
     held: list[bool] = []
     features: list[np.ndarray] = []
     real = Stages._measure
@@ -270,8 +272,9 @@ def test_auto_times_the_stages_with_the_machine_to_themselves(tiny_extractors, r
         caller = threading.Thread(target=lambda: got.append(ex.encode(TEXTS, layers=2)))
         with alone():
             caller.start()
-            time.sleep(0.3)
-            held.append(not got)  # the caller's pass waits while the chain is timed
+            # the caller's pass reaches the gate and waits there while the chain is timed (seen, not slept on)
+            wait_until(lambda: activity.held() > 0 or got, 30, "the caller's pass at the timing gate")
+            held.append(not got and activity.held() == 1)
         caller.join(60)
         features.extend(got)
         return real(self, depth, alone)

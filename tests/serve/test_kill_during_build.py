@@ -56,30 +56,28 @@ def _cache(env, *args):
 
 
 def test_a_server_killed_during_a_build_leaves_nothing_unaccounted(tmp_path):
-    from tiny import free_port
+    from tiny import free_port, wait_until
 
     env = {k: v for k, v in os.environ.items() if k != "LAYERWISE_AUTO_RUNTIME"}  # the default path
     env.update(LAYERWISE_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1")
     root = tmp_path / "cache" / "onnx"
     cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--device", "cpu", "--log-level", "warning",
            "--port", str(free_port())]  # the embedded default model: its export takes seconds in the child
+
+    def building() -> list[int]:
+        assert server.poll() is None, f"no build child seen (server exit {server.poll()})"
+        return _children(server.pid)
+
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline, children = time.monotonic() + 240, []
-        while time.monotonic() < deadline and server.poll() is None and not children:
-            children = _children(server.pid)
-            time.sleep(0.01)
-        assert children, f"no build child seen (server exit {server.poll()})"
+        children = wait_until(building, 240, "a build child of the server", interval=0.01)
         time.sleep(0.5)  # the child is writing into the cache
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=30)
     finally:
         if server.poll() is None:
             server.kill()
-    gone = time.monotonic() + 5
-    while time.monotonic() < gone and any(_alive(c) for c in children):
-        time.sleep(0.05)
-    assert not any(_alive(c) for c in children), "the build's child outlived its server"
+    wait_until(lambda: not any(_alive(c) for c in children), 5, "the build's child ending with its server")
     listed = json.loads(_cache(env, "--dir", str(root), "--json"))
     assert listed["bytes"] == _on_disk(root)  # every byte the kill left is counted
     assert all(t["dead"] for t in listed["temporary"]), listed["temporary"]

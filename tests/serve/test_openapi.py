@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny import serving
+from tiny import serving, wait_until
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
@@ -33,20 +33,18 @@ def test_schemathesis_finds_nothing(tiny_dirs, tmp_path):
 
 
 def _wait_ready(url: str, timeout: float = 300) -> None:
-    import time
     import urllib.error
     import urllib.request
 
-    deadline = time.monotonic() + timeout
-    while True:
+    def ready() -> bool:
         try:
             with urllib.request.urlopen(f"{url}/ready", timeout=10) as answer:
-                if answer.status == 200:
-                    return
+                return answer.status == 200
         except urllib.error.HTTPError as exc:
             assert exc.code == 503, exc
-        assert time.monotonic() < deadline, "the server was not ready in time"
-        time.sleep(0.5)
+            return False
+
+    wait_until(ready, timeout, "the server ready (GET /ready 200)", interval=0.5)
 
 
 def test_the_document_states_the_rules_between_fields(tiny_extractors):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -12,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
@@ -23,6 +23,8 @@ import uvicorn
 import layerwise as lw
 from conftest import SENTENCES as ALL_SENTENCES
 from layerwise.serve import ServiceError, create_app
+
+from tiny import wait_until
 
 LIMITS = {"max_texts": 8, "max_text_chars": 400, "max_body_bytes": 4000}
 
@@ -87,13 +89,14 @@ def server(tiny_dirs, tmp_path_factory):
         open(tmp_path_factory.mktemp("serve") / "server.log", "w+") as log,
         subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc,
     ):
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                log.seek(0)
-                pytest.fail(f"server not healthy (exit status {proc.poll()}):\n{log.read()}")
-            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until(lambda: proc.poll() is not None or _healthy(url), 180, "/health answering", interval=0.2)
+            assert proc.poll() is None, "the server exited"
+        except AssertionError as exc:
+            proc.kill()
+            log.seek(0)
+            pytest.fail(f"server not healthy ({exc}; exit status {proc.poll()}):\n{log.read()}")
         yield url
         proc.terminate()
         try:
@@ -416,11 +419,10 @@ def test_model_error_is_500_without_traceback(tiny_dirs, ex):
     srv = uvicorn.Server(uvicorn.Config(create_app(patched), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    url = f"http://127.0.0.1:{port}"
     try:
-        while not srv.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "in-thread server did not start"
-            time.sleep(0.05)
+        wait_until(lambda: srv.started or not thread.is_alive(), 60, "the in-thread server starting")
+        assert srv.started, "in-thread server did not start"
         status, body = _request(url, "POST", "/v1/encode", {"texts": ["fine", "BOOM"]})
         assert status == 500, body
         text = json.dumps(body)
@@ -450,10 +452,9 @@ def test_ready_says_when_the_warmed_depths_are_prepared(tiny_dirs, ex, tmp_path,
                   headers={"Content-Type": "application/json", "Authorization": "Bearer k"})
         answered = c.getresponse()
         assert answered.status == 200 and "vectors" in json.loads(answered.read())
-        deadline = time.monotonic() + 120
-        while status != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            status, body = _request(url, "GET", "/ready")
+        with contextlib.suppress(AssertionError):  # then the assertion below says what it still waits for
+            wait_until(lambda: _request(url, "GET", "/ready")[0] == 200, 120, "GET /ready answering 200", interval=0.2)
+        status, body = _request(url, "GET", "/ready")
         assert status == 200 and body["ready"] and body["pending"] == [] and body["error"] is None, body
         assert set(body["depths"]) == {"1", "2"} and set(body["depths"].values()) <= {"onnx", "openvino", "torch"}
     done = subprocess.run([sys.executable, "-m", "layerwise.cli.main", *args[:-1], "7"], capture_output=True,

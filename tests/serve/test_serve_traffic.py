@@ -19,6 +19,7 @@ generous: CI has 2 slow cores.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -34,7 +35,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
-from tiny import CORPUS, free_port, serving, wordpiece
+from tiny import CORPUS, free_port, serving, wait_until, wordpiece
 
 KEY = "k"
 APP, EVIL = "https://app.example", "https://evil.example"
@@ -264,10 +265,11 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
 def staged(small_bert):
     with serving(small_bert, small_bert.parent / "staged.log", "--device", "cpu", "--backend", "onnx",
                  "--warm", "1", "--warm", "2") as url:
-        deadline = time.monotonic() + 180
-        while call(url, "GET", "/ready")[0] != 200:  # the depths' graphs and the one-layer stages prepared
-            assert time.monotonic() < deadline, call(url, "GET", "/ready")[2][:300]
-            time.sleep(0.2)
+        # the depths' graphs and the one-layer stages prepared
+        with contextlib.suppress(AssertionError):  # then the assertion below says what it still waits for
+            wait_until(lambda: call(url, "GET", "/ready")[0] == 200, 180, "GET /ready answering 200", interval=0.2)
+        status, _, raw = call(url, "GET", "/ready")
+        assert status == 200, raw[:300]
         yield url
 
 
@@ -291,10 +293,8 @@ def test_a_compiled_runtime_warmed_at_several_depths_lets_rows_leave_at_their_ow
 # ---- 2. big requests --------------------------------------------------------------------------------------------
 def _wait_for_compute(url: str, before: float, limit: float = 60) -> None:
     """Return once the model has encoded tokens past ``before`` (the big request is running)."""
-    deadline = time.monotonic() + limit
-    while metrics(url).get("layerwise_tokens_total", 0.0) <= before:
-        assert time.monotonic() < deadline, "the big request never reached the model"
-        time.sleep(0.05)
+    wait_until(lambda: metrics(url).get("layerwise_tokens_total", 0.0) > before, limit,
+               "the big request reaching the model")
 
 
 @pytest.mark.slow
@@ -510,23 +510,22 @@ def test_every_refusal_is_counted_with_its_route_and_status(guarded):
     expected: dict[str, int] = {}
     for times, status, route, *_ in sends:
         expected[answered(route, status)] = expected.get(answered(route, status), 0) + times
-    deadline = time.monotonic() + 10
-    while True:  # the count is taken as each answer ends: give the server a moment
+
+    def counted() -> dict[str, float]:
         after = metrics(guarded, auth)
-        counted = {name: delta(after, before, name) for name in expected}
-        if counted == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert counted == expected
+        return {name: delta(after, before, name) for name in expected}
+
+    # the count is taken as each answer ends: give the server a moment, then the assertion says what differs
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: counted() == expected, 10, "every answer counted", interval=0.1)
+    assert counted() == expected
 
 
 # ---- 6. HEAD ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["/health", "/ready", "/v1/model", "/info", "/v1/models", "/metrics"])
 def test_head_answers_200_without_a_body(server, path):
-    deadline = time.monotonic() + 60
-    while call(server, "GET", "/ready")[0] != 200:  # the depths to warm are prepared (in a moment)
-        assert time.monotonic() < deadline, "never ready"
-        time.sleep(0.2)
+    # the depths to warm are prepared (in a moment)
+    wait_until(lambda: call(server, "GET", "/ready")[0] == 200, 60, "GET /ready answering 200", interval=0.2)
     parsed = urlparse(server)
     with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as sock:
         sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())

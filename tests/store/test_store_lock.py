@@ -25,19 +25,18 @@ from tiny import extract
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
-# A writer that holds the store: it extracts, and after its first shard waits until the file GO exists.
+# A writer that holds the store: it extracts, and after its first shard waits until its stdin closes.
 HOLDER = textwrap.dedent(
     """
-    import os, sys, time
+    import sys
     import layerwise as lw
 
-    model, corpus, store, go = sys.argv[1:5]
+    model, corpus, store = sys.argv[1:4]
 
     def hold(n):
         if n == 1:
             print("holding", flush=True)
-            while not os.path.exists(go):
-                time.sleep(0.02)
+            sys.stdin.read()  # until the test closes it
 
     lw.extract(corpus, store, lw.EncodeSpec(layers=[1, 2]), model=lw.Extractor(model, device="cpu"), on_shard=hold,
                options=lw.ExtractOptions(shard_records=4, progress=False))
@@ -62,21 +61,20 @@ def cli(model: str, corpus: Path, store: Path) -> list[str]:
             "--device", "cpu", "--layers", "1,2", "--shard-records", "4"]
 
 
-def hold(setup, store: Path) -> tuple[subprocess.Popen, Path]:
-    """Start the holder; returns once it holds the store (one shard written, waiting)."""
+def hold(setup, store: Path) -> subprocess.Popen:
+    """Start the holder; returns once it holds the store (one shard written, waiting until its stdin closes)."""
     root, corpus, script, model = setup
-    go = store.with_name(store.name + ".go")
-    proc = subprocess.Popen([sys.executable, str(script), model, str(corpus), str(store), str(go)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), model, str(corpus), str(store)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     assert line.strip() == "holding", proc.stderr.read()  # type: ignore[union-attr]
-    return proc, go
+    return proc
 
 
 def test_a_second_extract_process_is_refused_naming_the_first(setup, tmp_path):
     root, corpus, script, model = setup
     store = tmp_path / "conc"
-    first, go = hold(setup, store)
+    first = hold(setup, store)
     try:
         second = subprocess.run(cli(model, corpus, store), capture_output=True, text=True, timeout=300)
         out = " ".join(second.stderr.split())
@@ -92,7 +90,7 @@ def test_a_second_extract_process_is_refused_naming_the_first(setup, tmp_path):
         res = CliRunner().invoke(app, ["verify", str(store)])
         assert res.exit_code == 0 and f"a run is writing it now: pid {first.pid}" in res.output, res.output
     finally:
-        go.touch()
+        first.stdin.close()  # type: ignore[union-attr]  # lets it go on
     assert first.wait(timeout=300) == 0, first.stderr.read()  # type: ignore[union-attr]
     # the second run wrote nothing: no orphaned shard, every shard listed once, the lock file gone
     listed = [e["file"] for e in json.loads((store / "manifest.json").read_text())["shards"]]
@@ -104,7 +102,7 @@ def test_a_second_extract_process_is_refused_naming_the_first(setup, tmp_path):
 def test_a_dead_writers_lock_is_taken_over_in_one_line_and_verify_says_it_died(setup, tmp_path, tiny_extractors):
     root, corpus, script, model = setup
     store = tmp_path / "killed"
-    first, go = hold(setup, store)
+    first = hold(setup, store)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     assert (store / LOCK).exists()  # the kernel let the lock go; the file stays, naming the dead writer
