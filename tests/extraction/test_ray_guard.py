@@ -30,6 +30,7 @@ other = subprocess.Popen(sleeper)
 time.sleep(1.5)  # the guard sees the tree at least once
 print(agent.pid, worker.pid, other.pid, guard.process.pid, flush=True)
 if sys.argv[1] == "close":
+    sys.stdin.readline()  # the test has seen the cluster's processes: only now is the guard closed
     guard.close()
     guard.wait(30)
     print("closed", flush=True)
@@ -59,12 +60,13 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.parametrize("how", ["kill", "close"])
 def test_the_guard_ends_the_cluster_and_only_it(how):
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, how], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
     started: list[int] = []
     try:
         agent, worker, other, guard = map(int, driver.stdout.readline().split())
-        agent_child = _children(agent)
+        # the agent starts its child itself: on a loaded machine that can come after the driver's line
+        agent_child = wait_until(lambda: _children(agent), 30, "the agent's child started", interval=0.05)
         assert len(agent_child) == 1
         started = [agent, *agent_child, worker, other, guard]
         cluster = [agent, agent_child[0], worker]
@@ -72,6 +74,8 @@ def test_the_guard_ends_the_cluster_and_only_it(how):
             os.kill(driver.pid, signal.SIGKILL)  # the driver alone, as an out-of-memory kill would
             driver.wait(10)
         else:
+            driver.stdin.write("go\n")
+            driver.stdin.flush()
             assert driver.stdout.readline().strip() == "closed"
         wait_until(lambda: not any(map(_alive, cluster)), 15, "the cluster's processes ending with the driver's run",
                    interval=0.1)
