@@ -178,17 +178,7 @@ def run(
             for name, path in given.items()]
     for name, path in given.items():
         say(f"features: {name} ({os.fspath(path)})")
-    if isinstance(model, Extractor):  # the caller's model, already loaded: extracted here
-        model_facts = _extract_here(model, jobs, progress, overwrite)
-    else:  # every split extracted in a child process, before any is loaded (layerwise.probe.isolated)
-        options = ModelOptions.of(model)
-        if extract_isolated(options, jobs, progress=progress, overwrite=overwrite):
-            model_facts = _stored_facts(out / "features" / "train", options)
-        else:  # the child could not start or failed: here, where its error, if any, is raised with its traceback
-            ex = Extractor.from_options(options)
-            model_facts = _extract_here(ex, jobs, progress, overwrite)
-            del ex  # its runtime (compiled graphs, pools) let go before any feature is loaded
-            gc.collect()
+    model_facts = _extract_all(model, jobs, out, progress, overwrite)
     # train is held in memory (every probe passes over it many times); dev and test, only scored, are read from
     # their stores a block of rows at a time
     splits = {name: load_split(path, out / "features" / name, task=cfg.task, column=column,
@@ -227,6 +217,23 @@ def _options(cfg: ProbeConfig, scheme: str, column: str) -> dict:
             "scheme": scheme, "subword": cfg.subword, "pool": cfg.pool, "document_context": cfg.document_context,
             "column": column, "mdl": "online code (Voita & Titov 2020), linear probe at its chosen C, blocks at "
             + ", ".join(f"{f:g}" for f in FRACTIONS) + " of the training rows" if cfg.mdl else None}
+
+
+def _extract_all(model: ModelOptions | Extractor | str | os.PathLike | None, jobs: list[dict[str, Any]], out: Path,
+                 progress: bool | None, overwrite: bool) -> dict[str, Any]:
+    """Every split's features extracted before any is loaded: with the caller's loaded Extractor in this process,
+    else in a child process (:mod:`layerwise.probe.isolated`), falling back to this process when the child cannot
+    start or fails (its error, if any, then raised here with its traceback). Returns :func:`_model_facts`."""
+    if isinstance(model, Extractor):
+        return _extract_here(model, jobs, progress, overwrite)
+    options = ModelOptions.of(model)
+    if extract_isolated(options, jobs, progress=progress, overwrite=overwrite):
+        return _stored_facts(out / "features" / "train", options)
+    ex = Extractor.from_options(options)
+    facts = _extract_here(ex, jobs, progress, overwrite)
+    del ex  # its runtime (compiled graphs, pools) let go before any feature is loaded
+    gc.collect()
+    return facts
 
 
 def _extract_here(ex: Extractor, jobs: list[dict[str, Any]], progress: bool | None, overwrite: bool) -> dict[str, Any]:
