@@ -51,16 +51,18 @@ def eager_preparation(monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_graphs(tmp_path_factory, tiny_extractors) -> Path:
     """A graph cache holding the tiny BERT's compiled graphs, built once per session: its export, the cuts of depths
-    1 and 2 and their OpenVINO blobs (where installed); no one-layer stages, no race. Tests of what ``auto`` decides
-    start from a copy (:func:`tiny_graph_cache`) instead of exporting and compiling again in child processes."""
+    1 and 2 and their OpenVINO blobs (where installed), float32 and int8 (ONNX Runtime's dynamic int8, OpenVINO's
+    int8 weights); no one-layer stages, no race. Tests of what ``auto`` decides start from a copy
+    (:func:`tiny_graph_cache`) instead of exporting and compiling again in child processes."""
     from layerwise.model.backends import OnnxBackend, OpenVinoBackend
     from layerwise.model.backends.openvino import openvino_available
 
     root = tmp_path_factory.mktemp("tiny-graphs")
     loaded = tiny_extractors["bert"].loaded
-    runtimes = [OnnxBackend(loaded, cache=root)]
+    runtimes = [OnnxBackend(loaded, cache=root), OnnxBackend(loaded, cache=root, quantize="int8")]
     if openvino_available():
-        runtimes.append(OpenVinoBackend(loaded, exporter=runtimes[0]))
+        runtimes += [OpenVinoBackend(loaded, exporter=runtimes[0]),
+                     OpenVinoBackend(loaded, exporter=runtimes[0], quantize="int8")]
     for backend in runtimes:
         backend.warm([0, 1])
         backend.warm([0, 1, 2])

@@ -45,3 +45,38 @@ def test_in_ci_a_test_over_the_limit_fails_the_run_and_durations_are_written(tmp
         assert "(the limit is 0.2 s)" in done.stdout and "test_quick" not in done.stdout
         written = json.loads((tmp_path / "test-durations.json").read_text())
         assert list(written["tests"])[0] == "test_x.py::test_long" and written["wall_seconds"] > 0
+
+
+def test_a_name_in_the_lists_is_a_module_a_test_or_one_parametrisation():
+    assert budget.names("tests/a.py::", "tests/a.py::test_x[1]")
+    assert budget.names("tests/a.py::test_x", "tests/a.py::test_x") and budget.names("tests/a.py::test_x",
+                                                                                      "tests/a.py::test_x[1]")
+    assert not budget.names("tests/a.py::test_x", "tests/a.py::test_x_and_more")  # a name is not a prefix
+    assert budget.names("tests/a.py::test_x[1]", "tests/a.py::test_x[1]")
+    assert not budget.names("tests/a.py::test_x[1]", "tests/a.py::test_x[10]")
+
+
+def test_every_test_allowed_past_the_limit_is_in_the_slow_tier_with_a_reason():
+    assert all(why.strip() for why in budget.SLOW.values())
+    for name in budget.EXEMPT:
+        example = name + "test_example" if name.endswith("::") else name
+        assert any(budget.names(slow, example) for slow in budget.SLOW), name
+
+
+def test_a_slow_test_is_marked_and_a_name_that_matches_nothing_fails_a_whole_run_in_ci(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "conftest.py").write_text(
+        "import sys\nsys.path.insert(0, %r)\nimport budget\n"
+        "budget.SLOW = {'tests/test_x.py::test_long': 'why', 'tests/test_x.py::test_gone': 'why'}\n"
+        "budget.EXEMPT = {}\n"
+        "def pytest_configure(config):\n    config.pluginmanager.register(budget, 'layerwise-budget')\n"
+        % str(Path(__file__).parent))
+    (tmp_path / "tests" / "test_x.py").write_text("def test_quick():\n    pass\n\ndef test_long():\n    pass\n")
+    env = {**os.environ, "LAYERWISE_TEST_DURATIONS": str(tmp_path), "LAYERWISE_CI": "1"}
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-o", "markers=slow: x"]
+    quick = subprocess.run([*run, "-m", "not slow", "tests"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert quick.returncode == 0 and "1 passed, 1 deselected" in quick.stdout, quick.stdout[-2000:]
+    whole = subprocess.run([*run, "tests"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 1 and "'tests/test_x.py::test_gone' in tests/budget.py names no test" in whole.stdout
+    assert "test_long" not in whole.stdout.split("time budget")[-1]

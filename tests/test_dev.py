@@ -23,7 +23,6 @@ def demo_environment(directory: Path) -> tuple[Path, subprocess.CompletedProcess
     return venv, done
 
 
-@pytest.mark.slow
 def test_the_demo_environment_has_no_tensorflow_and_no_ray():
     """``./dev setup demo`` (what ``./dev demo`` runs first) in a new environment: layerwise imports, and neither
     TensorFlow nor Ray is installed (the test extras come with ``./dev test``)."""

@@ -90,7 +90,6 @@ def test_stack_docstring_says_padding_is_zero_filled():
 # --- 2. Plots with matplotlib's object API: no backend switch, no pyplot --------------------------------------
 
 
-@pytest.mark.slow
 def test_plots_keep_the_users_backend_and_write_pngs(tmp_path):
     script = textwrap.dedent(
         """

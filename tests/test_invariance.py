@@ -48,7 +48,6 @@ def _check_invariant(ex, texts):
         np.testing.assert_allclose(unsorted, ref, atol=1e-5, rtol=0, err_msg=str(cfg))
 
 
-@pytest.mark.slow
 def test_default_model_invariance(default_extractor):
     _check_invariant(default_extractor, VARIED)
 
@@ -80,7 +79,6 @@ def test_token_level_output(default_extractor):
     np.testing.assert_allclose(toks[0][:, 384:], stack.tensor[1, 0].numpy(), atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow
 @pytest.mark.real_model
 def test_matches_sentence_transformers_mean_pooling(default_extractor):
     """Mean pooling on the last layer equals sentence-transformers on 100 varied sentences (cos >= 0.99999)."""

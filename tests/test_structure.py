@@ -65,14 +65,12 @@ def test_the_checker_catches_a_reach_in(tmp_path):
     assert private_reach_ins(bad) == ["reach_in.py:1: import _helper", "reach_in.py:5: ._stream"]
 
 
-@pytest.mark.slow
 def test_import_layerwise_is_light():
     code = f"import layerwise, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(HEAVY)!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-@pytest.mark.slow
 def test_subpackages_load_on_first_use():
     code = (
         "import layerwise as lw, sys; a = 'layerwise.heads' in sys.modules; lw.heads; "

@@ -50,7 +50,6 @@ def _user_error(result) -> str:
     return err
 
 
-@pytest.mark.slow
 def test_demo_default_model_per_layer_table(runner):
     result = _ok(runner.invoke(app, ["demo", "--device", "cpu"], env={"COLUMNS": "200"}))
     out = result.stdout

@@ -32,11 +32,9 @@ st = pytest.importorskip("sentence_transformers", reason="in the test extra")
 INFINITY = "infinity-emb[server,torch]==0.0.78"
 TEXTS = ["I love Paris", "EU rejects German call to boycott British lamb .", "naïve cafés, again and again"]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (os.environ.get("LAYERWISE_CI") or os.environ.get("LAYERWISE_SIDE_SERVERS")),
-                       reason="builds Infinity's own environment (about a minute); set LAYERWISE_SIDE_SERVERS=1"),
-]
+pytestmark = pytest.mark.skipif(
+    not (os.environ.get("LAYERWISE_CI") or os.environ.get("LAYERWISE_SIDE_SERVERS")),
+    reason="builds Infinity's own environment (about a minute); set LAYERWISE_SIDE_SERVERS=1")
 
 
 def infinity_environment(root: Path) -> Path:

@@ -63,7 +63,6 @@ def test_readme_large_models_example_prints_what_it_says():
     assert run_printing(code, "README.md") == promised(code, until=":")
 
 
-@pytest.mark.slow
 def test_readme_command_line_block_runs_as_written(tmp_path):
     (script,) = blocks(section(README, "In Python"), "bash")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -75,7 +74,6 @@ def test_readme_command_line_block_runs_as_written(tmp_path):
     assert res.stderr.splitlines()[-1].startswith("feats: intact (1 shard, 2 records); computed by "), res.stderr
 
 
-@pytest.mark.slow
 def test_openai_and_tei_client_examples_run_as_written(tmp_path, monkeypatch):
     hub = pytest.importorskip("huggingface_hub")
     pytest.importorskip("openai")
@@ -117,7 +115,6 @@ def test_windows_example_gives_what_it_says():
     assert repr(eval(expression, scope)) == comment.split(":")[0].strip()
 
 
-@pytest.mark.slow
 def test_readme_export_block_runs_and_its_serve_line_serves_the_export(tmp_path):
     openai = pytest.importorskip("openai")
     st = pytest.importorskip("sentence_transformers")

@@ -30,7 +30,6 @@ def test_every_notebook_is_listed():
     assert {p.name for p in EXAMPLES} == set(HTML_OUTPUTS)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_notebook_runs(path, monkeypatch):
     book = nbformat.read(path, as_version=4)

@@ -27,7 +27,6 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-@pytest.mark.slow
 def test_2000_token_text_default_model(default_extractor):
     ex = default_extractor
     n_tokens = len(ex.tokenizer(LONG, verbose=False)["input_ids"])

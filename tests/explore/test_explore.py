@@ -252,7 +252,6 @@ def test_export_reports_each_step_in_order(labelled, tmp_path):
     assert seen[0][2] == "embeddings (pca)" and seen[-2][2] == "scores" and seen[-1][2] == "done"
 
 
-@pytest.mark.slow
 def test_export_from_the_shell_shows_progress_and_no_third_party_noise(labelled, tmp_path):
     """``explore --texts FILE --export page.html`` in a real process (TensorFlow's C++ logs bypass Python): stderr says
     what it computes and where it wrote, and nothing of TensorFlow, absl, UMAP or numba; ``-q`` says only the last

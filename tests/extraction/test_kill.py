@@ -21,7 +21,7 @@ from layerwise.store import StoreWarning
 
 from tiny import extract, wait_until
 
-pytestmark = [pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL"), pytest.mark.slow]
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
 # Killer script: runs one extraction in a fresh process and SIGKILLs itself at the named point.
 KILLER = textwrap.dedent(

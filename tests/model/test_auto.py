@@ -140,7 +140,7 @@ def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, t
         return {name: (0.0 if name == "onnx" else s) for name, s in times.items()}  # ONNX Runtime wins
 
     monkeypatch.setattr(Racer, "race", held)
-    ex = lw.Extractor(tiny_extractors["distilbert"].loaded, onnx_cache=tiny_graph_cache)
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tiny_graph_cache)
     reference = lw.Extractor(ex.loaded, backend="torch")
     first = ex.encode(TEXTS, layers=-1)
     when["first vector"] = time.monotonic()
@@ -157,20 +157,26 @@ def test_the_first_call_never_waits_for_the_race(tiny_extractors, monkeypatch, t
     assert ex.backend.prepared[2] > 0
 
 
-def test_a_job_too_short_to_pay_back_starts_no_conversion(tiny_extractors, monkeypatch, tmp_path):
-    """The default path: a script's few texts run on PyTorch and export nothing; the caller's work at a depth counts,
-    and once it says a compiled runtime pays back (a job runs about as long again as it has), the depth is prepared."""
+def test_a_job_too_short_to_pay_back_starts_no_conversion(tiny_extractors, monkeypatch, tiny_graph_cache):
+    """The default path: a script's few texts run on PyTorch and touch no graph (even where the cache holds them);
+    the caller's work at a depth counts, and once it says a compiled runtime pays back (a job runs about as long again
+    as it has), the depth is prepared."""
     monkeypatch.setenv("LAYERWISE_AUTO_RUNTIME", "fastest")
-    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tmp_path)
+
+    def cache():
+        return {p.name: p.stat().st_mtime_ns for p in tiny_graph_cache.iterdir()}
+
+    before = cache()
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, onnx_cache=tiny_graph_cache)
     for _ in range(3):
         ex.encode(TEXTS, layers=-1)
-    assert ex.backend.settle(timeout=10) and ex.backend.pending() == []
-    assert ex.backend.runtime_for([2], "block") == "torch" and not list(tmp_path.glob("*.onnx"))
+    assert ex.backend.settle(timeout=10) and ex.backend.pending() == [] and ex.backend.prepared == {}
+    assert ex.backend.runtime_for([2], "block") == "torch" and cache() == before
     busy = ex.backend.decisions.preparation_seconds(2)
     assert busy > 0
     ex.backend.decisions.spent(2, busy * 100)  # a long job's work at depth 2 so far
     assert ex.backend.pending() == [2] and ex.backend.settle(timeout=120)
-    assert ex.backend.runtime_for([2], "block") in COMPILED and list(tmp_path.glob("*.onnx"))
+    assert ex.backend.runtime_for([2], "block") in COMPILED and ex.backend.prepared[2] > 0
 
 
 def test_race_record_is_keyed_by_what_decides_a_race(tmp_path):
@@ -283,12 +289,12 @@ def test_quantize_errors(tiny_extractors, arch_extractors):
         q.encode(["x"], layers=1, site="attention")
 
 
-def test_store_refuses_to_mix_precisions(tiny_extractors, tmp_path):
+def test_store_refuses_to_mix_precisions(tiny_extractors, tmp_path, tiny_graph_cache):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(f"sentence number {i}" for i in range(6)) + "\n")
     loaded = tiny_extractors["bert"].loaded
     spec = lw.EncodeSpec(layers=-1, pool="mean")
-    lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded, quantize="int8"))
+    lw.extract(src, tmp_path / "s", spec, model=lw.Extractor(loaded, quantize="int8", onnx_cache=tiny_graph_cache))
     runtime = lw.open_store(tmp_path / "s").manifest["runtime"]
     assert runtime["name"] in COMPILED and "quantize='int8' runs on" in runtime["why"]  # what computed it, named
     assert {e["runtime"] for e in lw.open_store(tmp_path / "s").manifest["shards"]} == {runtime["name"]}
@@ -308,11 +314,12 @@ def test_auto_int8_keeps_the_layers_on_openvino_where_installed(default_extracto
     assert lw.Extractor(default_extractor.loaded, quantize="int8").describe()["precision"] == "int8"
 
 
-def test_int8_is_timed_against_float32_once_and_said_when_slower(tiny_extractors, monkeypatch, tmp_path, capfd):
+def test_int8_is_timed_against_float32_once_and_said_when_slower(tiny_extractors, monkeypatch, tiny_graph_cache,
+                                                                 capfd):
     """quantize="int8": the int8 runtimes are timed against each other and float32 once, off the caller's path;
     where every one is slower (here: timings that say so), one line says it and names the faster exact path, and
     describe() records the measurement. The real timing runs too: its numbers are recorded whatever they are."""
-    ex = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tmp_path)
+    ex = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tiny_graph_cache)
     ex.encode(TEXTS, layers=-1)
     assert ex.backend.settle(timeout=300)
     real = ex.describe()["int8_timing"]
@@ -321,7 +328,7 @@ def test_int8_is_timed_against_float32_once_and_said_when_slower(tiny_extractors
     monkeypatch.setattr("layerwise.model.backends.quantized.timed", lambda loaded, depth, contestants, *rest: {
         name: (0.002 if name.startswith("int8") else 0.001 if name == "float32 ONNX Runtime" else 0.003)
         for name in contestants})
-    slow = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tmp_path)
+    slow = lw.Extractor(tiny_extractors["bert"].loaded, quantize="int8", onnx_cache=tiny_graph_cache)
     capfd.readouterr()
     slow.encode(TEXTS, layers=-1)
     assert slow.backend.settle(timeout=300)

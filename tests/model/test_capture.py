@@ -106,7 +106,6 @@ def test_early_exit_runs_no_later_layer(tiny_extractors, family, k):
         assert count_layer_calls(ex.loaded, ids, mask, (k,), "attention") == k
 
 
-@pytest.mark.slow
 def test_early_exit_default_model_counts(default_extractor):
     ex = default_extractor
     ids, mask = _batch(ex)

@@ -315,7 +315,6 @@ _KILLED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_streamed_extract_killed_and_resumed_equals_in_memory(deep_dirs, tmp_path):
     import numpy as np
 

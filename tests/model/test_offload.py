@@ -144,6 +144,22 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")  # a zombie waiting for PID 1 to reap it has ended
 
 
+def _writer_once_read(fifo: Path) -> int:
+    """A write end of ``fifo``, opened once a process has it open to read (a child blocked waiting for its model):
+    the event that proves the child is at its wait. Nothing is written; closing it ends the child's read."""
+    fd = []
+
+    def opened() -> bool:
+        try:
+            fd.append(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO while no reader has it open
+        except OSError:
+            return False
+        return True
+
+    wait_until(opened, 60, "the child reading its model from the pipe")
+    return fd[0]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_child_dies_with_its_parent(tmp_path):
     """kill -9 of the parent during a build: the child is gone within 2 s (not re-parented to PID 1 for minutes)."""
@@ -152,17 +168,20 @@ def test_a_child_dies_with_its_parent(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(fifo), str(tmp_path / "g.onnx")],
                               stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
+    writer = None
     try:
         # the child lowers its own priority and arms the signal first thing (no preexec_fn)
         wait_until(lambda: os.sched_getscheduler(child) == os.SCHED_IDLE, 30, "the child at SCHED_IDLE")
-        time.sleep(0.3)
-        assert not _gone(child)  # waiting for its model
+        writer = _writer_once_read(fifo)
+        assert not _gone(child)  # reading its model, which never comes
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         wait_until(lambda: _gone(child), 2.0, "the child gone after its parent's kill -9")
     finally:
         if not _gone(child):
             os.kill(child, signal.SIGKILL)
+        if writer is not None:
+            os.close(writer)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -174,11 +193,14 @@ def test_a_child_ends_when_its_pipe_from_the_parent_closes(tmp_path):
     child = subprocess.Popen([sys.executable, "-m", "layerwise.model.backends.offload",
                               "layerwise.model.backends.ort:export_saved", str(fifo), "1", "0", "0",
                               str(tmp_path / "g.onnx")], stdin=subprocess.PIPE, env={**os.environ, offload.WATCH: "1"})
+    writer = None
     try:
-        time.sleep(0.5)
+        writer = _writer_once_read(fifo)  # the child watches its stdin (armed before the step) and reads its model
         assert child.poll() is None
         child.stdin.close()
         assert child.wait(timeout=5) == 3
     finally:
         child.kill()
         child.wait()
+        if writer is not None:
+            os.close(writer)

@@ -113,12 +113,19 @@ def test_preparer_stop_cancels_what_has_not_started():
 
 def test_background_jobs_wait_for_a_quiet_moment(monkeypatch):
     monkeypatch.setattr("layerwise.model.backends.preparer.QUIET_S", 0.2)
-    activity = Activity()
+    activity, waiting = Activity(), threading.Event()
+    quiet = Activity.quiet
+
+    def watched(self, stop):  # the event that proves the job reached its wait
+        waiting.set()
+        return quiet(self, stop)
+
+    monkeypatch.setattr(Activity, "quiet", watched)
     prep = Preparer("test-quiet", activity)
     ran = []
     with activity.calling():  # the caller is at work
         future = prep.submit(("m", 1, "runtime"), lambda: ran.append(time.monotonic()))
-        time.sleep(0.1)
+        assert waiting.wait(5)  # the background has the job and waits for a quiet moment
         assert not future.done()
         left = time.monotonic()
     future.result(5)

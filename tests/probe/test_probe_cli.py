@@ -175,7 +175,6 @@ def test_probe_command_names_dev_labels_train_lacks(tmp_path, conll, tiny_dirs):
     assert data["unseen_labels"] == {"dev": {"B-EVENT": 2, "I-EVENT": 2}}
 
 
-@pytest.mark.slow
 def test_results_go_to_stdout_and_progress_to_stderr_in_a_real_shell(tmp_path, conll, tiny_dirs):
     """``layerwise probe ... > out.txt``: the results table is in the file (it used to be on stderr, the file empty),
     the progress and notices are not; a single layer's row combines nothing ("-", not "concat")."""

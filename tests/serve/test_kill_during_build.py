@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +43,15 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _writing(root: Path) -> bool:
+    """Whether a build has begun writing into the cache at ``root``: a temporary file with bytes in it."""
+    try:
+        return any(".tmp-" in str(p.relative_to(root)) and p.is_file() and p.stat().st_size > 0
+                   for p in root.rglob("*"))
+    except OSError:  # a file renamed or removed while looked at
+        return False
+
+
 def _on_disk(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
@@ -71,7 +79,7 @@ def test_a_server_killed_during_a_build_leaves_nothing_unaccounted(tmp_path):
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         children = wait_until(building, 240, "a build child of the server", interval=0.01)
-        time.sleep(0.5)  # the child is writing into the cache
+        wait_until(lambda: _writing(root), 120, "the build writing into the cache", interval=0.01)
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=30)
     finally:
@@ -80,7 +88,7 @@ def test_a_server_killed_during_a_build_leaves_nothing_unaccounted(tmp_path):
     wait_until(lambda: not any(_alive(c) for c in children), 5, "the build's child ending with its server")
     listed = json.loads(_cache(env, "--dir", str(root), "--json"))
     assert listed["bytes"] == _on_disk(root)  # every byte the kill left is counted
-    assert all(t["dead"] for t in listed["temporary"]), listed["temporary"]
+    assert listed["temporary"] and all(t["dead"] for t in listed["temporary"]), listed["temporary"]
     _cache(env, "--dir", str(root), "--clear")
     left = [p for p in root.rglob("*") if p.is_file() and p.stat().st_size > 0]
     assert left == [], left  # (lock files are empty)

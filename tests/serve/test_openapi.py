@@ -18,7 +18,6 @@ from tiny import serving, wait_until
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
-@pytest.mark.slow
 def test_schemathesis_finds_nothing(tiny_dirs, tmp_path):
     pytest.importorskip("schemathesis", reason="schemathesis is in the test extra")
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")

@@ -280,7 +280,6 @@ COMBOS = [
 ]
 
 
-@pytest.mark.slow
 def test_concurrent_clients_batched_and_correct(server, ex):
     words = "the a of to and in model layer token paris EU rejects german call boycott british lamb quick fox".split()
     rng = random.Random(0)

@@ -77,7 +77,6 @@ def test_api_key_guards_every_route_but_health_in_each_protocols_shape(tiny_extr
         assert rebound.status_code == 400
 
 
-@pytest.mark.slow
 def test_serve_warns_when_bound_beyond_loopback_without_a_key(tiny_dirs, tmp_path):
     from layerwise.serve.security import default_allowed_hosts, is_loopback
 

@@ -297,7 +297,6 @@ def _wait_for_compute(url: str, before: float, limit: float = 60) -> None:
                "the big request reaching the model")
 
 
-@pytest.mark.slow
 def test_a_200kb_request_does_not_hold_up_a_one_text_request(server):
     body = big_payload()
     assert 190_000 < len(body) < 210_000
@@ -326,7 +325,6 @@ def test_a_200kb_request_does_not_hold_up_a_one_text_request(server):
     assert big["done"] > small_done, "the big request ended before the small one: it was too small to hold anything up"
 
 
-@pytest.mark.slow
 def test_a_big_request_whose_client_gave_up_is_dropped_between_batches(server):
     # the client waits 3 s, or less on a machine fast enough to encode the 10 texts in less than 6 s: one of them,
     # alone, takes about a tenth of the whole
@@ -458,7 +456,6 @@ def test_cors_approves_only_the_given_origin(guarded):
     assert status == 200 and "access-control-allow-origin" not in headers, headers
 
 
-@pytest.mark.slow
 def test_a_bad_cors_origin_stops_serve_naming_the_flag(tiny_dirs):
     cmd = [sys.executable, "-m", "layerwise.cli.main", "serve", "--model", str(tiny_dirs["bert"]), "--device", "cpu",
            "--port", str(free_port()), "--cors-origin", "not-an-origin"]
