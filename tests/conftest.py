@@ -102,6 +102,18 @@ def arch_dirs(tmp_path_factory, tiny_dirs) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def llama_service(arch_dirs) -> str:
+    """The service on the tiny random Llama of ``tests/archs.py`` (a decoder), served by uvicorn in a thread of this
+    process for the whole session (its own Extractor, as a served process has): its base URL."""
+    from layerwise.serve import create_app
+
+    from tiny import serve_in_thread
+
+    with serve_in_thread(create_app(lw.Extractor(str(arch_dirs["llama"]), device="cpu"))) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def arch_extractors(arch_dirs, tiny_extractors) -> dict[str, lw.Extractor]:
     return {**tiny_extractors, **{n: lw.Extractor(str(arch_dirs[n]), device="cpu") for n in ARCHS}}
 

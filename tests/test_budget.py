@@ -80,3 +80,36 @@ def test_a_slow_test_is_marked_and_a_name_that_matches_nothing_fails_a_whole_run
     whole = subprocess.run([*run, "tests"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert whole.returncode == 1 and "'tests/test_x.py::test_gone' in tests/budget.py names no test" in whole.stdout
     assert "test_long" not in whole.stdout.split("time budget")[-1]
+
+
+def _server_processes() -> set[str]:
+    """``path::function`` of every test or fixture that starts a server process: it calls ``serving`` or
+    ``cli_server`` (``tests/tiny.py``), or runs ``python -m layerwise.cli.main serve`` itself."""
+    import ast
+
+    root = Path(__file__).parent
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "tiny.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for sub in ast.walk(node):
+                called = isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and \
+                    sub.func.id in ("serving", "cli_server")
+                words = [e.value for e in sub.elts if isinstance(e, ast.Constant)] if isinstance(sub, ast.List) else []
+                if called or ("layerwise.cli.main" in words and "serve" in words):
+                    found.add(f"{path.relative_to(root.parent).as_posix()}::{node.name}")
+    return found
+
+
+def test_only_the_named_tests_start_a_server_process():
+    """A server process costs seconds of imports; the tests that start one are named, each with why (tests/tiny.py
+    SERVER_PROCESSES), and the others serve in a thread."""
+    from tiny import SERVER_PROCESSES
+
+    assert all(why.strip() for why in SERVER_PROCESSES.values())
+    found = _server_processes()
+    assert found - set(SERVER_PROCESSES) == set(), "serve these in a thread (tiny.serve_in_thread), or name them"
+    assert set(SERVER_PROCESSES) - found == set(), "named but no longer starting a server: drop them from the list"

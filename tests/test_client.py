@@ -1,6 +1,7 @@
 """``lw.Client``: input checks before any request, every option of ``POST /v1/encode``, numpy options (issue 25).
 
-The service is a real ``layerwise serve`` subprocess on the tiny random Llama of ``tests/archs.py``: a decoder whose
+The service is the real one over HTTP (``llama_service``: uvicorn in a thread) on the tiny random Llama of
+``tests/archs.py``: a decoder whose
 tokenizer does not end texts with its end-of-sequence token, so ``add_eos`` changes the vectors.
 """
 
@@ -15,26 +16,22 @@ import numpy as np
 import pytest
 
 import layerwise as lw
-from archs import build as build_arch
 from layerwise import InputError, LayerwiseError, ServiceError
 
-from tiny import free_port, serving
+from tiny import free_port
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés in Paris", "a"]
 WORDS = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn"], ["a"]]
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    path = build_arch("llama", tmp_path_factory.mktemp("client") / "llama")
-    return path, lw.Extractor(str(path), device="cpu")
+def llama(arch_dirs, arch_extractors):
+    return arch_dirs["llama"], arch_extractors["llama"]
 
 
 @pytest.fixture(scope="module")
-def client(llama, tmp_path_factory):
-    path, _ = llama
-    with serving(path, tmp_path_factory.mktemp("client-log") / "serve.log", "--device", "cpu") as base:
-        yield lw.Client(base)
+def client(llama_service):
+    return lw.Client(llama_service)
 
 
 @pytest.fixture

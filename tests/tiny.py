@@ -290,6 +290,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The tests that start a real server process (:func:`cli_server`, :func:`serving`, or the command itself), each with
+# why the process is the point; every other test serves in a thread (:func:`serve_in_thread`). A test checks the list.
+SERVER_PROCESSES = {
+    "tests/serve/test_serve.py::test_ready_says_when_the_warmed_depths_are_prepared":
+        "--warm at start and /ready as the command sets them up; a bad --warm ends the command",
+    "tests/serve/test_serve_ceilings.py::server": "the memory ceiling is the process's resident memory",
+    "tests/serve/test_kill_during_build.py::test_a_server_killed_during_a_build_leaves_nothing_unaccounted":
+        "kill -9 of the server process and its build child",
+    "tests/serve/test_serve_traffic.py::test_a_bad_cors_origin_stops_serve_naming_the_flag":
+        "the command's exit status and message for a bad flag",
+    "tests/serve/test_serve_hostile.py::test_serve_warns_when_bound_beyond_loopback_without_a_key":
+        "the command's warning on binding beyond loopback",
+    "tests/cut/test_export_model.py::test_layerwise_serve_gives_the_exported_layer_to_the_openai_client":
+        "`layerwise serve --model EXPORTED` as a user types it",
+    "tests/model/test_tensorflow.py::test_the_service_serves_a_saved_model":
+        "the command detects a SavedModel directory; TensorFlow stays out of the test process's server",
+    "tests/docs/test_doc_examples.py::test_openai_and_tei_client_examples_run_as_written": "the README, as written",
+    "tests/docs/test_doc_examples.py::test_readme_export_block_runs_and_its_serve_line_serves_the_export":
+        "the README, as written",
+    "tests/explore/test_explore_page.py::exploring": "`layerwise explore` as a user runs it, for a real browser",
+}
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, connections=None, timeout: float = 60):
+    """The service ``app`` (:func:`layerwise.serve.create_app`'s) served by uvicorn in a thread of this process, as
+    ``layerwise serve`` serves it (:func:`layerwise.serve.server`: its connection limits ``connections``, its
+    counters), on a free port: yields the base URL once started; told to exit and joined after (httpx's
+    ``tests/conftest.py`` pattern). For the tests whose point is not the process; :func:`cli_server` runs the real
+    command."""
+    import threading
+
+    from layerwise.serve import server
+
+    srv = server(app, port=0, log_level="warning", connections=connections)
+    thread = threading.Thread(target=srv.run, name="test-server", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: srv.started or not thread.is_alive(), timeout, "the in-thread server starting",
+                   interval=0.01)
+        assert srv.started, "the in-thread server did not start (its error is in the log above)"
+        yield f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+
+
 @contextlib.contextmanager
 def cli_server(args: list[str], log_path: Path, ready: str, timeout: float = 180):
     """``layerwise ARGS --port P`` in a subprocess on a free local port; yields its base URL once ``GET ready``

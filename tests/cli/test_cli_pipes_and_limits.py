@@ -7,25 +7,22 @@ import http.client
 import json
 import os
 import pty
-import socket
 import struct
 import subprocess
 import sys
 import termios
-import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 import layerwise as lw
 from layerwise.cli.main import app
 from layerwise.serve import Limits, ServiceError, create_app
 
-from tiny import wait_until
+from tiny import serve_in_thread
 
 
 @pytest.fixture(scope="module")
@@ -198,19 +195,8 @@ def test_progress_bar_on_a_terminal_unless_quiet(model):
 @pytest.fixture(scope="module")
 def service(tiny_extractors):
     """A real HTTP service on the tiny BERT, run by uvicorn in a thread of this process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(
-        uvicorn.Config(create_app(tiny_extractors["bert"]), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    wait_until(lambda: srv.started or not thread.is_alive(), 60, "the in-thread server starting")
-    assert srv.started, "in-thread server did not start"
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with serve_in_thread(create_app(tiny_extractors["bert"])) as url:
+        yield url
 
 
 def _post(url: str, body: bytes | dict) -> tuple[int, object]:

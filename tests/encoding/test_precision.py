@@ -16,7 +16,7 @@ import pytest
 import layerwise as lw
 from layerwise.encoding.precision import calibration_ranges, quantize_array, read_calibration
 
-from tiny import serving
+from tiny import serve_in_thread
 
 TEXTS = ["I love Paris", "EU rejects German call to boycott British lamb", "hello", "stocks fell sharply today",
          "what a wonderful film", "the cat sat on the mat"]
@@ -160,9 +160,12 @@ def test_cli_encode_with_calibration_texts_and_ranges(tiny_dirs, tmp_path):
 def server(tiny_dirs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("precision")
     (tmp / "calib.txt").write_text("\n".join(TEXTS) + "\n")
-    aliases = ["--alias", f"q8=output_dtype=int8;calibration={tmp / 'calib.txt'}",
-               "--alias", "bits=output_dtype=ubinary"]
-    with serving(tiny_dirs["bert"], tmp / "server.log", *aliases) as url:
+    from layerwise.serve import create_app
+    from layerwise.serve.aliases import parse_alias
+
+    aliases = dict(map(parse_alias, [f"q8=output_dtype=int8;calibration={tmp / 'calib.txt'}",
+                                     "bits=output_dtype=ubinary"]))  # as --alias gives them
+    with serve_in_thread(create_app(lw.Extractor(str(tiny_dirs["bert"]), device="cpu"), aliases=aliases)) as url:
         yield url, tmp / "calib.txt"
 
 

@@ -16,7 +16,7 @@ from layerwise.heads import HeadConfig, TrainOptions, load, train
 from layerwise.probe import ProbeConfig, run
 from layerwise.store import open_store
 
-from tiny import extract, serving, toy
+from tiny import extract, toy
 
 TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "naïve cafés in Paris", "a"]
 
@@ -71,18 +71,18 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def test_the_service_serves_a_decoder(llama, tmp_path):
+def test_the_service_serves_a_decoder(llama, llama_service):
     path, ex = llama
-    with serving(path, tmp_path / "log", "--device", "cpu") as base:
-        with urllib.request.urlopen(f"{base}/v1/model", timeout=30) as resp:
-            info = json.loads(resp.read())
-        assert info["architecture"] == "llama" and "rotary" in info["positions"]
-        status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": "-2:", "pool": "last"})
-        assert status == 200, body
-        got = np.asarray(body["vectors"], dtype=np.float32)
-        assert np.abs(got - ex.encode(TEXTS, layers="-2:", pool="last")).max() <= 1e-5
-        status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": -1, "site": "pre_ln"})
-        assert status == 422 and "site 'pre_ln' is not available for this model" in json.dumps(body)
+    base = llama_service
+    with urllib.request.urlopen(f"{base}/v1/model", timeout=30) as resp:
+        info = json.loads(resp.read())
+    assert info["architecture"] == "llama" and "rotary" in info["positions"]
+    status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": "-2:", "pool": "last"})
+    assert status == 200, body
+    got = np.asarray(body["vectors"], dtype=np.float32)
+    assert np.abs(got - ex.encode(TEXTS, layers="-2:", pool="last")).max() <= 1e-5
+    status, body = _post(f"{base}/v1/encode", {"texts": TEXTS, "layers": -1, "site": "pre_ln"})
+    assert status == 422 and "site 'pre_ln' is not available for this model" in json.dumps(body)
 
 
 def test_add_eos_appends_the_token_last_pooling_reads(llama, arch_extractors):

@@ -1,8 +1,8 @@
-"""The OpenAPI document is true to the service: schemathesis (``st run --checks all``) over every route of a real
-``layerwise serve`` subprocess, with bounded examples and a fixed seed, finds no failure: no undocumented status,
-no response outside its schema, no schema-valid body refused except by the rules a schema cannot say (listed, per
-operation, in ``tests/schemathesis.toml``), no schema-violating body accepted, no 500, and ``Allow`` headers that
-name exactly the documented methods."""
+"""The OpenAPI document is true to the service: schemathesis (``st run --checks all``) over every route of the real
+service (served by uvicorn in a thread, as ``layerwise serve`` serves it), with bounded examples and a fixed seed,
+finds no failure: no undocumented status, no response outside its schema, no schema-valid body refused except by the
+rules a schema cannot say (listed, per operation, in ``tests/schemathesis.toml``), no schema-violating body accepted,
+no 500, and ``Allow`` headers that name exactly the documented methods."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny import serving, wait_until
+from tiny import serve_in_thread, wait_until
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
@@ -22,7 +22,10 @@ def test_schemathesis_finds_nothing(tiny_dirs, tmp_path):
     pytest.importorskip("schemathesis", reason="schemathesis is in the test extra")
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")
     assert st, "the schemathesis command (st) is not installed"
-    with serving(tiny_dirs["bert"], tmp_path / "server.log") as url:
+    import layerwise as lw
+    from layerwise.serve import create_app
+
+    with serve_in_thread(create_app(lw.Extractor(str(tiny_dirs["bert"]), device="cpu"))) as url:
         _wait_ready(url)  # /ready answers 503 while auto prepares a depth (by design, tested in test_serve.py)
         run = subprocess.run([st, "--config-file", str(CONFIG), "run", f"{url}/openapi.json", "--checks", "all",
                               "--max-examples", "25", "--seed", "1", "--no-color"],

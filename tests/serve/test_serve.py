@@ -1,4 +1,5 @@
-"""The HTTP service, called over real HTTP: a `layerwise serve` subprocess on the tiny BERT (one per module)."""
+"""The HTTP service, called over real HTTP: served by uvicorn in a thread on the tiny BERT (one per module); the
+real `layerwise serve` process where it is the point (--warm and /ready, a bad --warm refused)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,8 @@ import base64
 import contextlib
 import http.client
 import json
-import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -18,23 +17,16 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pytest
-import uvicorn
 
 import layerwise as lw
 from conftest import SENTENCES as ALL_SENTENCES
-from layerwise.serve import ServiceError, create_app
+from layerwise.serve import Limits, ServiceError, create_app
 
-from tiny import wait_until
+from tiny import serve_in_thread, wait_until
 
 LIMITS = {"max_texts": 8, "max_text_chars": 400, "max_body_bytes": 4000}
 
 SENTENCES = [t for t in ALL_SENTENCES if t.strip()]  # a blank text is refused (422): see test_blank_inputs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _request(url, method, path, body=None, conn=None):
@@ -67,49 +59,15 @@ def _close(got, ref, fp16=False):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dirs, tmp_path_factory):
-    port, url = _free_port(), ""
-    cmd = [
-        sys.executable,
-        "-m",
-        "layerwise.cli.main",
-        "serve",
-        "--model",
-        str(tiny_dirs["bert"]),
-        "--device",
-        "cpu",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    cmd += [a for k, v in LIMITS.items() for a in (f"--{k.replace('_', '-')}", str(v))]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with (
-        open(tmp_path_factory.mktemp("serve") / "server.log", "w+") as log,
-        subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc,
-    ):
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_until(lambda: proc.poll() is not None or _healthy(url), 180, "/health answering", interval=0.2)
-            assert proc.poll() is None, "the server exited"
-        except AssertionError as exc:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"server not healthy ({exc}; exit status {proc.poll()}):\n{log.read()}")
+def server(tiny_dirs):
+    """The service on the tiny BERT with small LIMITS, in a thread of this process (its own Extractor, as a served
+    process has), as ``layerwise serve --model DIR --max-texts 8 ...`` builds it."""
+    from layerwise.serve.security import default_allowed_hosts
+
+    app = create_app(lw.Extractor(str(tiny_dirs["bert"]), device="cpu"), Limits(**LIMITS),
+                     allowed_hosts=default_allowed_hosts("127.0.0.1", None))
+    with serve_in_thread(app) as url:
         yield url
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _healthy(url) -> bool:
-    try:
-        return _request(url, "GET", "/health") == (200, {"status": "ok"})
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -414,22 +372,12 @@ def test_model_error_is_500_without_traceback(tiny_dirs, ex):
         return real(parts, **kw)
 
     patched.encode_shared = encode_shared
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(patched), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: srv.started or not thread.is_alive(), 60, "the in-thread server starting")
-        assert srv.started, "in-thread server did not start"
+    with serve_in_thread(create_app(patched)) as url:
         status, body = _request(url, "POST", "/v1/encode", {"texts": ["fine", "BOOM"]})
         assert status == 500, body
         text = json.dumps(body)
         assert "internal error" in text and "Traceback" not in text and "secret" not in text
         _assert_still_serving(url, ex)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_ready_says_when_the_warmed_depths_are_prepared(tiny_dirs, ex, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
-"""The clients people already use, unchanged, against a real ``layerwise serve`` subprocess: the official ``openai``
-client (sync and async, float and base64, ``dimensions``, layers by ``extra_body`` and by an alias, token ids),
-``huggingface_hub.InferenceClient.feature_extraction`` (TEI's protocol) and LangChain's ``OpenAIEmbeddings``.
+"""The clients people already use, unchanged, against the real service over HTTP (uvicorn in a thread): the
+official ``openai`` client (sync and async, float and base64, ``dimensions``, layers by ``extra_body`` and by an
+alias, token ids), ``huggingface_hub.InferenceClient.feature_extraction`` (TEI's protocol) and LangChain's
+``OpenAIEmbeddings``.
 
 Every vector equals ``Extractor.encode`` with the same spec (cosine >= 0.99999).
 """
@@ -16,19 +17,24 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tiny import serving
+from tiny import serve_in_thread
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra")
 hub = pytest.importorskip("huggingface_hub")
 
 TEXTS = ["I love Paris", "EU rejects German call to boycott British lamb", "hello"]
-ALIASES = ["--alias", "mid=layers=1;pool=cls", "--alias", "last2=layers=-2:;combine=concat"]
+ALIASES = ["mid=layers=1;pool=cls", "last2=layers=-2:;combine=concat"]  # as --alias gives them
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dirs, tmp_path_factory):
-    log = tmp_path_factory.mktemp("clients") / "server.log"
-    with serving(tiny_dirs["bert"], log, *ALIASES) as url:
+def server(tiny_dirs):
+    """The service on the tiny BERT with two aliases, in a thread of this process (its own Extractor)."""
+    import layerwise as lw
+    from layerwise.serve import create_app
+    from layerwise.serve.aliases import parse_alias
+
+    app = create_app(lw.Extractor(str(tiny_dirs["bert"]), device="cpu"), aliases=dict(map(parse_alias, ALIASES)))
+    with serve_in_thread(app) as url:
         yield url
 
 

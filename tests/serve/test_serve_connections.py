@@ -1,7 +1,8 @@
-"""Connection limits against a real ``layerwise serve`` subprocess, with raw sockets: an idle connection, a slow
-request head and a slow body are closed within their timeouts (and not before), a kept-alive connection is closed
-after ``--keep-alive-timeout``, a connection past ``--max-connections`` is answered 503 while the open ones are
-still served, and a normal request works. Bad values are refused naming the flag.
+"""Connection limits of the service as ``layerwise serve`` runs it (:func:`layerwise.serve.server`, here in a
+thread), with raw sockets: an idle connection, a slow request head and a slow body are closed within their timeouts
+(and not before), a kept-alive connection is closed after ``--keep-alive-timeout``, a connection past
+``--max-connections`` is answered 503 while the open ones are still served, and a normal request works. Bad values
+are refused naming the flag.
 
 Bounds are generous (CI has 2 slow cores): a close is expected after at least half its timeout and within the
 timeout plus :data:`SLACK` seconds.
@@ -23,18 +24,21 @@ from layerwise.cli.main import app
 from layerwise.serve import ConnectionLimits
 from layerwise.serve.connections import LimitedH11
 
-from tiny import serving
+from tiny import serve_in_thread
 
 HEAD, BODY, KEEP, CAP = 2.0, 2.0, 2.0, 3  # seconds, seconds, seconds, connections
 SLACK = 5.0
-FLAGS = ["--header-timeout", str(HEAD), "--body-timeout", str(BODY), "--keep-alive-timeout", str(KEEP),
-         "--max-connections", str(CAP)]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dirs, tmp_path_factory):
-    log = tmp_path_factory.mktemp("connections") / "server.log"
-    with serving(tiny_dirs["bert"], log, *FLAGS) as url:
+def server(tiny_dirs):
+    """The service on the tiny BERT with short timeouts and a cap of CAP connections (``--header-timeout 2
+    --body-timeout 2 --keep-alive-timeout 2 --max-connections 3``), served in a thread: ``(host, port)``."""
+    import layerwise as lw
+    from layerwise.serve import create_app
+
+    limits = ConnectionLimits(header_timeout=HEAD, body_timeout=BODY, keep_alive_timeout=KEEP, max_connections=CAP)
+    with serve_in_thread(create_app(lw.Extractor(str(tiny_dirs["bert"]), device="cpu")), limits) as url:
         parsed = urlparse(url)
         yield parsed.hostname, parsed.port
 
@@ -190,18 +194,20 @@ def test_bad_values_are_refused_naming_the_flag(flag, value):
 
 
 def test_serve_hands_uvicorn_the_limited_protocol(monkeypatch):
-    import uvicorn
     from fastapi import FastAPI
 
+    from layerwise.serve import server
+
+    limits = ConnectionLimits(header_timeout=3, max_connections=7)
+    http = server(FastAPI(), connections=limits).config.http  # an app is served as given
+    assert issubclass(http, LimitedH11) and http.limits == limits
+    assert server(FastAPI()).config.http.limits == ConnectionLimits()  # the defaults
+    ran = []
+    monkeypatch.setattr("uvicorn.Server.run", lambda self: ran.append(self.config.http.limits))
     from layerwise.serve import serve
 
-    seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: seen.update(kw))
-    limits = ConnectionLimits(header_timeout=3, max_connections=7)
-    serve(FastAPI(), connections=limits)  # an app is served as given
-    assert issubclass(seen["http"], LimitedH11) and seen["http"].limits == limits
-    serve(FastAPI())
-    assert seen["http"].limits == ConnectionLimits()  # the defaults
+    serve(FastAPI(), connections=limits)  # `layerwise serve` runs that server
+    assert ran == [limits]
 
 
 def test_refusals_on_the_connection_are_counted(server):

@@ -1,4 +1,5 @@
-"""``layerwise serve`` under real traffic (issue 39), against real server subprocesses over plain HTTP/1.1:
+"""``layerwise serve`` under real traffic (issue 39), over plain HTTP/1.1 against the service served by uvicorn in a
+thread (as the command serves it; the command itself where a flag is the point):
 
 * requests that differ only in pool, combine or precision, or in their layers, share one forward pass and each gets
   the answer it gets alone (``layerwise_batch_specs`` says the calls merged several specs); on ONNX Runtime, a server
@@ -35,7 +36,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
-from tiny import CORPUS, free_port, serving, wait_until, wordpiece
+from tiny import CORPUS, free_port, serve_in_thread, wait_until, wordpiece
 
 KEY = "k"
 APP, EVIL = "https://app.example", "https://evil.example"
@@ -65,17 +66,30 @@ def small_bert(tmp_path_factory) -> Path:
     return _build_small_bert(tmp_path_factory.mktemp("traffic") / "bert-128x4")
 
 
+def _app(model: Path, limits=None, **options):
+    """The service for the model directory ``model`` as ``layerwise serve --model MODEL --device cpu`` builds it
+    (its own Extractor, loopback host names), to serve in a thread; ``options``: :func:`create_app`'s."""
+    import layerwise as lw
+    from layerwise.serve import create_app
+    from layerwise.serve.security import default_allowed_hosts
+
+    backend = options.pop("backend", "auto")
+    return create_app(lw.Extractor(str(model), device="cpu", backend=backend), limits,
+                      allowed_hosts=default_allowed_hosts("127.0.0.1", None), **options)
+
+
 @pytest.fixture(scope="module")
 def server(small_bert):
-    with serving(small_bert, small_bert.parent / "server.log", "--device", "cpu", "--backend", "torch") as url:
+    with serve_in_thread(_app(small_bert, backend="torch")) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def guarded(tiny_dirs, tmp_path_factory):
-    log = tmp_path_factory.mktemp("traffic-guarded") / "server.log"
-    with serving(tiny_dirs["bert"], log, "--device", "cpu", "--api-key", KEY, "--max-body-bytes", str(BODY_LIMIT),
-                 "--cors-origin", APP) as url:
+def guarded(tiny_dirs):
+    from layerwise.serve import Limits
+
+    with serve_in_thread(_app(tiny_dirs["bert"], Limits(max_body_bytes=BODY_LIMIT), api_key=KEY,
+                              cors_origins=[APP])) as url:
         yield url
 
 
@@ -263,8 +277,7 @@ def test_requests_for_different_layers_share_a_forward_and_each_runs_only_its_ow
 
 @pytest.fixture(scope="module")
 def staged(small_bert):
-    with serving(small_bert, small_bert.parent / "staged.log", "--device", "cpu", "--backend", "onnx",
-                 "--warm", "1", "--warm", "2") as url:
+    with serve_in_thread(_app(small_bert, backend="onnx", warm=[1, 2])) as url:
         # the depths' graphs and the one-layer stages prepared
         with contextlib.suppress(AssertionError):  # then the assertion below says what it still waits for
             wait_until(lambda: call(url, "GET", "/ready")[0] == 200, 180, "GET /ready answering 200", interval=0.2)

@@ -41,6 +41,26 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
+def server(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
+           aliases: dict[str, dict[str, Any]] | None = None, log_level: str = "info",
+           connections: ConnectionLimits | None = None) -> Any:
+    """The uvicorn server of the service, configured and not started: ``server(...).run()`` serves until told to
+    exit (``.should_exit = True``) or interrupted. Arguments as :func:`serve`'s; ``port=0`` binds a free port (read it
+    from ``.servers[0].sockets[0]`` once ``.started``). Nothing process-wide is changed: :func:`serve` does that.
+    Returns a ``uvicorn.Server``."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    connections = connections or ConnectionLimits()
+    app = model if isinstance(model, FastAPI) else create_app(model, limits, aliases=aliases)
+    metrics = getattr(app.state, "metrics", None)  # an app of create_app's: refusals below it are counted too
+    refused = metrics.refused if metrics is not None else None
+    service = getattr(app.state, "service", None)  # its ceilings count the send buffers of the connections
+    return uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level=log_level,
+        http=connections.protocol(refused, service.ceilings if service is not None else None)))
+
+
 def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
           aliases: dict[str, dict[str, Any]] | None = None, log_level: str = "info",
           connections: ConnectionLimits | None = None) -> None:
@@ -52,10 +72,8 @@ def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
 
     The process is the server's: glibc is told to keep freed memory (:func:`keep_freed_memory`), and the soft
     limit of open files is raised to hold the connection cap (:func:`~layerwise.serve.connections.fit_open_files`).
+    The server itself is :func:`server`'s.
     """
-    import uvicorn
-    from fastapi import FastAPI
-
     keep_freed_memory()
     connections = connections or ConnectionLimits()
     if not fit_open_files(connections.max_connections):
@@ -63,14 +81,11 @@ def serve(model: Any, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
             "the open-file limit (ulimit -n) is below --max-connections %d plus 256: connections past it fail at "
             "accept instead of being answered 503; raise ulimit -n or lower --max-connections",
             connections.max_connections)
-    app = model if isinstance(model, FastAPI) else create_app(model, limits, aliases=aliases)
-    metrics = getattr(app.state, "metrics", None)  # an app of create_app's: refusals below it are counted too
-    refused = metrics.refused if metrics is not None else None
-    service = getattr(app.state, "service", None)  # its ceilings count the send buffers of the connections
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                http=connections.protocol(refused, service.ceilings if service is not None else None))
+    server(model, host=host, port=port, limits=limits, aliases=aliases, log_level=log_level,
+           connections=connections).run()
 
 
 __all__ = [
     "Client", "ConnectionLimits", "EncodeRequest", "Limits", "ServiceError", "create_app", "keep_freed_memory", "serve",
+    "server",
 ]
