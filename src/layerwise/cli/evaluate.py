@@ -20,6 +20,8 @@ def evaluate(
     ),
     label_field: str = typer.Option("label", "--label-column", "--label-field"),
     fmt: Optional[str] = typer.Option(None, "--format"),
+    no_header: bool = typer.Option(
+        False, "--no-header", help="A CSV/TSV file without a header row: name columns by position (--text-column 2)."),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     batch_size: int = typer.Option(256, "--batch-size"),
     *,
@@ -31,7 +33,7 @@ def evaluate(
 
     with user_errors():
         clf = load(model_dir, model=head_encoder(model_dir, model_options))
-        gold = read_labelled(data, text_field=text_field, label_field=label_field, format=fmt)
+        gold = read_labelled(data, text_field=text_field, label_field=label_field, format=fmt, header=not no_header)
         encode_labels(gold.labels, clf.labels, f"{data!r}")  # unknown labels: a clear error before any compute
         pred = clf.predict(gold.texts, batch_size=batch_size)
         scores = classification_scores(gold.labels, pred, clf.labels)

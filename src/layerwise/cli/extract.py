@@ -96,8 +96,11 @@ def extract(
         help="Input format if the suffix does not tell: txt, jsonl, csv, tsv, parquet, conll, conllu.",
     ),
     text_field: Optional[str] = typer.Option(
-        None, "--text-field", "--text-column", help="Column/field with the text (default: text, else sentence)."
+        None, "--text-field", "--text-column", help="Column/field with the text: a name, or a CSV/TSV column's "
+        "position from 1 (default: text, else sentence)."
     ),
+    no_header: bool = typer.Option(
+        False, "--no-header", help="A CSV/TSV file without a header row: name columns by position (--text-column 2)."),
     keep: List[str] = typer.Option(
         [], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."
     ),
@@ -166,7 +169,7 @@ def extract(
             return loaded[0]
 
         spec = apply_calibration(spec, calibration, lambda texts, s: model().calibrate(texts, s))
-        reading = ReadOptions(format=fmt, text_field=text_field, keep=kept)
+        reading = ReadOptions(format=fmt, text_field=text_field, keep=kept, header=not no_header)
         detect_format(input, fmt)  # a directory or an unknown suffix is named before the model loads
         options = ExtractOptions(batch_tokens=batch_tokens, max_records=max_records, shard_records=shard_records,
                                  strict=strict, overwrite=overwrite, progress=False if quiet else None,

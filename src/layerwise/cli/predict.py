@@ -20,6 +20,8 @@ def predict(
         None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."
     ),
     fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell."),
+    no_header: bool = typer.Option(
+        False, "--no-header", help="A CSV/TSV file without a header row: name columns by position (--text-column 2)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),
@@ -43,7 +45,7 @@ def predict(
         if output:
             check_new_file(output, overwrite)
         clf = load(model_dir, model=head_encoder(model_dir, model_options))
-        records = read_records(data, fmt, text_field=text_field)
+        records = read_records(data, fmt, text_field=text_field, header=not no_header)
         out = open(output, "w", encoding="utf-8") if output else sys.stdout
         bar = tqdm(disable=quiet or not sys.stderr.isatty(), unit="rec", desc="predict", file=sys.stderr)
         try:

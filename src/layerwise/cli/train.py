@@ -41,20 +41,27 @@ def train(
         ..., "--train", help="Training file: .tsv, .csv, .jsonl (or .parquet) with a text and one label per record "
                              "(a tag per word, .conll/.conllu: layerwise probe --task tagging)."
     ),
-    dev_file: str = typer.Option(..., "--dev", help="Dev file (early stopping and model selection)."),
+    dev_file: Optional[str] = typer.Option(
+        None, "--dev", help="Optional dev file: scored after every epoch and reported (the epoch is chosen on "
+                            "--held-out of train, not on dev). Without it, the held-out part is the dev set."),
     test_file: Optional[str] = typer.Option(
-        None, "--test", help="Optional test file, scored once with the best model."
+        None, "--test", help="Optional test file, scored once with the chosen epoch's model."
     ),
     output: str = typer.Option(..., "--output", "-o", help="Model directory to write."),
     text_field: Optional[str] = typer.Option(
-        None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."
+        None, "--text-column", "--text-field", help="Text column: a name or a position from 1 (default: text, "
+                                                    "else sentence)."
     ),
     label_field: str = typer.Option(
-        "label", "--label-column", "--label-field", help="Label column (labels may be strings)."
+        "label", "--label-column", "--label-field", help="Label column: a name or a position from 1 (labels may be "
+                                                         "strings)."
     ),
     fmt: Optional[str] = typer.Option(
         None, "--format", help="Input format when the suffix does not tell: tsv, csv, jsonl, parquet."
     ),
+    no_header: bool = typer.Option(
+        False, "--no-header", help="CSV/TSV files without a header row: name columns by position (--text-column 2 "
+                                   "--label-column 1)."),
     layers: str = LayersOpt,
     site: str = SiteOpt,
     combine: str = typer.Option(
@@ -103,6 +110,10 @@ def train(
 ) -> None:
     """Train a classifier on hidden layers; prints one line per epoch and the final dev/test scores.
 
+    The splits: --train fits the head, with --held-out of it (10%) kept aside to choose the epoch on; --dev (optional)
+    is scored and reported; --test (optional) is scored once at the end. Without --dev, the held-out part of train is
+    the dev set.
+
     A classifier takes one label per record (a text and its label column). For a tag per word (NER, POS in CoNLL-2003
     or CoNLL-U files), measure the layers with layerwise probe --task tagging.
     """
@@ -127,10 +138,11 @@ def train(
                                progress=False if quiet else None)
         result = run_train(
             config, train_file, dev_file, test_file, options=options, text_field=text_field, label_field=label_field,
-            format=fmt, output=output, overwrite=overwrite,
+            format=fmt, output=output, overwrite=overwrite, header=not no_header,
             log=lambda line: err_console.print(line, highlight=False, soft_wrap=True),
         )
-    print(format_scores(result.dev, title=f"dev (best epoch {result.best_epoch}): "))
+    dev_name = "dev" if dev_file is not None else "dev (held out of train)"
+    print(format_scores(result.dev, title=f"{dev_name} (best epoch {result.best_epoch}): "))
     if result.test is not None:
         print()
         print(format_scores(result.test, title="test: "))

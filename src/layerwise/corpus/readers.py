@@ -7,7 +7,8 @@ Nothing holds the whole file.
 =============  ===========================  ===========================================================
 format         file                         a record is
 =============  ===========================  ===========================================================
-``txt``        ``*.txt``, stdin             one non-empty line
+``txt``        ``*.txt``, stdin             one non-empty line (a ``.txt`` file holding CoNLL-2003 or CoNLL-U
+                                            lines is read as that format, and said: :func:`sniff_txt`)
 ``jsonl``      ``*.jsonl``, ``*.ndjson``    one JSON object per line; text from ``text_field``
 ``csv``        ``*.csv``                    one row (header row first); text from ``text_field``
 ``tsv``        ``*.tsv``                    one tab-separated row (header first; quotes are literal)
@@ -134,7 +135,11 @@ def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
         raise InputError(f"unknown input format {format!r}. Valid formats are: {', '.join(FORMATS)}")
     if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and (Path(path).is_dir() or is_glob(path)):
         files = corpus_files(path, format)
-        return format or _SUFFIXES.get(Path(files[0]).suffix.lower()) or "txt"
+        if format is not None:
+            return format
+        found = _SUFFIXES.get(Path(files[0]).suffix.lower()) or "txt"
+        sniffed = sniff_txt(files[0]) if found == "txt" else found
+        return _read_as(path, sniffed) if sniffed != found else found
     if format is not None:
         return format
     if os.fspath(path) == "-":
@@ -145,7 +150,54 @@ def detect_format(path: str | os.PathLike, format: str | None = None) -> str:
             f"cannot tell the format of {os.fspath(path)!r} from its suffix {suffix!r}; pass the format "
             f"(--format / format=) as one of: {', '.join(FORMATS)}"
         )
+    if _SUFFIXES[suffix] == "txt" and (sniffed := sniff_txt(path)) != "txt":
+        return _read_as(path, sniffed)
     return _SUFFIXES[suffix]
+
+
+_SNIFF_BYTES = 64 << 10  # how much of a .txt file is looked at to tell CoNLL from plain lines
+_IOB = re.compile(r"^(?:O|[BIES]-\S+)$")  # a CoNLL-2003 tag: O, B-PER, I-ORG, E-LOC, S-MISC
+_said: set[str] = set()  # the files whose read-as format was already said (once per file and process)
+
+
+def sniff_txt(path: str | os.PathLike) -> str:
+    """What a ``.txt`` file holds: ``"conll"`` (CoNLL-2003: a ``-DOCSTART-`` first line, or blank-line separated
+    ``word POS chunk NER`` lines whose last column is an IOB tag), ``"conllu"`` (tab-separated lines of 10 columns
+    whose first is a word index), else ``"txt"`` (one text per line). Reads the first 64 KiB."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return "txt"
+    lines = head.splitlines()[:-1] if len(head) == _SNIFF_BYTES else head.splitlines()  # the last may be cut
+    words = [line for line in lines if line.strip() and not line.startswith("#")]
+    if not words:
+        return "txt"
+    if words[0].split()[0] == "-DOCSTART-":
+        return "conll"
+    blanks = sum(1 for line in lines if not line.strip())
+    sample = words[:200]
+    if all(len(cells := line.split("\t")) == 10 and cells[0].split("-")[0].split(".")[0].isdigit()
+           for line in sample):
+        return "conllu"
+    if len(sample) >= 3 and blanks and all(len(cells := line.split()) == 4 and _IOB.match(cells[3])
+                                            for line in sample):
+        return "conll"
+    return "txt"
+
+
+def _read_as(path: str | os.PathLike, fmt: str) -> str:
+    """``fmt`` for a ``.txt`` file found to hold CoNLL (:func:`sniff_txt`), said once per file."""
+    name = os.fspath(path)
+    if name not in _said:
+        _said.add(name)
+        from ..notices import notice
+
+        label = {"conll": "CoNLL-2003 (word POS chunk NER lines, a blank line between sentences)",
+                 "conllu": "CoNLL-U (10 tab-separated columns, a blank line between sentences)"}[fmt]
+        notice(f"reading {name!r} as {label}, one record per sentence; give --format txt (format='txt') to read "
+               f"each line as a text")
+    return fmt
 
 
 def _open_binary(path: str | os.PathLike, stdin: IO[bytes] | None) -> IO[bytes]:
@@ -169,25 +221,40 @@ def _check_text(value: object, name: str, line: int) -> BadRecord | str:
     return value
 
 
+def column_index(columns: Sequence[str], name: str) -> int | None:
+    """Where the column ``name`` is in ``columns``: by its name, else by its 1-based position when ``name`` is a
+    number (``"2"``: the second column, as ``cut -f 2`` counts); ``None`` when neither."""
+    if name in columns:
+        return list(columns).index(name)
+    if name.isdigit() and 1 <= int(name) <= len(columns):
+        return int(name) - 1
+    return None
+
+
 def pick_column(columns: Sequence[str], wanted: str | None, keep: Sequence[str], where: str) -> str:
     """The text column among ``columns`` (``wanted``, else ``text``, else ``sentence``); ``ValueError`` naming the
-    columns when it or a ``keep`` column is missing (``where`` says what was read)."""
+    columns when it or a ``keep`` column is missing (``where`` says what was read). A column may be named by its
+    1-based position (:func:`column_index`)."""
     if wanted is None:
         wanted = next((c for c in TEXT_FIELD_GUESSES if c in columns), None)
         if wanted is None:
             raise InputError(
                 f"{where} has no 'text' or 'sentence' column; its columns are {list(columns)}: name the text "
-                f"column with --text-column / text_field="
+                f"column with --text-column / text_field= (a name, or a position: --text-column 2); a file "
+                f"without a header row: --no-header (header=False) and the columns' positions"
             )
-    missing = [c for c in [wanted, *keep] if c not in columns]
+    missing = [c for c in [wanted, *keep] if column_index(columns, c) is None]
     if missing:
-        raise InputError(f"{where} has no column {missing[0]!r}; its columns are {list(columns)}")
+        raise InputError(f"{where} has no column {missing[0]!r}; its columns are {list(columns)} (name one, or give "
+                         f"its position from 1)")
     return wanted
 
 
 def _read_txt(fh: IO[bytes], keep: Sequence[str]) -> Iterator[Item]:
     if keep:
-        raise InputError(f"--keep {list(keep)} needs columns; a .txt input has only the text (one per line)")
+        raise InputError(f"--keep {list(keep)} needs columns; a .txt input read as text has only the text (one per "
+                         f"line). A CoNLL file named .txt: give --format conll (or conllu); a table: --format tsv "
+                         f"or csv")
     for n, line in iter_lines(fh):
         if line is None:
             yield BadRecord(n, "invalid UTF-8")
@@ -227,18 +294,33 @@ def _read_jsonl(fh: IO[bytes], text_field: str | None, keep: Sequence[str]) -> I
         yield Record(n, text, fields={k: obj[k] for k in keep})
 
 
-def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep: Sequence[str],
+                    header_row: bool = True) -> Iterator[Item]:
     stream = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
     reader = csv.reader(
         stream, delimiter=delimiter, quoting=csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL, strict=True
     )
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    first: list[str] | None = None
     try:
         header = next(reader)
     except StopIteration:
         return
-    kind = "TSV" if delimiter == "\t" else "CSV"
-    name = pick_column(header, text_field, keep, f"the {kind} header")
-    col = {c: i for i, c in enumerate(header)}
+    except csv.Error as exc:
+        raise InputError(f"the {kind}'s first row is malformed: {exc}") from None
+    if not header_row:  # the columns are their positions; the first row is a record
+        first, header = header, [str(i + 1) for i in range(len(header))]
+        if text_field is None and len(header) != 1:
+            raise InputError(f"a {kind} without a header row has columns 1..{len(header)}: name the text column by "
+                             f"its position (--text-column N / text_field='N')")
+        text_field = text_field or "1"
+    where = f"the {kind} header" if header_row else f"the {kind} (no header row; columns by position)"
+    name = pick_column(header, text_field, keep, where)
+    col = {c: column_index(header, c) for c in dict.fromkeys([name, *keep])}
+    if first is not None:
+        item = _delimited_row(first, 1, header, col, name, keep, kind)
+        if item is not None:
+            yield item
     while True:
         start = reader.line_num + 1
         try:
@@ -248,19 +330,25 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
         except csv.Error as exc:
             yield BadRecord(start, f"malformed {kind} row: {exc}")
             continue
-        if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
-            continue  # blank line
-        if len(row) != len(header):
-            yield BadRecord(start, f"row has {len(row)} fields, the header has {len(header)}")
-            continue
-        text = _check_text(row[col[name]], name, start)
-        if isinstance(text, BadRecord):
-            yield text
-            continue
-        if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):
-            yield BadRecord(start, "invalid UTF-8")
-            continue
-        yield Record(start, text, fields={k: kept_value(row[col[k]]) for k in keep})
+        item = _delimited_row(row, start, header, col, name, keep, kind if header_row else "")
+        if item is not None:
+            yield item
+
+
+def _delimited_row(row: list[str], start: int, header: list[str], col: dict[str, int | None], name: str,
+                   keep: Sequence[str], kind: str) -> Item | None:
+    """One csv/tsv row as a record (``None`` for a blank line); ``kind`` empty when the file has no header row."""
+    if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
+        return None  # blank line
+    if len(row) != len(header):
+        said = f"the header has {len(header)}" if kind else f"the first row has {len(header)}"
+        return BadRecord(start, f"row has {len(row)} fields, {said}")
+    text = _check_text(row[col[name]], name, start)  # type: ignore[index]
+    if isinstance(text, BadRecord):
+        return text
+    if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):  # type: ignore[index]
+        return BadRecord(start, "invalid UTF-8")
+    return Record(start, text, fields={k: kept_value(row[col[k]]) for k in keep})  # type: ignore[index]
 
 
 def kept_value(cell: str) -> Any:
@@ -331,12 +419,15 @@ class ReadOptions:
         keep: other columns to carry into results (e.g. ``("label",)``; CoNLL: ``pos``, ``chunk``, ``ner``, ``doc``).
         context: ``"document"`` (CoNLL-2003, word level): each sentence is encoded with its neighbours from the
             same ``-DOCSTART-`` document and keeps its own words' features (the BERT paper's NER setting).
+        header: csv/tsv: whether the first row names the columns (default); ``False`` (the CLI's ``--no-header``):
+            every row is a record and columns are named by their 1-based positions (``text_field="2"``).
     """
 
     format: str | None = None
     text_field: str | None = None
     keep: tuple[str, ...] = ()
     context: str | None = None
+    header: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.keep, str) or not all(isinstance(k, str) for k in self.keep):
@@ -346,14 +437,22 @@ class ReadOptions:
             raise InputError(f"unknown input format {self.format!r}. Valid formats are: {', '.join(FORMATS)}")
         if self.context not in (None, "document"):
             raise InputError(f"unknown context {self.context!r}. Valid values are: document (or None)")
+        if not isinstance(self.header, bool):
+            raise InputError(f"header must be True or False, got {self.header!r}")
+        if self.text_field is not None and not isinstance(self.text_field, str):
+            raise InputError(f"text_field must be a column name or a 1-based position as a string (e.g. '2'), "
+                             f"got {self.text_field!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: what a store's manifest records about how its input was read."""
-        return {"format": self.format, "text_field": self.text_field, "keep": list(self.keep), "context": self.context}
+        """JSON-ready: what a store's manifest records about how its input was read (``header`` only when
+        ``False``)."""
+        said = {"format": self.format, "text_field": self.text_field, "keep": list(self.keep), "context": self.context}
+        return said if self.header else {**said, "header": False}
 
 
-def count_records(path: str | os.PathLike, fmt: str) -> int | None:
-    """A quick count of the records of a file (for a progress bar's ETA); ``None`` for stdin."""
+def count_records(path: str | os.PathLike, fmt: str, header: bool = True) -> int | None:
+    """A quick count of the records of a file (for a progress bar's ETA); ``None`` for stdin. ``header``: whether a
+    csv/tsv file's first row is its header."""
     if os.fspath(path) == "-":
         return None
     if fmt == "parquet":
@@ -362,7 +461,7 @@ def count_records(path: str | os.PathLike, fmt: str) -> int | None:
         return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in parquet_files(path))
     files = corpus_files(path, fmt)
     if len(files) > 1:
-        return sum(count_records(f, fmt) or 0 for f in files)
+        return sum(count_records(f, fmt, header) or 0 for f in files)
     n = blocks = 0
     prev_blank = True
     with open(files[0], "rb") as fh:
@@ -373,7 +472,7 @@ def count_records(path: str | os.PathLike, fmt: str) -> int | None:
             prev_blank = blank
     if fmt in ("conll", "conllu"):
         return blocks
-    return n - 1 if fmt in ("csv", "tsv") else n
+    return n - 1 if fmt in ("csv", "tsv") and header and n else n
 
 
 def read_records(
@@ -385,6 +484,7 @@ def read_records(
     stdin: IO[bytes] | None = None,
     document_context: bool = False,
     digest: ReadDigest | None = None,
+    header: bool = True,
 ) -> Iterator[Item]:
     """Stream the records of ``path`` (``"-"`` = stdin) as :class:`Record` / :class:`BadRecord`.
 
@@ -397,6 +497,7 @@ def read_records(
         document_context: CoNLL-2003 only: attach neighbouring sentences of the same document as ``context``.
         digest: hash the bytes read from the file(s) into this :class:`~layerwise.corpus.watch.ReadDigest` (not
             stdin, not parquet: see :mod:`layerwise.corpus.watch`).
+        header: csv/tsv: whether the first row names the columns; ``False``: columns by 1-based position.
 
     Raises:
         ValueError: missing file, unknown format, a header without the text or a kept column. Problems of one
@@ -422,23 +523,23 @@ def read_records(
         return
     files = corpus_files(path, fmt)
     if len(files) > 1:  # several files read as one input: lines counted on across them
-        yield from _read_files(files, fmt, text_field, keep, digest)
+        yield from _read_files(files, fmt, text_field, keep, digest, header)
         return
     fh = digest.open(files[0]) if digest is not None and os.fspath(path) != "-" else _open_binary(files[0], stdin)
     try:
-        yield from _dispatch(fh, fmt, text_field, keep)
+        yield from _dispatch(fh, fmt, text_field, keep, header)
     finally:
         if fh is not stdin and os.fspath(path) != "-":
             fh.close()
 
 
-def _dispatch(fh: Any, fmt: str, text_field: str | None, keep: Sequence[str]) -> Iterator[Item]:
+def _dispatch(fh: Any, fmt: str, text_field: str | None, keep: Sequence[str], header: bool = True) -> Iterator[Item]:
     if fmt == "txt":
         yield from _read_txt(fh, keep)
     elif fmt == "jsonl":
         yield from _read_jsonl(fh, text_field, keep)
     elif fmt in ("csv", "tsv"):
-        yield from _read_delimited(fh, "\t" if fmt == "tsv" else ",", text_field, keep)
+        yield from _read_delimited(fh, "\t" if fmt == "tsv" else ",", text_field, keep, header)
     elif fmt == "conll":
         yield from read_conll2003(fh, keep)
     else:
@@ -446,12 +547,12 @@ def _dispatch(fh: Any, fmt: str, text_field: str | None, keep: Sequence[str]) ->
 
 
 def _read_files(files: Sequence[str], fmt: str, text_field: str | None, keep: Sequence[str],
-                digest: ReadDigest | None) -> Iterator[Item]:
+                digest: ReadDigest | None, header: bool = True) -> Iterator[Item]:
     base = 0
     for f in files:
         stream = RangeStream(f, 0, os.path.getsize(f))  # counts the file's lines: the next file's start after them
         try:
-            for item in _dispatch(stream, fmt, text_field, keep):
+            for item in _dispatch(stream, fmt, text_field, keep, header):
                 item.line += base
                 yield item
         finally:
@@ -472,11 +573,12 @@ def read_stream(fh: Any, fmt: str, reading: "ReadOptions") -> Iterator[Item]:
                 item.fields.pop("doc", None)
             yield item
         return
-    yield from _dispatch(fh, fmt, reading.text_field, keep)
+    yield from _dispatch(fh, fmt, reading.text_field, keep, reading.header)
 
 
 __all__ = [
-    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "corpus_files",
+    "CONLL2003_COLUMNS", "CONLLU_COLUMNS", "FORMATS", "BadRecord", "Item", "ReadOptions", "Record", "column_index",
+    "corpus_files",
     "count_records", "detect_format", "is_glob", "kept_value", "parquet_files", "pick_column", "read_records",
-    "read_row_groups", "read_stream", "read_table", "with_document_context",
+    "read_row_groups", "read_stream", "read_table", "sniff_txt", "with_document_context",
 ]

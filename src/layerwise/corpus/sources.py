@@ -72,11 +72,13 @@ class Source:
         data: the path (``"-"`` for stdin) or the table object as given.
         fmt: one of :data:`layerwise.corpus.readers.FORMATS`, or ``"table"``.
         name: what messages call it (the path, ``-``, or ``a datasets.Dataset of 3,000 rows``).
+        header: csv/tsv: whether the first row names the columns (:attr:`ReadOptions.header`).
     """
 
     data: Any
     fmt: str
     name: str
+    header: bool = True
 
     @property
     def hashed_as_read(self) -> bool:
@@ -129,7 +131,7 @@ class Source:
                 raise InputError("context='document' needs a CoNLL-2003 file, not a table")
             return read_table(self.table(), reading.text_field, reading.keep)
         return read_records(self.data, self.fmt, text_field=reading.text_field, keep=reading.keep, stdin=stdin,
-                            document_context=reading.context == "document", digest=digest)
+                            document_context=reading.context == "document", digest=digest, header=reading.header)
 
     def files(self) -> list[str]:
         """The files read, in order (one for a file, a directory's or a pattern's files; none for a table)."""
@@ -141,7 +143,7 @@ class Source:
         """How many records (rows, lines, sentences) it has; ``None`` for stdin."""
         if self.fmt == TABLE_FORMAT:
             return int(self.table().num_rows)
-        return None if self.is_stdin else count_records(self.data, self.fmt)
+        return None if self.is_stdin else count_records(self.data, self.fmt, self.header)
 
 
 def open_source(data: Any, reading: ReadOptions | None = None) -> Source:
@@ -163,7 +165,7 @@ def open_source(data: Any, reading: ReadOptions | None = None) -> Source:
     fmt = detect_format(path, reading.format)
     if path != "-" and not os.path.exists(path) and not is_glob(path):
         raise InputError(f"input file {path!r} does not exist")
-    return Source(path, fmt, path)
+    return Source(path, fmt, path, header=reading.header)
 
 
 __all__ = ["TABLE_FORMAT", "Source", "open_source"]

@@ -109,17 +109,19 @@ def _csv_reader(lines: Iterator[str], fmt: str) -> Any:
                       quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL, strict=True)
 
 
-def csv_row_starts(path: str, fmt: str, every: int) -> tuple[int, list[int]]:
+def csv_row_starts(path: str, fmt: str, every: int, header: bool = True) -> tuple[int, list[int]]:
     """One pass of the csv reader over a ``csv``/``tsv`` file: the byte offset where its header row ends, and the
     offsets where every ``every``-th row after it starts (rows the reader ends, so a quoted field holding newlines
     is never cut; a malformed row counts as one). The reader asks for one line at a time and returns a row only
-    at the end of a line outside quotes, so the bytes handed out when it returns are exactly the rows read."""
+    at the end of a line outside quotes, so the bytes handed out when it returns are exactly the rows read.
+    ``header=False``: the file has no header row (its end is 0; the first row is a record)."""
     counter = [0]
     with open(path, "rb") as fh:
         reader = _csv_reader(_byte_lines(fh, counter), fmt)
         starts: list[int] = []
         try:
-            next(reader)
+            if header:
+                next(reader)
         except StopIteration:
             return counter[0], starts
         except csv.Error:
@@ -151,8 +153,8 @@ def csv_header(path: str, fmt: str) -> bytes:
         return fh.read(counter[0])
 
 
-def _row_splits(file: int, path: str, fmt: str, records: int) -> list[Split]:
-    header_end, starts = csv_row_starts(path, fmt, records)
+def _row_splits(file: int, path: str, fmt: str, records: int, header: bool = True) -> list[Split]:
+    header_end, starts = csv_row_starts(path, fmt, records, header)
     bounds = [0, *starts, os.path.getsize(path)]
     return [Split(file, path, "bytes", a, b) for a, b in zip(bounds, bounds[1:])]
 
@@ -181,7 +183,8 @@ def plan_splits(source: Any, files: list[str], records: int) -> list[Split]:
                 out.append(Split(i, path, "row_groups", start, meta.num_row_groups))
         return out
     if source.fmt in ROW_FORMATS:
-        return [split for i, path in enumerate(files) for split in _row_splits(i, path, source.fmt, records)]
+        return [split for i, path in enumerate(files)
+                for split in _row_splits(i, path, source.fmt, records, getattr(source, "header", True))]
     if source.fmt not in BYTE_RANGE_FORMATS:
         return [Split(i, path, "bytes", 0, os.path.getsize(path)) for i, path in enumerate(files)]
     target = int(records / _records_per_byte(files[0], source.fmt))
@@ -293,7 +296,7 @@ class SplitReader:
         from .readers import read_stream
 
         header = b""
-        if s.start > 0:
+        if s.start > 0 and self.reading.header:
             header = csv_header(str(s.path), self.source.fmt)
         skip = header.count(b"\n")
         raw = _PrefixedRange(header, RangeStream(str(s.path), s.start, s.end))

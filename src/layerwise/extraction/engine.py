@@ -415,12 +415,11 @@ def _fill(ex: Extractor, spec: EncodeSpec, writer: StoreWriter, state: str, item
         summary.status, summary.total_records = "already_complete", writer.done_records
         return summary
     run = _Run(ex, spec, writer, reading, options, summary, on_shard, stdin, check)
-    show = sys.stderr.isatty() if options.progress is None else options.progress
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
-    total = source.count() if show else None
-    with tqdm(total=total, initial=writer.done_records, disable=not show, unit="rec", desc="extract",
-              file=sys.stderr, dynamic_ncols=True) as bar:
+    total = source.count() if options.progress is not False else None
+    with progress_bar(options.progress, total=total, initial=writer.done_records, unit="rec", desc="extract",
+                      file=sys.stderr, dynamic_ncols=True) as bar:
         with pinned(ex, writer.manifest.get("runtime")):  # one runtime from the first record to the last
             run.loop(items, source.name, bar)
     run.finish()

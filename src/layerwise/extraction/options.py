@@ -20,7 +20,8 @@ class ExtractOptions:
         shard_records: records per shard (default: about 32 MB of features per shard).
         strict: stop at the first bad record (``ExtractError`` with its line and reason) instead of skipping it.
         overwrite: replace a store made with other options.
-        progress: show a progress bar (default: when stderr is a terminal).
+        progress: ``True`` a progress bar, ``False`` none; default: a bar when stderr is a terminal, else a plain
+            line every 30 s once the work has run that long (:mod:`layerwise.progress`).
         resume_check: what a resume checks of every shard the store lists before it relies on it: ``sha256``
             (every byte; the default; about 1 s per GB, see ``benchmarks/resume_check.py``) or ``headers`` (sizes
             and headers, and the last shard's sha256). Damage found is recomputed from the first damaged shard.

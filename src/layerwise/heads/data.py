@@ -110,9 +110,11 @@ def label_text(value: object) -> str | None:
 
 
 def read_labelled(
-    path: str | os.PathLike, *, text_field: str | None = None, label_field: str = "label", format: str | None = None
+    path: str | os.PathLike, *, text_field: str | None = None, label_field: str = "label", format: str | None = None,
+    header: bool = True,
 ) -> Labelled:
-    """Read a TSV/CSV/JSONL (or parquet) file with a text and a label column; labels become strings.
+    """Read a TSV/CSV/JSONL (or parquet) file with a text and a label column; labels become strings. ``header``:
+    whether a csv/tsv file's first row names its columns (``False``: columns by 1-based position, ``"2"``).
 
     Raises:
         ValueError: missing file or column, or no usable record (an empty file).
@@ -121,7 +123,7 @@ def read_labelled(
     labels: list[str] = []
     lines: list[int] = []
     skipped: list[int] = []
-    for item in read_records(path, format, text_field=text_field, keep=[label_field]):
+    for item in read_records(path, format, text_field=text_field, keep=[label_field], header=header):
         label = None if isinstance(item, BadRecord) else _one_label(
             item.fields.get(label_field), label_field, f"line {item.line} of {os.fspath(path)!r}")
         if isinstance(item, BadRecord) or label is None:
@@ -175,8 +177,11 @@ def cached_store(
     label_field: str,
     cache_dir: str | os.PathLike | None = None,
     progress: bool | None = None,
+    format: str | None = None,
+    header: bool = True,
 ) -> FeatureStore:
-    """The feature store for ``path`` under the cache (extracted now if absent or unfinished).
+    """The feature store for ``path`` under the cache (extracted now if absent or unfinished); ``format`` and
+    ``header`` say how the file is read (:class:`~layerwise.corpus.readers.ReadOptions`).
 
     Sentence pools: every layer the site has, ``[records, L + 1, W]`` (``site="block"``) or ``[records, L, W]``
     (sub-layer sites: layers 1..L); ``pool="attention"``: token level, the selected layers, ``[tokens, K, W]``.
@@ -193,9 +198,12 @@ def cached_store(
         "max_length": ex.max_length,
         "text_field": text_field,
         "label_field": label_field,
+        **({"format": format} if format is not None else {}),
+        **({"header": False} if not header else {}),
     })
     store = cache_root(cache_dir) / key
-    extract(path, store, spec, model=ex, reading=ReadOptions(text_field=text_field, keep=(label_field,)),
+    extract(path, store, spec, model=ex,
+            reading=ReadOptions(format=format, text_field=text_field, keep=(label_field,), header=header),
             options=ExtractOptions(progress=progress))
     return open_store(store)
 

@@ -64,7 +64,8 @@ class TrainOptions:
         held_out: the share of the training records (at least one) held out of training to choose the epoch on;
             ``0``: choose on dev, whose score then is not an unbiased estimate (``metrics.json`` says which).
         cache_dir: where frozen features are cached (default ``~/.cache/layerwise/features``).
-        progress: progress bars (default: when stderr is a terminal).
+        progress: progress bars (``True``/``False``; default: a bar on a terminal, else a plain line every 30 s once
+            the work has run that long: :mod:`layerwise.progress`).
     """
 
     epochs: int | None = None
@@ -170,7 +171,7 @@ def held_out(split: _Split, share: float, gen: torch.Generator) -> tuple[_Split,
     return split.take(order[k:].sort().values), split.take(order[:k].sort().values)
 
 
-def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress: bool,
+def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, progress: bool | None,
                  say: Callable[[str], None]) -> tuple[dict, list[str]]:
     """Read every split (frozen: through the feature cache); fix the label list from train; report skipped rows."""
     layers = clf_config.encode.resolve(ex, learned=True).layer_indices
@@ -179,7 +180,7 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
         if clf_config.mode == "frozen":
             store = cached_store(ex, path, pool=clf_config.pool, layers=layers, site=clf_config.site,
                                  text_field=kw["text_field"], label_field=kw["label_field"], cache_dir=kw["cache_dir"],
-                                 progress=progress)
+                                 progress=progress, format=kw["format"], header=kw["header"])
             if len(store) == 0:
                 raise LayerwiseError(
                     f"{os.fspath(path)!r} holds no usable record (empty file, or every record was bad); the bad "
@@ -196,7 +197,8 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
                     f"and {unlabelled} without a label")
             raw[name] = (feats.labels, feats, None)
         else:
-            data = read_labelled(path, text_field=kw["text_field"], label_field=kw["label_field"], format=kw["format"])
+            data = read_labelled(path, text_field=kw["text_field"], label_field=kw["label_field"], format=kw["format"],
+                                 header=kw["header"])
             if data.skipped:
                 say(f"{name}: {len(data.texts)} records used; skipped {data.skipped} bad or unlabelled "
                     f"(lines {_lines(data.skipped_lines or [])} of {os.fspath(path)})")
@@ -207,6 +209,23 @@ def _load_splits(clf_config: HeadConfig, ex: Extractor, paths: dict, kw: dict, p
         for name, (labels, feats, texts) in raw.items()
     }
     return splits, names
+
+
+def dev_from_train(splits: dict[str, _Split], opts: TrainOptions, train_path: str | os.PathLike,
+                   say: Callable[[str], None]) -> TrainOptions:
+    """Without a dev file: ``opts.held_out`` of train (10% when 0), drawn with ``opts.seed``, becomes ``splits["dev"]``
+    and the rest ``splits["train"]``; the epoch is then chosen on it (the options returned hold nothing more out)."""
+    import dataclasses
+
+    share = opts.held_out or 0.1
+    fit, held = held_out(splits["train"], share, torch.Generator().manual_seed(opts.seed))
+    if held is None:
+        raise LayerwiseError(f"the training file {os.fspath(train_path)!r} has {len(splits['train'])} usable records, "
+                             f"too few to hold out a dev part of at least {MIN_HELD_OUT}: give a dev file (--dev)")
+    splits["train"], splits["dev"] = fit, held
+    say(f"no dev file: {len(held)} of the {len(fit) + len(held)} training records are held out as the dev set "
+        f"(the epoch is chosen on them and the dev scores are theirs)")
+    return dataclasses.replace(opts, held_out=0.0)
 
 
 def _lines(lines: list[int], most: int = 10) -> str:
@@ -258,7 +277,7 @@ def _scores(clf: SequenceClassifier, split: _Split) -> dict:
 def train(
     config: HeadConfig,
     train_path: str | os.PathLike,
-    dev_path: str | os.PathLike,
+    dev_path: str | os.PathLike | None = None,
     test_path: str | os.PathLike | None = None,
     *,
     options: TrainOptions | None = None,
@@ -269,20 +288,28 @@ def train(
     model: Extractor | ModelOptions | None = None,
     log: Callable[[str], None] | None = None,
     overwrite: bool = False,
+    header: bool = True,
 ) -> TrainResult:
-    """Train the head of ``config`` on ``train_path``, pick the epoch with the best dev metric, save to ``output``.
+    """Train the head of ``config`` on ``train_path``, pick the epoch on a part held out of it, save to ``output``.
+
+    The splits: train fits the head, and ``options.held_out`` of it (10%) is held out to choose the epoch on. Dev is
+    scored after each epoch and reported (nothing is chosen on it unless ``held_out=0``); without ``dev_path``, the
+    held-out part is the dev set and is what the scores are reported on. Test is scored once, at the end.
 
     Args:
         config: the head (its ``labels`` are filled from the training data).
-        train_path, dev_path, test_path: TSV/CSV/JSONL (or parquet) files with a text and a label column.
+        train_path, dev_path, test_path: TSV/CSV/JSONL (or parquet) files with a text and a label column; dev and
+            test are optional.
         options: epochs, learning rates, batch size, seed, patience, metric, cache, progress
             (:class:`TrainOptions`; default ``TrainOptions()``).
-        text_field, label_field, format: column names (default text: ``text`` else ``sentence``) and file format.
+        text_field, label_field, format: column names (default text: ``text`` else ``sentence``; or 1-based
+            positions, ``"2"``) and file format.
         output: model directory to write (weights, config, labels, log, metrics).
         model: the encoder: a :class:`~layerwise.ModelOptions` (default: ``config.model``), or an already loaded
             :class:`Extractor` (frozen mode shares it; finetune mode updates it in place).
         log: receives one line per epoch (default: print to stderr).
         overwrite: replace an earlier layerwise model at ``output`` (anything else there is refused before work).
+        header: whether a csv/tsv file's first row names its columns (``False``: columns by position).
 
     Returns:
         A :class:`TrainResult`.
@@ -311,15 +338,21 @@ def train(
         name = str(Path(name).expanduser().resolve())
     # where it runs and where graphs are cached belong to the machine that loads the head, not to the head
     config = config.replace(model=used.replace(model=name, device=None, onnx_cache=None))
-    paths = {"train": train_path, "dev": dev_path, **({"test": test_path} if test_path is not None else {})}
-    kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": opts.cache_dir}
-    show = sys.stderr.isatty() if opts.progress is None else opts.progress
-    splits, names = _load_splits(config, ex, paths, kw, show, say)
+    paths = {"train": train_path, **({"dev": dev_path} if dev_path is not None else {}),
+             **({"test": test_path} if test_path is not None else {})}
+    kw = {"text_field": text_field, "label_field": label_field, "format": format, "cache_dir": opts.cache_dir,
+          "header": header}
+    splits, names = _load_splits(config, ex, paths, kw, opts.progress, say)
+    if dev_path is None:  # the held-out part of train is the dev set: chosen on and reported
+        opts = dev_from_train(splits, opts, train_path, say)
     feature_seconds = time.perf_counter() - t0
     config = config.replace(labels=names)
     with seeded(opts.seed, ex.loaded.device) as gen:
         clf = SequenceClassifier(config, ex)
-        history, best_epoch, chosen_on = _fit(clf, splits, opts, gen, say, show)
+        history, best_epoch, chosen_on = _fit(clf, splits, opts, gen, say, opts.progress)
+    if dev_path is None:
+        chosen_on = (f"the dev set held out of train ({len(splits['dev'])} records; no dev file): its scores are "
+                     f"those of the part the epoch was chosen on")
     result = TrainResult(clf, history, best_epoch, _scores(clf, splits["dev"]), feature_seconds=feature_seconds,
                          chosen_on=chosen_on)
     if "test" in splits:
@@ -342,10 +375,10 @@ def encoder_mode(ex: Extractor, *, training: bool) -> None:
 
 
 def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions, gen: torch.Generator,
-         say: Callable[[str], None], show: bool) -> tuple[list[dict[str, Any]], int, str]:
+         say: Callable[[str], None], show: bool | None) -> tuple[list[dict[str, Any]], int, str]:
     """The epoch loop with early stopping on a held-out part of train (``opts.held_out``; on dev when 0); leaves
     ``clf`` at its best epoch. Returns the log, the best epoch and what it was chosen on."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     ex, config = clf.extractor, clf.config
     params = [{"params": list(clf.head.parameters()), "lr": opts.lr}]
@@ -369,7 +402,8 @@ def _fit(clf: SequenceClassifier, splits: dict[str, _Split], opts: TrainOptions,
         order = torch.randperm(len(tr), generator=gen)
         total, seen = 0.0, 0
         steps = range(0, len(tr), opts.batch_size)
-        for start in tqdm(steps, disable=not show, leave=False, desc=f"epoch {epoch}", file=sys.stderr):
+        for start in progress_bar(show, steps, total=len(steps), leave=False, desc=f"epoch {epoch}", unit="step",
+                                  file=sys.stderr):
             index = order[start : start + opts.batch_size]
             x, mask = _batches(clf, tr, index, train=True)
             loss = clf.head.loss(x, tr.y[index].to(x.device), mask)

@@ -88,8 +88,9 @@ def check_task(task: str, path: str | os.PathLike, column: str | None, fmt: str 
         if fmt not in TAG_COLUMNS:
             raise InputError(
                 f"task 'tagging' (the default) reads a tag per word from CoNLL-2003 (.conll) or CoNLL-U (.conllu) "
-                f"files; {os.fspath(path)!r} is {fmt}, a label per record: probe it with task='sentence' "
-                f"(layerwise probe --task sentence, --column naming the label column, default label)"
+                f"files; {os.fspath(path)!r} is read as {fmt}, a label per record: if it holds CoNLL lines, give "
+                f"--format conll (or conllu); otherwise probe it with task='sentence' (layerwise probe --task "
+                f"sentence, --column naming the label column, default label)"
             )
         column = column or TAG_COLUMNS[fmt][0]
         if column not in TAG_COLUMNS[fmt]:
