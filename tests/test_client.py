@@ -180,3 +180,13 @@ def test_numpy_layers_and_weights_work_against_the_service(client, llama):
     words = client.encode_words(WORDS, layers=np.arange(1, 3))
     for g, w in zip(words, ex.encode_words(WORDS, layers=[1, 2])):
         _close(g, w)
+
+
+def test_pool_none_means_token_vectors_as_the_extractor_gives_them(client, llama):
+    _, ex = llama
+    got = client.encode(TEXTS[:2], layers=-1, pool=None)
+    want = ex.encode(TEXTS[:2], layers=-1, pool=None)
+    assert isinstance(got, list) and [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        _close(g, w)
+    _close(client.encode(TEXTS, layers=-1), ex.encode(TEXTS, layers=-1))  # the default: mean, as the Extractor's

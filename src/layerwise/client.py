@@ -159,7 +159,7 @@ class Client:
         site: str = "block",
         combine: str = "concat",
         weights: Sequence[float] | None = None,
-        pool: str | None = None,
+        pool: str | None = "mean",
         level: str = "sentence",
         subword: str | None = None,
         skip_special_tokens: bool = False,
@@ -175,25 +175,28 @@ class Client:
 
         ``layers``, ``site``, ``combine``, ``weights``, ``pool``, ``level``, ``subword``, ``skip_special_tokens``,
         ``truncate``, ``normalize``, ``prompt``, ``add_eos``, ``output_dtype`` and ``dimensions`` are as in
-        :class:`~layerwise.EncodeSpec` (``pool`` default ``mean``, ``subword`` ``first``); numpy ints and floats are
-        accepted (``layers=np.int64(-1)``).
+        :class:`~layerwise.EncodeSpec` and :meth:`Extractor.encode <layerwise.Extractor.encode>` (``pool`` default
+        ``mean``; ``pool=None`` means token vectors, as it does for ``Extractor.encode``; ``subword`` ``first``); numpy
+        ints and floats are accepted (``layers=np.int64(-1)``).
 
         Args:
             texts: a list of strings; a bare string is refused (it would be encoded character by character).
             calibration: ``int8``/``uint8`` ranges ``(min, max)`` (``spec.calibration`` of a calibrated spec).
 
         Returns:
-            Sentence level: ``[n, D]``; token/word level: a list of ``[n_i, D]`` arrays.
+            Sentence level: ``[n, D]``; token level (or ``pool=None``) and word level: a list of ``[n_i, D]`` arrays.
 
         Raises:
             InputError: ``texts`` is not a list of strings (checked before any request).
             ServiceError: the service refused the request (status and detail) or could not be reached (status 0).
         """
+        if pool is None and level == "sentence":  # Extractor.encode's meaning: no pool, the token vectors
+            level = "token"
         body: dict[str, Any] = {"texts": _texts(texts), "layers": layers, "site": site, "combine": combine,
                                 "level": level, "truncate": truncate, "output_dtype": output_dtype,
                                 "encoding": "base64"}
         # options at their defaults are left out, so a service of an older layerwise still takes the request
-        optional = {"weights": weights, "pool": pool, "subword": subword,
+        optional = {"weights": weights, "pool": None if pool == "mean" else pool, "subword": subword,
                     "skip_special_tokens": skip_special_tokens or None, "normalize": normalize or None,
                     "prompt": prompt or None, "add_eos": add_eos or None, "dimensions": dimensions,
                     "calibration": None if calibration is None else {"min": list(calibration[0]),

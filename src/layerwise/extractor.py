@@ -374,7 +374,7 @@ class Extractor:
                 return None
             if words:
                 chunk = [item.split() if isinstance(item, str) else item for item in chunk]
-            items = check_texts(chunk, words=words, start=start)
+            items = check_texts(chunk, words=words, start=start, refuse_blank=True)
             return tokenizer(items, words=words, truncate=spec.truncate, prompt=spec.prompt, add_eos=spec.add_eos)
 
         toks = next_chunk(0, self.text_tokenizer())
@@ -535,7 +535,7 @@ class Extractor:
             ``stack.layer(i)`` is model layer ``i`` (see :class:`LayerStack`).
         """
         _check_return_tensors(return_tensors)
-        texts = check_texts(texts, allow_empty=True)
+        texts = check_texts(texts, allow_empty=True, refuse_blank=True)
         spec = EncodeSpec(layers=layers, site=site, level="token", truncate=truncate).resolve(self)
         budget = check_budget(self.batch_tokens if batch_tokens is None else batch_tokens)
         toks = self.tokenize(texts, words=False, truncate=truncate) if texts else []
@@ -607,7 +607,7 @@ class Extractor:
             ``[n_tokens_i, D]``. ``D = K * width`` for ``concat``, ``width`` otherwise, doubled for ``mean_max``,
             cut to ``dimensions``, and ``ceil(D / 8)`` bytes for ``binary``/``ubinary``.
         """
-        texts = check_texts(texts, allow_empty=True)
+        texts = check_texts(texts, allow_empty=True, refuse_blank=True)
         spec = EncodeSpec(
             layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
             level="token" if pool is None else "sentence", pool=pool, skip_special_tokens=skip_special_tokens,
@@ -666,7 +666,7 @@ class Extractor:
             A list with one ``[n_words_i, D]`` array (or tensor) per item, aligned to its words. A word that
             produced no sub-token (e.g. only a zero-width character) gets a zero vector.
         """
-        items = check_texts(words, words=True, allow_empty=True)
+        items = check_texts(words, words=True, allow_empty=True, refuse_blank=True)
         spec = EncodeSpec(layers=_layers_for(layers, combine), site=site, combine=combine, weights=weights,
                           level="word", subword=subword, truncate=truncate)
         return self._collect(items, spec, return_tensors, batch_tokens, show_progress)

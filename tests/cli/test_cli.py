@@ -130,7 +130,7 @@ def test_encode_pool_none_gives_token_vectors(runner, tiny):
 
 def test_encode_stdin_one_text_per_line(runner, tiny):
     model, ex = tiny
-    lines = ["EU rejects German call", "", "I love Paris"]
+    lines = ["EU rejects German call", "a", "I love Paris"]
     result = _ok(
         runner.invoke(
             app, ["encode", "-", "--layers", "all", "--combine", "mean", *model], input="\n".join(lines) + "\n"
@@ -140,6 +140,9 @@ def test_encode_stdin_one_text_per_line(runner, tiny):
     assert doc["shape"] == [3, 32] and doc["layers"] == [0, 1, 2]
     want = ex.encode(lines, layers="all", combine="mean", pool="mean")
     assert np.abs(np.asarray(doc["vectors"], dtype=np.float32) - want).max() <= 1e-5
+    # a blank line is no text (one row per line, so it is refused rather than skipped), naming it
+    res = runner.invoke(app, ["encode", "-", *model], input="a\n\nb\n")
+    assert res.exit_code == 2 and "error: text 1 is empty" in res.stderr and res.stdout == "", res.output
 
 
 def test_encode_weighted_and_options(runner, tiny, tmp_path):

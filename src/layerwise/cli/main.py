@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Sequence, Union, get_args, get_origin
 
 import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from ..version import __version__
-from .options import DEBUG_ENV, set_debug
+from .options import DEBUG_ENV, quiet_flag, set_debug
 
 # name -> (module, function, the line `layerwise --help` shows: the start of the command's own docstring)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -141,7 +141,7 @@ def command(name: str) -> Any:
     module, function, _ = COMMANDS[name]
     found = getattr(importlib.import_module(f"{__package__}.{module}"), function)
     one = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
-    one.command(name, cls=Command)(found)
+    one.command(name, cls=Command)(quiet_flag(found))  # -q on every command
     return typer.main.get_command(one)
 
 
@@ -171,6 +171,35 @@ class Commands(TyperGroup):
         if self.listing:
             return TyperCommand(cmd_name, short_help=escape(COMMANDS[cmd_name][2]))
         return command(cmd_name)
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
+        """Run the command line; a usage error (a bad option, a missing argument, a bad value) is one
+        ``error: ...`` line on stderr naming the help to read, exit code 2, as every other user error."""
+        import sys
+
+        try:
+            from typer.core import _click as click  # the click typer runs on (its own copy since typer 0.2x)
+        except ImportError:  # pragma: no cover - an older typer on the click package
+            import click  # type: ignore[no-redef]
+
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except click.exceptions.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments at all: typer has shown the help
+                sys.exit(exc.exit_code)
+            where = exc.ctx.command_path if exc.ctx is not None else "layerwise"
+            print(f"error: {exc.format_message().rstrip('.')}; see '{where} --help'", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except click.exceptions.ClickException as exc:
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            print("Aborted!", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         """The group's help, listing the subcommands from the table."""

@@ -108,6 +108,34 @@ def model_flags(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+QUIET_HELP = "Say nothing but the results and errors: no progress, no notes, no one-time work lines."
+
+
+def quiet_flag(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` with ``-q/--quiet`` (:data:`QUIET_HELP`), unless it declares its own ``quiet``: the flag silences
+    :mod:`layerwise.notices` and the plain progress lines for the run (``LAYERWISE_QUIET``'s effect)."""
+    signature = inspect.signature(command)
+    if "quiet" in signature.parameters:
+        return command
+    hints = get_type_hints(command)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()]
+    flag = inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                             default=typer.Option(False, "--quiet", "-q", help=QUIET_HELP))
+
+    @functools.wraps(command)
+    def run(*args: Any, quiet: bool = False, **kwargs: Any) -> Any:
+        from ..notices import set_quiet
+
+        if quiet:
+            set_quiet(True)
+        return command(*args, **kwargs)
+
+    run.__signature__ = inspect.Signature([*params, flag], return_annotation=None)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in [*params, flag]}
+    del run.__wrapped__  # typer reads the signature above
+    return run
+
+
 OutputDtypeOpt = typer.Option(
     "float32", "--output-dtype", help="Precision of the features returned or stored: float32, float16, int8, uint8 "
     "(both need --calibration), binary or ubinary (sign bits, 8 to a byte). The model runs in --compute-dtype."

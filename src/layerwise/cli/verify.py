@@ -34,9 +34,9 @@ def verify(
 ) -> None:
     """Check a store: every listed shard's size, header, sha256 and inner consistency.
 
-    Prints one line per problem, naming the file. Exit code 0: intact; 1: damaged (``--repair`` fixes what the shards
-    still prove without a model run; a shard whose bytes changed is recomputed by rerunning the extract command, whose
-    resume checks every shard); 2: not a store.
+    Prints one line per problem, naming the file (-q: nothing else). Exit code 0: intact; 1: damaged (``--repair``
+    fixes what the shards still prove without a model run; a shard whose bytes changed is recomputed by rerunning the
+    extract command, whose resume checks every shard); 2: not a store.
     """
     from ..store import verify_store
 
@@ -52,8 +52,12 @@ def verify(
         report = verify_store(store)
     for problem in report.problems:
         print(f"{store}: {problem}")
-    for note in report.notes:
+    from ..notices import quiet
+
+    for note in [] if quiet() else report.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if report.ok and quiet():  # -q: the exit status says it
+        return
     if report.ok:
         shards, records = (f"{n:,} {what}{'s' if n != 1 else ''}" for n, what in
                            ((report.shards, "shard"), (report.records, "record")))

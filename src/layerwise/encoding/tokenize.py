@@ -206,7 +206,13 @@ class TextTokenizer:
         return toks
 
 
-def check_texts(texts: object, *, words: bool = False, start: int = 0, allow_empty: bool = False) -> list[Any]:
+BLANK_RULE = ("blank input has no meaning to encode: Extractor.encode refuses it naming its index, the service "
+              "answers 422, and layerwise extract skips such a record, counts it and lists it in the store's "
+              "errors.jsonl. Leave it out (e.g. [t for t in texts if t.strip()])")
+
+
+def check_texts(texts: object, *, words: bool = False, start: int = 0, allow_empty: bool = False,
+                refuse_blank: bool = False) -> list[Any]:
     """Check texts (or word lists with ``words=True``) and return them as a list (word lists as lists).
 
     Any iterable of strings is taken, in its order: a list, a tuple, a pandas ``Series``, a numpy array of strings,
@@ -218,13 +224,15 @@ def check_texts(texts: object, *, words: bool = False, start: int = 0, allow_emp
         words: items are word lists (pre-tokenised input), not texts.
         start: the index of the first item in messages (a chunk of a longer stream).
         allow_empty: an empty iterable is returned as ``[]`` instead of refused.
+        refuse_blank: a blank text (nothing left after stripping whitespace), an empty word list or a blank word is
+            refused naming its index: the one rule of blank input (:data:`BLANK_RULE`).
 
     Raises:
         TypeError: a bare string or bytes (wrap it in a list), something that is not iterable, an iterable whose
             order means nothing (a set) or that iterates something else than its texts (a mapping's keys, a
             DataFrame's column names), or an item of the wrong type, naming its index (``start`` + position).
-        ValueError: an empty iterable (unless ``allow_empty``), or a text with a lone surrogate (naming its index
-            and position).
+        ValueError: an empty iterable (unless ``allow_empty``), a text with a lone surrogate (naming its index
+            and position), or a blank one (with ``refuse_blank``, naming its index).
     """
     what = "word lists" if words else "texts"
     kind = "lists of strings" if words else "strings"
@@ -258,17 +266,24 @@ def check_texts(texts: object, *, words: bool = False, start: int = 0, allow_emp
             if isinstance(item, (str, bytes)) or not isinstance(item, Iterable):
                 raise TypeError(f"item {n} must be a list of word strings, got {type(item).__name__}: {item!r:.60}")
             item = items[i] = list(item)
+            if refuse_blank and not item:
+                raise InputError(f"item {n} has no word; {BLANK_RULE}")
             for j, w in enumerate(item):
                 if not isinstance(w, str):
                     raise TypeError(f"word {j} of item {n} must be a string, got {type(w).__name__}: {w!r:.60}")
                 if type(w) is not str:
                     item[j] = w = str(w)
+                if refuse_blank and not w.strip():
+                    raise InputError(f"word {j} of item {n} is empty (nothing left after stripping whitespace), so it "
+                                    f"would have no vector; {BLANK_RULE}")
                 _check_encodable(w, f"word {j} of item {n}")
         elif not isinstance(item, str):
             raise TypeError(f"text {n} must be a string, got {type(item).__name__}: {item!r:.60}")
         else:
             if type(item) is not str:
                 items[i] = item = str(item)
+            if refuse_blank and not item.strip():
+                raise InputError(f"text {n} is empty (nothing left after stripping whitespace); {BLANK_RULE}")
             _check_encodable(item, f"text {n}")
     return items
 

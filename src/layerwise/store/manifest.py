@@ -41,6 +41,9 @@ def read_manifest(store: str | os.PathLike) -> dict[str, Any]:
         StoreCorruptError: a damaged manifest (naming the file, the field and the fix).
     """
     mpath = Path(store) / MANIFEST
+    if Path(store).is_file():
+        raise StoreError(f"not a store: {os.fspath(store)!r} is a file, and a layerwise store is a directory; make one "
+                         f"from it with layerwise extract {os.fspath(store)} -o STORE")
     if not mpath.is_file():
         raise StoreError(f"{os.fspath(store)!r} is not a layerwise store (no {MANIFEST}); {without_manifest(store)}")
     manifest = read_json(mpath)
