@@ -75,9 +75,9 @@ def test_options_are_validated_with_the_valid_values():
         lw.ModelOptions(backend="jax")
     with pytest.raises(lw.ModelLoadError, match=r"unknown padding_side 'up'. Valid values are: right, left"):
         lw.ModelOptions(padding_side="up")
-    with pytest.raises(lw.ModelLoadError, match=r"unknown model option\(s\) \['dtype'\] \('dtype' is now "
-                                                r"'compute_dtype'\)"):
-        lw.Extractor(dtype="float16")
+    with pytest.raises(lw.ModelLoadError, match=r"unknown model option\(s\) \['layers'\] \('layers' is now "
+                                                r"'layer_modules'\)"):
+        lw.Extractor(layers="h")
     with pytest.raises(lw.ModelLoadError, match=r"unknown ModelOptions field\(s\) \['colour'\]"):
         lw.ModelOptions.from_dict({"colour": "red"})
     assert lw.ModelOptions(quantize="none").quantize is None
@@ -175,3 +175,13 @@ def test_a_store_records_its_model_options(tiny_extractors, tmp_path):
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert lw.ModelOptions.from_dict(manifest["model_options"]) == tiny_extractors["bert"].options
     assert manifest["model_options"]["backend"] == "auto" and manifest["model"]["precision"] == "float32"
+
+
+def test_dtype_is_taken_as_transformers_names_the_compute_dtype(tiny_dirs):
+    import torch
+
+    ex = lw.Extractor(str(tiny_dirs["bert"]), device="cpu", backend="torch", dtype="bfloat16")
+    assert ex.options.compute_dtype == "bfloat16" and ex.loaded.dtype == torch.bfloat16
+    assert lw.ModelOptions.of(None, torch_dtype=torch.float16).compute_dtype == "float16"
+    with pytest.raises(lw.ModelLoadError, match=r"dtype='bfloat16' and compute_dtype='float32' name the same option"):
+        lw.Extractor(dtype="bfloat16", compute_dtype="float32")

@@ -213,17 +213,28 @@ def test_npy_overwrite_replaces_only_its_own_files(stores, tmp_path):
         export(stores["sent"], out, to="npy", overwrite=True)
 
 
-def test_npy_export_is_never_named_like_one_array_and_quiet_says_nothing(stores, tmp_path):
-    """An npy export is a directory: a name ending in .npy (np.load fails on it) is refused, the CLI's default is
-    STORE-npy, and -q silences the 'wrote' line (issue 41, item 8)."""
+def test_npy_export_to_a_npy_name_is_one_array_or_says_what_to_type_and_quiet_says_nothing(stores, tmp_path):
+    """``-o x.npy``: a sentence-level store is written as that one array (np.load works on it), its manifest beside
+    it; a token/word level store (several arrays) is refused with the exact command; the CLI's default is STORE-npy,
+    and -q silences the 'wrote' line (issues 41 and 55)."""
     store = stores["sent"].path
-    for name in ("x.npy", "X.NPY"):
-        with pytest.raises(ValueError, match=rf"'{tmp_path / name}' ends in \.npy, but an npy export is a directory "
-                                             rf"of \.npy files .*e\.g\. -o {tmp_path / name[0]}-npy"):
-            export(stores["sent"], tmp_path / name, to="npy")
-        assert not (tmp_path / name).exists()
+    for level in ("tok", "word"):
+        other = tmp_path / "x-npy"
+        with pytest.raises(ValueError, match=rf"'{tmp_path / 'x.npy'}' names one array, but a {stores[level].level}"
+                                             rf"-level store exports several .* layerwise export "
+                                             rf"{stores[level].path} --to npy -o {other}"):
+            export(stores[level], tmp_path / "x.npy", to="npy")
+        assert not (tmp_path / "x.npy").exists()
     res = CliRunner().invoke(app, ["export", str(store), "--to", "npy", "-o", str(tmp_path / "x.npy")])
-    assert res.exit_code == 2 and "ends in .npy" in res.stderr and not (tmp_path / "x.npy").exists()
+    assert res.exit_code == 0 and f"one array: np.load('{tmp_path / 'x.npy'}')" in res.stderr, res.output
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), stores["sent"].to_numpy())
+    assert json.loads((tmp_path / "x.npy.json").read_text())["id"] == stores["sent"].manifest["id"]
+    res = CliRunner().invoke(app, ["export", str(store), "--to", "npy", "-o", str(tmp_path / "x.npy")])
+    assert res.exit_code == 2 and "pass --overwrite" in res.stderr
+    np.save(tmp_path / "mine.npy", np.arange(3))  # the user's own array: never replaced
+    res = CliRunner().invoke(app, ["export", str(store), "--to", "npy", "-o", str(tmp_path / "mine.npy"),
+                                   "--overwrite"])
+    assert res.exit_code == 2 and np.load(tmp_path / "mine.npy").tolist() == [0, 1, 2]
     res = CliRunner().invoke(app, ["export", str(store), "--to", "npy"])
     out = Path(f"{store}-npy")
     assert res.exit_code == 0 and f"wrote {out} (a directory: np.load('{out / 'features.npy'}'))" in res.stderr

@@ -17,7 +17,7 @@ def export(
     output: Optional[str] = typer.Option(
         None, "--output", "-o",
         help="Output path (default: STORE-npy/, STORE.h5, STORE.parquet). An npy export is a directory; a name "
-             "ending in .npy is refused (np.load could not open it).",
+             "ending in .npy writes a sentence-level store as that one array (np.load(OUT)).",
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an earlier layerwise export there (never anything else)."
@@ -32,5 +32,6 @@ def export(
     with user_errors():
         out = run_export(store, output or store.rstrip("/") + DEFAULT_SUFFIX.get(to, ""), to=to, overwrite=overwrite)
     if not quiet:
-        where = f" (a directory: np.load('{out / 'features.npy'}'))" if to == "npy" else ""
+        where = (f" (one array: np.load('{out}'); the manifest beside it)" if out.suffix == ".npy" else
+                 f" (a directory: np.load('{out / 'features.npy'}'))") if to == "npy" else ""
         err_console.print(f"wrote {out}{where}", highlight=False, soft_wrap=True)

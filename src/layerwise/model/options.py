@@ -65,6 +65,8 @@ COMPUTE_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 BACKEND_NAMES: tuple[str, ...] = ("auto", "torch", "onnx", "openvino", "keras", "tf")  # layerwise.model.backends
 QUANTIZE_MODES: tuple[str, ...] = ("int8", "int8-full")
 LEGACY_FIELDS = {"dtype": "compute_dtype", "layers": "layer_modules"}  # names of layerwise 0.x
+# keyword arguments named as transformers names them (``from_pretrained(dtype=...)``, formerly ``torch_dtype``)
+TRANSFORMERS_NAMES = {"dtype": "compute_dtype", "torch_dtype": "compute_dtype"}
 
 
 def _text(value: object, name: str) -> str | None:
@@ -163,10 +165,19 @@ class ModelOptions:
     def of(cls, model: "ModelOptions | str | os.PathLike | None" = None, **fields: Any) -> "ModelOptions":
         """``model`` itself when it is already options (``fields`` applied), else ``ModelOptions(model, **fields)``.
 
+        ``dtype=`` (and ``torch_dtype=``), transformers' names for the compute dtype, are taken as ``compute_dtype``.
+
         Raises:
             ModelLoadError: an unknown field name (listing the valid ones) or value.
         """
         known = {f.name for f in dataclasses.fields(cls)}
+        for alias, name in TRANSFORMERS_NAMES.items():  # transformers' names for the same option
+            if alias in fields:
+                value = fields.pop(alias)
+                if name in fields and fields[name] != value:
+                    raise ModelLoadError(f"{alias}={value!r} and {name}={fields[name]!r} name the same option "
+                                         f"(transformers calls it {alias}); give one")
+                fields[name] = value
         unknown = sorted(set(fields) - known)
         if unknown:
             hint = {k: LEGACY_FIELDS[k] for k in unknown if k in LEGACY_FIELDS}
@@ -178,4 +189,4 @@ class ModelOptions:
         return cls(model=_text(model, "model"), **fields)
 
 
-__all__ = ["BACKEND_NAMES", "COMPUTE_DTYPES", "LEGACY_FIELDS", "ModelOptions", "QUANTIZE_MODES"]
+__all__ = ["BACKEND_NAMES", "COMPUTE_DTYPES", "LEGACY_FIELDS", "ModelOptions", "QUANTIZE_MODES", "TRANSFORMERS_NAMES"]

@@ -3,7 +3,8 @@
 ==========  ==================================================================================================
 format      what is written
 ==========  ==================================================================================================
-``npy``     a directory (never named ``*.npy``, which ``np.load`` would take for one array): ``features.npy``
+``npy``     a directory (not named ``*.npy``; a sentence-level store exported to ``NAME.npy`` is that one array,
+            with its manifest in ``NAME.npy.json``): ``features.npy``
             (``[records, *F]``, or flat ``[N, *F]`` rows for token/word level), ``offsets.npy`` (token/word level,
             ``[records + 1]``), ``token_ids.npy`` (token level, ``[N]``, the tokenizer's ids of the rows),
             ``words.json`` (word level: one word list per record), ``lines.npy``, one ``<column>.npy`` per kept
@@ -196,16 +197,51 @@ def _export_manifest(out: Path, to: str) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
-def check_npy_name(out: Path, to: str) -> None:
-    """Refuse an npy export named ``*.npy``: it is a directory of ``.npy`` files, which a ``.npy`` name would pass
-    off as one array (``np.load`` fails on it with ``IsADirectoryError``)."""
-    if to == "npy" and out.suffix.lower() == ".npy":
+def check_npy_name(out: Path, to: str, store: FeatureStore | None = None) -> None:
+    """Refuse an npy export named ``*.npy`` that would be more than one array: a token/word level store's rows need
+    their offsets (and ids or words), so its export is a directory of ``.npy`` files. A sentence-level store is one
+    array ``[records, *F]``, written as that one file (:func:`export`)."""
+    if to == "npy" and out.suffix.lower() == ".npy" and (store is None or store.level != "sentence"):
         other = out.with_name(f"{out.stem}-npy")
+        level = f"a {store.level}-level store" if store is not None else "this store"
         raise StoreError(
-            f"{str(out)!r} ends in .npy, but an npy export is a directory of .npy files (features.npy, lines.npy, one "
-            f"per kept column, manifest.json) that np.load cannot open as one array; name the directory without the "
-            f"suffix, e.g. -o {other} (then np.load('{other / 'features.npy'}'))"
+            f"{str(out)!r} names one array, but {level} exports several (features.npy with its rows, offsets.npy "
+            f"where each record's rows start, token ids or words, lines, the kept columns): write them to a "
+            f"directory with layerwise export {store.path if store is not None else 'STORE'} --to npy -o {other} "
+            f"(then np.load('{other / 'features.npy'}'))"
         )
+
+
+def _sidecar(out: Path) -> Path:
+    """Where a one-array npy export keeps the store manifest it was written from: ``NAME.npy.json``."""
+    return out.with_name(out.name + ".json")
+
+
+def _array_owned(path: Path) -> bool:
+    try:
+        manifest = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+
+
+def _to_npy_array(store: FeatureStore, out: Path, overwrite: bool) -> Path:
+    """A sentence-level store as the one array ``out`` (``[records, *F]``, ``np.load(out)``), its manifest beside
+    it (``NAME.npy.json``: what computed it, and the mark that lets ``overwrite`` replace it)."""
+    owned = OwnedOutput(out, "file", "layerwise npy array", owned=_array_owned,
+                        marker=f"the store manifest beside it ({_sidecar(out).name})", error=StoreError)
+    owned.check(overwrite)
+
+    def write(staged: Path) -> None:
+        feats = np.lib.format.open_memmap(staged, mode="w+", dtype=store.dtype,
+                                          shape=(len(store),) + store.feature_shape)
+        _fill(store, feats)
+        feats.flush()
+        del feats
+
+    done = owned.write(write, overwrite=overwrite)
+    _sidecar(out).write_text(json.dumps(store.manifest, indent=2), encoding="utf-8")
+    return done
 
 
 def owned_output(out: Path, to: str) -> OwnedOutput:
@@ -247,24 +283,29 @@ def _npy_files(manifest: dict[str, Any]) -> list[str]:
 def export(
     store: FeatureStore | str | os.PathLike, out: str | os.PathLike, *, to: str, overwrite: bool = False
 ) -> Path:
-    """Write ``store`` to ``out`` as ``npy`` (a directory), ``hdf5`` or ``parquet``; returns ``out``.
+    """Write ``store`` to ``out`` as ``npy`` (a directory; or, for a sentence-level store and ``out`` named
+    ``*.npy``, that one array ``[records, *F]`` with the manifest beside it as ``NAME.npy.json``), ``hdf5`` or
+    ``parquet``; returns ``out``.
 
     ``overwrite`` replaces an earlier layerwise export at ``out``; anything else there is never replaced (a
     ``StoreError`` names the path). Everything is checked before anything is written, the store's every shard
     by its sha256 too (an export never carries damaged bytes into files that no longer say where they came from).
 
     Raises:
-        StoreError: an unknown format, an npy output named ``*.npy`` (the export is a directory), or an output that
-            is not an earlier layerwise export.
+        StoreError: an unknown format, an npy output named ``*.npy`` for a token/word level store (its export is a
+            directory: the message says the command), or an output that is not an earlier layerwise export.
         StoreCorruptError: the store is damaged (naming the file).
     """
     if to not in EXPORT_FORMATS:
         raise StoreError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
     out = Path(out)
-    check_npy_name(out, to)
-    check_output(out, to, overwrite)
     if not isinstance(store, FeatureStore):
         store = FeatureStore(store)
+    check_npy_name(out, to, store)
+    if to == "npy" and out.suffix.lower() == ".npy":  # a sentence-level store: one array
+        store.verify(raise_on_damage=True)
+        return _to_npy_array(store, out, overwrite)
+    check_output(out, to, overwrite)
     store.verify(raise_on_damage=True)
     _check_columns(store, to)
     writer = {"npy": _to_npy, "hdf5": _to_hdf5, "parquet": _to_parquet}[to]
