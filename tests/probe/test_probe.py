@@ -158,12 +158,12 @@ def runs(env):
     }
 
 
-EXPECTED = {  # (name, layers, combine) for a 2-layer model
-    ("embeddings", (0,), "concat"),
-    ("layer 1", (1,), "concat"),
-    ("layer 2", (2,), "concat"),
-    ("second-to-last", (1,), "concat"),
-    ("last", (2,), "concat"),
+EXPECTED = {  # (name, layers, combine) for a 2-layer model; one layer combines nothing: "-" (results.json too)
+    ("embeddings", (0,), "-"),
+    ("layer 1", (1,), "-"),
+    ("layer 2", (2,), "-"),
+    ("second-to-last", (1,), "-"),
+    ("last", (2,), "-"),
     ("sum last 2", (1, 2), "sum"),
     ("weighted sum last 2", (1, 2), "scalar_mix"),
     ("concat last 2", (1, 2), "concat"),
@@ -709,3 +709,21 @@ def test_control_task_and_intervals_in_every_output(env, tmp_path):
     assert "within the noise" in md or "ahead of every other probe" in md
     data = json.loads((tmp_path / "ctrl" / "results.json").read_text())
     assert data["options"]["control"] is True and "training split only" in data["options"]["selection"]
+
+
+def test_the_feature_cache_is_float16_unless_float32_is_asked(env):
+    """The probe's cached features are float16 by default (documented), float32 on request; both score alike."""
+    from layerwise.store import open_store
+
+    scores = {}
+    for dtype in ("float16", "float32"):
+        out = env["root"] / f"dtype-{dtype}"
+        res = run(env["tsv"], env["tsv"], config=cfg(task="sentence", feature_dtype=dtype, layers_only=True),
+                  model=env["ex"], output=out, **QUIET)
+        assert open_store(out / "features" / "train").dtype == np.dtype(dtype)
+        scores[dtype] = [r["dev_mean"] for r in res.rows]
+    np.testing.assert_allclose(scores["float16"], scores["float32"], atol=0.05)
+    from layerwise.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"unknown feature_dtype 'int8'. Valid values are: float16, float32"):
+        cfg(feature_dtype="int8")

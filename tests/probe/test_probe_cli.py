@@ -202,5 +202,6 @@ def test_a_table_without_task_suggests_task_sentence(tmp_path, tiny_dirs):
                                       str(tiny_dirs["bert"]), "--device", "cpu", "-o", str(tmp_path / "out")])
     assert result.exit_code == 2, result.output
     err = " ".join(result.stderr.split())
-    assert "sst.tsv' is tsv, a label per record" in err and "layerwise probe --task sentence" in err, err
+    assert "sst.tsv' is read as tsv, a label per record" in err and "--format conll" in err, err
+    assert "layerwise probe --task sentence" in err, err
     assert not (tmp_path / "out").exists()

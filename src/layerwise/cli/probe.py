@@ -46,6 +46,9 @@ def probe(
         False, "--document-context", help="CoNLL-2003: encode with document neighbours."
     ),
     layers_only: bool = typer.Option(False, "--layers-only", help="Single layers only, no strategies."),
+    feature_dtype: str = typer.Option(
+        "float16", "--feature-dtype", help="The dtype of the features cached in OUTPUT/features and probed: float16 "
+                                           "(half the disk; the probes compute in float32) or float32."),
     mdl: bool = typer.Option(
         False, "--mdl", help="Linear probe: also each layer's online code length of the training labels, in kbits, "
                              "and its compression (Voita & Titov 2020)."),
@@ -73,7 +76,7 @@ def probe(
         config = ProbeConfig(task=task, column=column, probe=probe_kind, crf=crf, hidden=hidden, epochs=epochs, lr=lr,
                              restarts=restarts, scheme=scheme, subword=subword, pool=pool,
                              document_context=document_context, layers_only=layers_only, control=control,
-                             mdl=mdl)
+                             mdl=mdl, feature_dtype=feature_dtype)
         res = run(train, dev, test, config, model=model_options, output=output, text_field=text_field,
                   format=fmt, overwrite=overwrite,
                   log=lambda line: err_console.print(line, highlight=False, soft_wrap=True, markup=False))

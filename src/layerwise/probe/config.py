@@ -12,6 +12,7 @@ from .data import TASKS
 from .metrics import SCHEMES
 from .models import PROBES
 
+FEATURE_DTYPES = ("float16", "float32")  # what the probe caches its features in
 
 @dataclass(frozen=True)
 class ProbeConfig:
@@ -38,6 +39,8 @@ class ProbeConfig:
         pool: sentence tasks: how tokens are pooled per layer.
         document_context: CoNLL-2003: encode sentences with their document neighbours (the paper's setting).
         layers_only: train single-layer probes only (skip the strategies).
+        feature_dtype: the dtype of the features cached in ``OUT/features`` and probed: ``float16`` (the default:
+            half the disk and memory; the fits compute in float32 and standardise their inputs) or ``float32``.
         mdl: also give each single layer's online code length of the training labels (Voita & Titov 2020:
             :mod:`layerwise.probe.mdl`), with the linear probe at the strength its fit chose.
     """
@@ -58,6 +61,7 @@ class ProbeConfig:
     layers_only: bool = False
     control: bool = False
     mdl: bool = False
+    feature_dtype: str = "float16"
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -74,6 +78,9 @@ class ProbeConfig:
         positive_numbers(lr=self.lr)
         if self.probe == "bilstm" and self.task != "tagging":
             raise SpecError("probe='bilstm' reads sentences word by word: use it with task='tagging'")
+        if self.feature_dtype not in FEATURE_DTYPES:
+            raise SpecError(f"unknown feature_dtype {self.feature_dtype!r}. Valid values are: "
+                            f"{', '.join(FEATURE_DTYPES)}")
         if self.mdl and self.probe != "linear":
             raise SpecError(f"mdl=True codes the labels with the linear probe; use probe='linear' (got {self.probe!r})")
         if self.crf and self.probe != "bilstm":

@@ -5,7 +5,9 @@ sentences become one feature row per word of the file (``level="word"``, sub-tok
 default ``first`` as in the BERT paper), with every layer kept (``layers="all"``, ``combine="stack"``).
 Sentence tasks (``task="sentence"``): TSV/CSV/JSONL text+label, one row per record, each layer pooled (``pool``).
 
-Stores live in ``OUTPUT/features/<split>`` and are float16 on disk (probing does not need more); a rerun finds
+Stores live in ``OUTPUT/features/<split>`` and are float16 on disk by default (probing does not need more; the fits
+compute in float32; ``ProbeConfig.feature_dtype="float32"``, the CLI's ``--feature-dtype float32``, keeps full
+precision, for other tools that read the cache); a rerun finds
 them complete and skips extraction (with ``overwrite``, only a store made with other options is extracted again).
 CoNLL-2003 ``document_context=True`` encodes each sentence together with its
 neighbours from the same ``-DOCSTART-`` document and keeps the features of the sentence's own words only.
@@ -148,15 +150,16 @@ def extract_split(
     document_context: bool = False,
     progress: bool | None = None,
     overwrite: bool = False,
+    feature_dtype: str = "float16",
 ) -> None:
-    """Extract (or find cached) the all-layer float16 features of one split into ``store_dir`` (see
-    :func:`split_features`)."""
+    """Extract (or find cached) the all-layer features of one split into ``store_dir`` (see
+    :func:`split_features`), in ``feature_dtype`` (``float16``, the default, or ``float32``)."""
     if task == "tagging":
         keep = (column, "doc") if fmt == "conll" else (column,)
-        spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, output_dtype="float16")
+        spec = EncodeSpec(layers="all", combine="stack", level="word", subword=subword, output_dtype=feature_dtype)
         reading = ReadOptions(format=fmt, keep=keep, context="document" if document_context else None)
     else:
-        spec = EncodeSpec(layers="all", combine="stack", level="sentence", pool=pool, output_dtype="float16")
+        spec = EncodeSpec(layers="all", combine="stack", level="sentence", pool=pool, output_dtype=feature_dtype)
         reading = ReadOptions(format=fmt, text_field=text_field, keep=(column,))
     try:
         extract(path, store_dir, spec, model=ex, reading=reading, options=ExtractOptions(progress=progress))

@@ -72,7 +72,7 @@ def table_rows(results) -> list[dict]:
     for r in results.rows:
         rows.append({
             "probe": r["name"], "kind": r["kind"], "layers": r["layers"],
-            "combine": r["combine"] if len(r["layers"]) > 1 else "-",  # one layer: nothing is combined
+            "combine": r["combine"] if len(r["layers"]) > 1 else "-",  # one layer: nothing is combined (older runs)
             "dev": r["dev_mean"], "dev_std": r["dev_std"], "dev_ci": r.get("dev_ci"), "test": r.get("test_mean"),
             "test_std": r.get("test_std"), "test_ci": r.get("test_ci"), "reported": r.get("reported", "dev"),
             "within_noise_of_best": r.get("within_noise_of_best"), "selectivity": r.get("selectivity"),

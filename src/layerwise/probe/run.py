@@ -174,7 +174,8 @@ def run(
     paths = {"train": train, "dev": dev, "test": test}
     given = {name: path for name, path in paths.items() if path is not None}
     jobs = [dict(path=path, store_dir=out / "features" / name, task=cfg.task, fmt=fmt, column=column,
-                 subword=cfg.subword, pool=cfg.pool, text_field=text_field, document_context=cfg.document_context)
+                 subword=cfg.subword, pool=cfg.pool, text_field=text_field, document_context=cfg.document_context,
+                 feature_dtype=cfg.feature_dtype)
             for name, path in given.items()]
     for name, path in given.items():
         say(f"features: {name} ({os.fspath(path)})")
@@ -241,7 +242,8 @@ def _extract_here(ex: Extractor, jobs: list[dict[str, Any]], progress: bool | No
     for job in jobs:
         extract_split(ex, job["path"], job["store_dir"], task=job["task"], fmt=job["fmt"], column=job["column"],
                       subword=job["subword"], pool=job["pool"], text_field=job["text_field"],
-                      document_context=job["document_context"], progress=progress, overwrite=overwrite)
+                      document_context=job["document_context"], progress=progress, overwrite=overwrite,
+                      feature_dtype=job["feature_dtype"])
     return _model_facts(ex)
 
 
@@ -349,13 +351,14 @@ def _train_all(cfg: ProbeConfig, facts: dict[str, Any], splits: dict[str, ProbeS
                 f"[{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]" + (f" ± {100 * row[f'{reported}_std']:.2f}" if seeds > 1
                                                              else "")
                 + (f"  selectivity {100 * row['selectivity']:.2f}" if "selectivity" in row else ""))
-        rows.append({"name": spec.name, "kind": spec.kind, "layers": list(spec.layers), "combine": spec.combine,
-                     **done[key]})
+        rows.append({"name": spec.name, "kind": spec.kind, "layers": list(spec.layers),
+                     "combine": spec.combine if len(spec.layers) > 1 else "-",  # one layer: nothing is combined
+                     "fit_key": key, **done[key]})
     best = max(rows, key=lambda r: r[f"{reported}_mean"])
-    best_key = (tuple(best["layers"]), best["combine"])
+    best_key = best["fit_key"]
     for r in rows:
         r["reported"] = reported
-        key = (tuple(r["layers"]), r["combine"])
+        key = r.pop("fit_key")
         r["within_noise_of_best"] = key == best_key or within_noise(samples[best_key], samples[key])
     return rows
 
