@@ -46,6 +46,7 @@ from .model.describe import describe
 from .model.loaded import LoadedModel
 from .model.options import ModelOptions
 from .model.positions import UNLIMITED
+from .notices import notice
 
 ReturnTensors = Literal["np", "pt"]
 RETURN_TENSORS = ("np", "pt")
@@ -212,8 +213,30 @@ class Extractor:
             )
         capacity = self.max_length - n_special
         self.stride = capacity // 4 if stride is None else _int(stride, "stride")
+        self._windowing_said = False
         if not 0 <= self.stride < capacity:
             raise SpecError(f"stride={stride} must be in 0..{capacity - 1} (window capacity {capacity} tokens)")
+
+    def _say_windowing(self, toks: Sequence[Tokenized]) -> None:
+        """Once per Extractor, at the first text longer than the window: that it is windowed, and how to change it
+        (a window shorter than the model's positions, e.g. a sentence-transformers ``max_seq_length``, is said)."""
+        if self._windowing_said:
+            return
+        longest = max((len(t.ids) for t in toks), default=0)
+        if longest <= self.max_length:
+            return
+        self._windowing_said = True
+        limit = self.loaded.max_length
+        why = (f"this Extractor's max_length, from the model's sentence-transformers config (max_seq_length); its "
+               f"positions allow {limit}" if self.max_length < limit and
+               getattr(getattr(self, "options", None), "max_length", None) is None else
+               "this Extractor's max_length")
+        fix = (f"max_length={limit} (--max-length {limit}) encodes up to {limit} tokens in one pass"
+               if self.max_length < limit else "nothing longer fits the model's positions")
+        notice(f"a text of {longest} tokens is longer than the window of {self.max_length} tokens ({why}): long texts "
+               f"are encoded in windows overlapping by {self.stride} tokens and stitched, so their states differ "
+               f"from one pass over the whole text; {fix}, truncate=True (--truncate) cuts them instead (said once "
+               f"per Extractor)")
 
     # ---- facts ----------------------------------------------------------------------------------------
     @property
@@ -328,6 +351,7 @@ class Extractor:
         the deepest layer of each text, every row leaving its batch there (:meth:`Backend.start_ragged`). ``plan``: the
         call's runtime (:meth:`Backend.plan`, made here when not given): every batch runs on it."""
         plan = plan if plan is not None else self.backend.plan(layers, site)
+        self._say_windowing(toks)
         of_text, layer_sets = segments if segments is not None else ([0] * len(toks), [layers])
         width = self.site_width(site)
 

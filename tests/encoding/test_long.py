@@ -208,3 +208,22 @@ def test_control_returns_before_the_wait_for_the_last_batch_of_an_asynchronous_r
     else:
         assert "empty" not in events, events
     assert events.count("start") == events.count("wait") >= 2
+
+
+def test_windowing_below_the_positions_is_said_once_with_how_to_change_it(default_extractor, capfd):
+    """The default model windows at 256 tokens (its sentence-transformers max_seq_length) though its positions allow
+    512: the first text longer than the window says so, once per Extractor, with max_length to change it."""
+    ex = lw.Extractor(default_extractor.loaded)
+    text = " ".join(["layer"] * 290)  # 292 tokens with [CLS] and [SEP]
+    capfd.readouterr()
+    ex.encode(["short", "texts only"])
+    assert "longer than the window" not in capfd.readouterr().err  # nothing windowed: nothing said
+    ex.encode([text])
+    said = capfd.readouterr().err
+    assert "a text of 292 tokens is longer than the window of 256 tokens" in said, said
+    assert "(max_seq_length); its positions allow 512" in said and "max_length=512 (--max-length 512)" in said
+    ex.encode([text, text])
+    assert "longer than the window" not in capfd.readouterr().err  # once per Extractor
+    one_pass = lw.Extractor(default_extractor.loaded, max_length=512)
+    one_pass.encode([text])
+    assert "longer than the window" not in capfd.readouterr().err  # it fits: nothing is windowed
