@@ -119,7 +119,15 @@ SLOW = {
     "tests/serve/test_serve_traffic.py::test_a_bad_cors_origin_stops_serve_naming_the_flag": _SERVER,
     "tests/cut/test_export_model.py::test_layerwise_serve_gives_the_exported_layer_to_the_openai_client": _SERVER,
     "tests/cut/test_export_servers.py::": "starts infinity and TEI-compatible servers on exported models",
+    "tests/cli/test_cli_first_contact.py::test_progress_on_a_stderr_that_is_no_terminal_is_plain_periodic_lines":
+        "runs extract three times in a child process whose stderr is no terminal",
+    "tests/cli/test_cli_first_contact.py::test_train_without_dev_holds_out_its_dev_set_and_says_so":
+        "trains a head on 500 records",
+    "tests/corpus/test_files_as_users_have_them.py::test_train_reads_a_headerless_tsv_by_position":
+        "trains a head on 500 records",
     # the documentation, run as written
+    "tests/docs/test_shell_blocks.py::test_shell_block_runs_as_written":
+        "every shell block of the README and the guides, as written: about 40 commands, each a Python process",
     "tests/docs/test_examples.py::test_notebook_runs": _NOTEBOOK,
     "tests/docs/test_doc_examples.py::test_readme_command_line_block_runs_as_written": _CLI,
     "tests/docs/test_doc_examples.py::test_openai_and_tei_client_examples_run_as_written": _SERVER,
