@@ -103,3 +103,27 @@ def test_the_design_lives_in_the_repository():
             parts += [t for t in line.split()[:3] if t.endswith(("/", ".py"))]
     assert len(parts) >= 14, parts
     assert [p for p in parts if not (ROOT / "src" / "layerwise" / p.rstrip("/")).exists()] == []
+
+
+@pytest.mark.parametrize("run", ["probe-sst2", "probe-ud-upos"])
+def test_the_published_probe_runs_combine_nothing_for_one_layer(run):
+    """A single layer's row combines nothing: '-' in the published results (json, md, csv), never 'concat'."""
+    import json
+
+    rows = json.loads((ROOT / "docs" / run / "results.json").read_text())["rows"]
+    assert {r["combine"] for r in rows if len(r["layers"]) == 1} == {"-"}
+    assert not re.search(r"\| \[\d+\] \| concat \|", (ROOT / "docs" / run / "results.md").read_text())
+    assert not re.search(r",\[\d+\],concat,", (ROOT / "docs" / run / "results.csv").read_text())
+
+
+def test_the_explorer_page_and_choose_a_layer_cite_the_same_sst2_run():
+    """The explorer page names the best single layer of the run choose-a-layer publishes (docs/probe-sst2), with its
+    score, so the two pages cannot drift apart."""
+    import json
+
+    rows = json.loads((ROOT / "docs" / "probe-sst2" / "results.json").read_text())["rows"]
+    best = max((r for r in rows if r["kind"] == "layer"), key=lambda r: r["dev_mean"])
+    text = " ".join((ROOT / "docs" / "how-to" / "explorer.md").read_text().split())
+    assert f"agrees on layer {best['layers'][0]} as the best single layer ({100 * best['dev_mean']:.1f}%)" in text
+    assert "first 10,000 training sentences" in (ROOT / "docs" / "how-to" / "choose-a-layer.md").read_text()
+    assert "the first 10,000 train sentences" in text
