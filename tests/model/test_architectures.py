@@ -19,7 +19,7 @@ from layerwise.model.discovery import discover
 TEXTS = [
     "EU rejects German call to boycott British lamb .",
     "Peter Blackburn",
-    "",
+    ".",
     "The quick brown fox jumps over the lazy dog, again and again!",
     "naïve cafés",
     "a",

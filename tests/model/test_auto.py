@@ -20,7 +20,7 @@ COMPILED = ("onnx", "openvino")
 
 pytest.importorskip("onnxruntime")
 
-TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés " * 40]
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", ".", "naïve cafés " * 40]
 
 
 def test_default_is_auto_and_exact_for_every_family(tiny_extractors, family):

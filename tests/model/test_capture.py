@@ -9,7 +9,7 @@ from layerwise.model.capture import capture, count_layer_calls
 
 from tiny import module_hook_count
 
-TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés in Paris"]
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", ".", "naïve cafés in Paris"]
 
 
 def _batch(ex, texts=TEXTS):

@@ -10,7 +10,7 @@ import layerwise.model.backends.ort as ob
 
 pytest.importorskip("onnxruntime")
 
-TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés " * 40]
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", ".", "naïve cafés " * 40]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from layerwise.model.hardware import PrecisionWarning, native_on_cpu
 
 pytest.importorskip("openvino")
 
-TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "", "naïve cafés " * 40, "a b c"]
+TEXTS = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", ".", "naïve cafés " * 40, "a b c"]
 
 
 def test_exact_for_every_family_at_every_layer(tiny_extractors, family, tmp_path):

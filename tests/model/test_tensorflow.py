@@ -90,8 +90,8 @@ def test_tfhub_layer_0_is_refused_unless_the_model_returns_it(tf_ex, tiny_dirs, 
         tf_ex.hidden_states(["I love Paris"], layers=0)
     with_embeddings = lw.Extractor(str(tfhub_saved_model(tiny_dirs["bert"], tmp_path / "sm", embeddings=True)))
     assert with_embeddings.first_layer == 0
-    want = tiny_extractors["bert"].hidden_states(["EU rejects German call", ""], layers="all").tensor
-    got = with_embeddings.hidden_states(["EU rejects German call", ""], layers="all").tensor
+    want = tiny_extractors["bert"].hidden_states(["EU rejects German call", "."], layers="all").tensor
+    got = with_embeddings.hidden_states(["EU rejects German call", "."], layers="all").tensor
     assert float((want - got).abs().max()) <= 1e-4 * max(1.0, float(want.abs().max()))
 
 
@@ -126,7 +126,7 @@ def test_keras_preset_directory_is_detected_and_loads(tiny_dirs, tmp_path):
     assert ex.backend.name == "keras" and ex.describe()["architecture"] == "BertBackbone"
     converted = lw.Extractor(KerasBackend.load(lw.ModelOptions(str(tiny_dirs["bert"])), exact_gelu=False))  # the same
     # approximation
-    texts = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", ""]
+    texts = ["EU rejects German call to boycott British lamb .", "Peter Blackburn", "."]
     a = ex.encode(texts, layers="all", combine="concat", pool=None)
     b = converted.encode(texts, layers="all", combine="concat", pool=None)
     assert all(np.abs(x - y).max() <= 1e-5 for x, y in zip(a, b))
