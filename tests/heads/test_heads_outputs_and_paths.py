@@ -268,11 +268,15 @@ def unchanged_bert(env):
 
 @pytest.mark.parametrize("site", ["attention", "intermediate", "pre_ln"])
 def test_frozen_training_at_sub_layer_sites(env, unchanged_bert, site):
+    import dataclasses
+
     res = lw.heads.train(
         HeadConfig(model=env["model"], site=site, layers="-2:"),
         env["root"] / "train.tsv",
         env["root"] / "dev.tsv",
-        options=env["opts"],
+        # trained to a plateau (2 epochs left a site at 19 of 24 on dev in one CI run): the threshold then says what
+        # the separable toy data supports, not how far two epochs got
+        options=dataclasses.replace(env["opts"], epochs=20),
         model=unchanged_bert,
         **QUIET,
     )

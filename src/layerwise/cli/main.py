@@ -178,27 +178,27 @@ class Commands(TyperGroup):
         ``error: ...`` line on stderr naming the help to read, exit code 2, as every other user error."""
         import sys
 
-        try:
-            from typer.core import _click as click  # the click typer runs on (its own copy since typer 0.2x)
-        except ImportError:  # pragma: no cover - an older typer on the click package
-            import click  # type: ignore[no-redef]
-
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
             code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
-        except click.exceptions.UsageError as exc:
-            if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments at all: typer has shown the help
-                sys.exit(exc.exit_code)
-            where = exc.ctx.command_path if exc.ctx is not None else "layerwise"
-            print(f"error: {exc.format_message().rstrip('.')}; see '{where} --help'", file=sys.stderr)
-            sys.exit(exc.exit_code)
-        except click.exceptions.ClickException as exc:
-            print(f"error: {exc.format_message()}", file=sys.stderr)
-            sys.exit(exc.exit_code)
         except typer.Abort:
             print("Aborted!", file=sys.stderr)
             sys.exit(1)
+        except Exception as exc:  # click's own errors (typer runs on its copy of click): known by what they carry
+            status = getattr(exc, "exit_code", None)
+            if not (hasattr(exc, "format_message") and isinstance(status, int)):
+                raise
+            kinds = {kind.__name__ for kind in type(exc).__mro__}
+            if "NoArgsIsHelpError" in kinds:  # no arguments at all: typer has shown the help
+                sys.exit(status)
+            if "UsageError" in kinds:
+                ctx = getattr(exc, "ctx", None)
+                where = ctx.command_path if ctx is not None else "layerwise"
+                print(f"error: {exc.format_message().rstrip('.')}; see '{where} --help'", file=sys.stderr)
+            else:
+                print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(status)
         sys.exit(code if isinstance(code, int) else 0)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
