@@ -228,8 +228,7 @@ class Extractor:
         self._windowing_said = True
         limit = self.loaded.max_length
         why = (f"this Extractor's max_length, from the model's sentence-transformers config (max_seq_length); its "
-               f"positions allow {limit}" if self.max_length < limit and
-               getattr(getattr(self, "options", None), "max_length", None) is None else
+               f"positions allow {limit}" if self.max_length < limit and self.options.max_length is None else
                "this Extractor's max_length")
         fix = (f"max_length={limit} (--max-length {limit}) encodes up to {limit} tokens in one pass"
                if self.max_length < limit else "nothing longer fits the model's positions")

@@ -94,9 +94,6 @@ class LineProgress:
             if self.lines:
                 self._say(time.monotonic(), done=True)
 
-    def refresh(self) -> None:
-        """Nothing to redraw (tqdm's interface)."""
-
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         """Text the next lines end with (tqdm's interface): e.g. ``"3,400 tok/s, 0 skipped"``."""
         self.postfix = s
@@ -106,9 +103,6 @@ class LineProgress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __iter__(self) -> Any:
-        raise TypeError("LineProgress counts with update(); wrap the iterable with progress_bar(iterable=...)")
 
 
 def progress_bar(show: bool | None, iterable: Any = None, **options: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..model.options import ModelOptions
-from .options import err_console, head_encoder, model_flags, user_errors
+from .options import NoHeaderOpt, err_console, head_encoder, model_flags, user_errors
 
 
 @model_flags
@@ -20,8 +20,7 @@ def evaluate(
     ),
     label_field: str = typer.Option("label", "--label-column", "--label-field"),
     fmt: Optional[str] = typer.Option(None, "--format"),
-    no_header: bool = typer.Option(
-        False, "--no-header", help="A CSV/TSV file without a header row: name columns by position (--text-column 2)."),
+    no_header: bool = NoHeaderOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     batch_size: int = typer.Option(256, "--batch-size"),
     *,

@@ -20,6 +20,7 @@ from .options import (
     CombineOpt,
     DimensionsOpt,
     LayersOpt,
+    NoHeaderOpt,
     OutputDtypeOpt,
     PromptOpt,
     SiteOpt,
@@ -99,8 +100,7 @@ def extract(
         None, "--text-field", "--text-column", help="Column/field with the text: a name, or a CSV/TSV column's "
         "position from 1 (default: text, else sentence)."
     ),
-    no_header: bool = typer.Option(
-        False, "--no-header", help="A CSV/TSV file without a header row: name columns by position (--text-column 2)."),
+    no_header: bool = NoHeaderOpt,
     keep: List[str] = typer.Option(
         [], "--keep", help="Column to carry into the store (repeat or comma-separate), e.g. --keep id,label."
     ),

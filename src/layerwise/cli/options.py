@@ -136,6 +136,8 @@ def quiet_flag(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+NoHeaderOpt = typer.Option(
+    False, "--no-header", help="CSV/TSV without a header row: name columns by position (--text-column 2).")
 OutputDtypeOpt = typer.Option(
     "float32", "--output-dtype", help="Precision of the features returned or stored: float32, float16, int8, uint8 "
     "(both need --calibration), binary or ubinary (sign bits, 8 to a byte). The model runs in --compute-dtype."

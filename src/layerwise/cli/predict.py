@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..model.options import ModelOptions
-from .options import check_new_file, head_encoder, model_flags, user_errors
+from .options import NoHeaderOpt, check_new_file, head_encoder, model_flags, user_errors
 
 
 @model_flags
@@ -20,8 +20,7 @@ def predict(
         None, "--text-column", "--text-field", help="Text column (default: text, else sentence)."
     ),
     fmt: Optional[str] = typer.Option(None, "--format", help="Input format when the suffix does not tell."),
-    no_header: bool = typer.Option(
-        False, "--no-header", help="A CSV/TSV file without a header row: name columns by position (--text-column 2)."),
+    no_header: bool = NoHeaderOpt,
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write JSONL here instead of stdout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the -o file if it exists."),
     batch_size: int = typer.Option(256, "--batch-size", help="Texts predicted (and written) at a time."),

@@ -11,6 +11,7 @@ from ..errors import LayerwiseError
 from ..model.options import ModelOptions
 from .options import (
     LayersOpt,
+    NoHeaderOpt,
     SiteOpt,
     WeightsOpt,
     check_flag,
@@ -59,9 +60,7 @@ def train(
     fmt: Optional[str] = typer.Option(
         None, "--format", help="Input format when the suffix does not tell: tsv, csv, jsonl, parquet."
     ),
-    no_header: bool = typer.Option(
-        False, "--no-header", help="CSV/TSV files without a header row: name columns by position (--text-column 2 "
-                                   "--label-column 1)."),
+    no_header: bool = NoHeaderOpt,
     layers: str = LayersOpt,
     site: str = SiteOpt,
     combine: str = typer.Option(

@@ -316,9 +316,10 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
         text_field = text_field or "1"
     where = f"the {kind} header" if header_row else f"the {kind} (no header row; columns by position)"
     name = pick_column(header, text_field, keep, where)
-    col = {c: column_index(header, c) for c in dict.fromkeys([name, *keep])}
+    col = {c: i for c in dict.fromkeys([name, *keep]) if (i := column_index(header, c)) is not None}
+    width = "the header" if header_row else "the first row"
     if first is not None:
-        item = _delimited_row(first, 1, header, col, name, keep, kind)
+        item = _delimited_row(first, 1, len(header), col, name, keep, width)
         if item is not None:
             yield item
     while True:
@@ -330,25 +331,25 @@ def _read_delimited(fh: IO[bytes], delimiter: str, text_field: str | None, keep:
         except csv.Error as exc:
             yield BadRecord(start, f"malformed {kind} row: {exc}")
             continue
-        item = _delimited_row(row, start, header, col, name, keep, kind if header_row else "")
+        item = _delimited_row(row, start, len(header), col, name, keep, width)
         if item is not None:
             yield item
 
 
-def _delimited_row(row: list[str], start: int, header: list[str], col: dict[str, int | None], name: str,
-                   keep: Sequence[str], kind: str) -> Item | None:
-    """One csv/tsv row as a record (``None`` for a blank line); ``kind`` empty when the file has no header row."""
-    if not row or (len(row) == 1 and not row[0].strip() and len(header) > 1):
+def _delimited_row(row: list[str], start: int, fields: int, col: dict[str, int], name: str, keep: Sequence[str],
+                   width: str) -> Item | None:
+    """One csv/tsv row as a record (``None`` for a blank line): ``fields`` columns wide as ``width`` (the header, or
+    the first row of a file without one) says; ``col``: each column's index."""
+    if not row or (len(row) == 1 and not row[0].strip() and fields > 1):
         return None  # blank line
-    if len(row) != len(header):
-        said = f"the header has {len(header)}" if kind else f"the first row has {len(header)}"
-        return BadRecord(start, f"row has {len(row)} fields, {said}")
-    text = _check_text(row[col[name]], name, start)  # type: ignore[index]
+    if len(row) != fields:
+        return BadRecord(start, f"row has {len(row)} fields, {width} has {fields}")
+    text = _check_text(row[col[name]], name, start)
     if isinstance(text, BadRecord):
         return text
-    if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):  # type: ignore[index]
+    if any("\udc80" <= ch <= "\udcff" for k in keep for ch in row[col[k]]):
         return BadRecord(start, "invalid UTF-8")
-    return Record(start, text, fields={k: kept_value(row[col[k]]) for k in keep})  # type: ignore[index]
+    return Record(start, text, fields={k: kept_value(row[col[k]]) for k in keep})
 
 
 def kept_value(cell: str) -> Any:

@@ -184,7 +184,7 @@ def plan_splits(source: Any, files: list[str], records: int) -> list[Split]:
         return out
     if source.fmt in ROW_FORMATS:
         return [split for i, path in enumerate(files)
-                for split in _row_splits(i, path, source.fmt, records, getattr(source, "header", True))]
+                for split in _row_splits(i, path, source.fmt, records, source.header)]
     if source.fmt not in BYTE_RANGE_FORMATS:
         return [Split(i, path, "bytes", 0, os.path.getsize(path)) for i, path in enumerate(files)]
     target = int(records / _records_per_byte(files[0], source.fmt))
