@@ -52,6 +52,8 @@ _LAZY = {
     "ExtractSummary": ".extraction.engine",
     "Extractor": ".extractor",
     "FeatureStore": ".store.reader",
+    "ActivationStore": ".store.activations",
+    "ActivationSummary": ".extraction.activations",
     "LEVELS": ".encoding.vocab",
     "LayerAttention": ".encoding.combine",
     "LayerMap": ".model.layermap",
@@ -70,6 +72,9 @@ _LAZY = {
     "default_model_path": ".model.loading",
     "export_model": ".cut.export",
     "extract": ".extraction.engine",
+    "extract_activations": ".extraction.activations",
+    "export_sae_lens": ".store.sae_lens",
+    "open_activations": ".store.activations",
     "load_model": ".model.loading",
     "open_store": ".store.reader",
     "verify_store": ".store.integrity",
@@ -94,6 +99,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .encoding.stack import LayerStack
     from .encoding.vocab import COMBINE_MODES, LEVELS, POOL_MODES, SITES, WORD_POOL_MODES
     from .extraction import ray
+    from .extraction.activations import ActivationSummary, extract_activations
     from .extraction.engine import ExtractSummary, extract
     from .extraction.options import ExtractOptions
     from .extractor import Extractor
@@ -104,8 +110,10 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .model.loading import default_model_path, load_model
     from .model.options import ModelOptions
     from .model.positions import Positions
+    from .store.activations import ActivationStore, open_activations
     from .store.integrity import verify_store
     from .store.reader import FeatureStore, open_store
+    from .store.sae_lens import export_sae_lens
 
 
 def __getattr__(name: str) -> Any:
@@ -129,6 +137,8 @@ __all__ = [
     "heads",
     "probe",
     "ray",
+    "ActivationStore",
+    "ActivationSummary",
     "AttentionPool",
     "COMBINE_MODES",
     "Client",
@@ -170,7 +180,10 @@ __all__ = [
     "default_model_path",
     "export_model",
     "extract",
+    "extract_activations",
+    "export_sae_lens",
     "load_model",
+    "open_activations",
     "open_store",
     "pool",
     "pool_words",

@@ -143,6 +143,15 @@ def extract(
                                help="No progress bar, no summary line and no one-time work lines (exports)."),
     prompt: str = PromptOpt,
     add_eos: bool = AddEosOpt,
+    context_size: Optional[int] = typer.Option(
+        None, "--context-size", min=2,
+        help="--level token: token activations for sparse-autoencoder trainers: the corpus packed into contexts of N "
+             "tokens (a BOS token first where the model has one), each --layers layer its own array, --output-dtype "
+             "float32, float16, bfloat16 or float8 (e4m3, a scale per token), read back by "
+             "FeatureStore.token_loader.",
+    ),
+    max_contexts: Optional[int] = typer.Option(None, "--max-contexts", min=1,
+                                               help="--context-size: stop after this many contexts in the store."),
     *,
     model_options: ModelOptions,
 ) -> None:
@@ -154,6 +163,24 @@ def extract(
     from ..notices import set_quiet
 
     set_quiet(quiet)  # the one-time work's lines (exports, the runtime that takes over) too
+    if context_size is not None:
+        if level != "token":
+            with user_errors():
+                raise LayerwiseError(f"--context-size gives token activations in fixed-length contexts: add --level "
+                                     f"token (not --level {level})")
+        given = {"--combine": combine != "concat", "--weights": weights is not None,
+                 "--pool": pool is not None, "--subword": subword is not None, "--truncate": truncate,
+                 "--dimensions": dimensions is not None, "--calibration": calibration is not None,
+                 "--keep": bool(keep), "--num-shards": num_shards != 1, "--engine": engine != "local",
+                 "--shard-records": shard_records is not None, "--max-records": max_records is not None,
+                 "--prompt": bool(prompt), "--add-eos": add_eos,
+                 "--skip-special (the loader leaves special tokens out: token_loader(skip_special=))": skip_special}
+        with user_errors():
+            activations(input, output, layers, site, context_size, output_dtype, fmt=fmt, text_field=text_field,
+                        header=not no_header, batch_tokens=batch_tokens,
+                        max_contexts=max_contexts, strict=strict, overwrite=overwrite, quiet=quiet,
+                        model_options=model_options, refused=[k for k, v in given.items() if v])
+        return
     with user_errors():
         kept = tuple(k.strip() for item in keep for k in item.split(",") if k.strip())
         spec = EncodeSpec(
@@ -193,6 +220,40 @@ def extract(
             err_console.print(interrupted(output), highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
     report(summary, ex, output, quiet)
+
+
+def activations(input: str, output: str, layers: str, site: str, context_size: int, dtype: str, *, fmt: str | None,
+                text_field: str | None, header: bool, batch_tokens: int | None,
+                max_contexts: int | None, strict: bool, overwrite: bool, quiet: bool, model_options: ModelOptions,
+                refused: list[str]) -> None:
+    """``extract --level token --context-size N``: a token-activation store
+    (:func:`~layerwise.extraction.activations.extract_activations`); the options of pooled or per-record features are
+    refused, named."""
+    from ..corpus.readers import ReadOptions, detect_format
+    from ..encoding.contexts import check_dtype
+    from ..extraction.activations import extract_activations
+
+    if refused:
+        raise LayerwiseError(f"--context-size writes token activations in fixed-length contexts (--level token, each "
+                             f"layer its own array): {', '.join(refused)} do{'es' if len(refused) == 1 else ''} not "
+                             f"apply; leave {'it' if len(refused) == 1 else 'them'} out")
+    check_dtype(dtype)
+    reading = ReadOptions(format=fmt, text_field=text_field, header=header)
+    detect_format(input, fmt)
+    ex = extractor(model_options)
+    try:
+        summary = extract_activations(input, output, parse_layers(layers), site=site, context_size=context_size,
+                                      dtype=dtype, model=ex, reading=reading, batch_tokens=batch_tokens,
+                                      max_contexts=max_contexts, overwrite=overwrite, strict=strict,
+                                      progress=False if quiet else None)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: the finished shards of {output} are safe; rerun the same command to resume "
+                          f"after them", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    for line in summary.repairs:
+        err_console.print(f"repaired: {line}", highlight=False, soft_wrap=True)
+    if not quiet:
+        err_console.print(summary.line(), highlight=False, soft_wrap=True)
 
 
 def report(summary: Any, ex: Extractor, output: str, quiet: bool) -> None:

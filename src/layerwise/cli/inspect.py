@@ -20,9 +20,38 @@ def inspect(
 ) -> None:
     """Print a store's provenance, counts, sizes and a few records."""
     from ..store import open_store
+    from ..store.activations import is_activation_store
 
     with user_errors():  # a damaged store is one error line, even when found while reading a record
+        if is_activation_store(store):
+            _activations(store, as_json)
+            return
         _show(open_store(store), store, sample, as_json)
+
+
+def _activations(store: str, as_json: bool) -> None:
+    """``inspect`` of a token-activation store: what it holds, from what, its size and float8's fidelity."""
+    from ..store.activations import ActivationStore
+
+    acts = ActivationStore(store)
+    m = acts.manifest
+    if as_json:
+        print(json.dumps(m, indent=2))
+        return
+    table = Table(title=f"token activations {store}", show_header=False)
+    counts = m.get("counts") or {}
+    rows = [("status", str(m.get("status"))), ("model", str((m.get("model") or {}).get("name"))),
+            ("runtime", _runtime(m)), ("layers", ", ".join(map(str, acts.layers))), ("site", acts.spec.site),
+            ("contexts", f"{acts.num_contexts:,} x {acts.context_size} tokens = {acts.num_tokens:,} tokens"),
+            ("width, dtype", f"{acts.width}, {acts.dtype}"),
+            ("bytes", f"{acts.nbytes:,} in {len(acts.entries)} shards"),
+            ("left over, skipped", f"{counts.get('left_over', 0):,} tokens, {counts.get('skipped', 0):,} records"),
+            ("input", str((m.get("input") or {}).get("path")))]
+    for layer, f in (m.get("fidelity") or {}).items():
+        rows.append((f"float8 layer {layer}", f"cosine mean {f['cosine_mean']:.5f}, min {f['cosine_min']:.5f}"))
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
 
 
 def _runtime(manifest: dict[str, Any]) -> str:

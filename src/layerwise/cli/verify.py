@@ -39,7 +39,11 @@ def verify(
     extract command, whose resume checks every shard); 2: not a store.
     """
     from ..store import verify_store
+    from ..store.activations import is_activation_store
 
+    if is_activation_store(store):
+        activations(store)
+        return
     with user_errors():
         if repair:
             from ..store.repair import repair_store
@@ -67,3 +71,23 @@ def verify(
     err_console.print(f"{store}: damaged ({len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}); "
                       f"{_advice(store)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
+
+
+def activations(store: str) -> None:
+    """``verify`` of a token-activation store: every listed shard's sha256 (exit 1 when one differs)."""
+    from ..notices import quiet
+    from ..store.activations import ActivationStore
+
+    with user_errors():
+        acts = ActivationStore(store)
+        problems = acts.verify()
+    for problem in problems:
+        print(f"{store}: {problem}")
+    if problems:
+        err_console.print(f"{store}: damaged ({len(problems)} problem{'s' if len(problems) != 1 else ''}); rerun the "
+                          f"extract command to recompute from the first damaged shard", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if not quiet():
+        runtime = (acts.manifest.get("runtime") or {}).get("name", "-")
+        err_console.print(f"{store}: intact ({len(acts.entries):,} shards, {acts.num_contexts:,} contexts, "
+                          f"{acts.num_tokens:,} tokens); computed by {runtime}", highlight=False, soft_wrap=True)

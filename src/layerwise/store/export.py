@@ -297,7 +297,8 @@ def export(
         StoreCorruptError: the store is damaged (naming the file).
     """
     if to not in EXPORT_FORMATS:
-        raise StoreError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)}")
+        raise StoreError(f"unknown export format {to!r}. Valid formats are: {', '.join(EXPORT_FORMATS)} (and "
+                         f"sae-lens for a token-activation store)")
     out = Path(out)
     if not isinstance(store, FeatureStore):
         store = FeatureStore(store)

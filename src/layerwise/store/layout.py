@@ -71,6 +71,10 @@ TEMP_RE = re.compile(r"^\.(shard-\d{6}\.safetensors|manifest\.json|errors\.jsonl
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "F64": np.float64,
               "I8": np.int8, "U8": np.uint8}
 _ST_NAMES = {np.dtype(v).name: k for k, v in _ST_DTYPES.items()}
+# dtypes numpy lacks, held as their raw bits (a token-activation store's bfloat16 and float8 e4m3 values): written
+# with their safetensors name (``kinds=`` of :func:`save_tensors`), read as the bits' numpy dtype
+RAW_BITS = {"BF16": np.uint16, "F8_E4M3": np.uint8}
+_ST_DTYPES.update(RAW_BITS)
 MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 SEAL = "seal"  # a shard's metadata key: the sha256 of its header (without it) and its tensors' bytes
 RESTORE = "rerun the extract command to recompute it (a resume repairs the store), or restore the file from a copy"
@@ -166,7 +170,7 @@ def _canonical(header: dict[str, Any]) -> bytes:
 
 
 def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str], *,
-                 seal: bool = True) -> Written:
+                 seal: bool = True, kinds: dict[str, str] | None = None) -> Written:
     """Write ``tensors`` and string ``metadata`` as a safetensors file at ``path``, hashing the bytes as they are
     written (no second read, no copy of the data in memory). Any safetensors reader reads the file.
 
@@ -177,7 +181,11 @@ def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str,
     ``seal``: the metadata's ``seal`` is the sha256 of the header without it (:func:`_canonical`) and the tensors'
     bytes, so the file proves its own content when no manifest lists its sha256 (:meth:`ShardFile.seal_ok`,
     ``layerwise recover``).
+
+    ``kinds``: tensor name -> safetensors dtype for the raw bits of a dtype numpy lacks (:data:`RAW_BITS`: ``BF16``
+    from ``uint16``, ``F8_E4M3`` from ``uint8``).
     """
+    kinds = kinds or {}
     arrays = {}
     for name in sorted(tensors):
         a = np.asarray(tensors[name])
@@ -186,7 +194,10 @@ def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str,
     header: dict[str, Any] = {"__metadata__": meta} if meta or seal else {}
     at = 0
     for name, a in arrays.items():
-        header[name] = {"dtype": _ST_NAMES[a.dtype.name], "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
+        kind = kinds.get(name) or _ST_NAMES[a.dtype.name]
+        if np.dtype(_ST_DTYPES[kind]) != a.dtype:
+            raise ValueError(f"tensor {name!r} is {a.dtype.name}; {kind} is written from {np.dtype(_ST_DTYPES[kind])}")
+        header[name] = {"dtype": kind, "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
         at += a.nbytes
     data: list[memoryview] = [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays.values()]  # type: ignore[arg-type]
     if seal:
@@ -260,7 +271,8 @@ def shard_rows(
     return tensors, meta
 
 
-def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Written:
+def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str], *,
+                kinds: dict[str, str] | None = None) -> Written:
     """Save one shard atomically as safetensors (straight to a temporary file, no copy in memory); returns its size
     and sha256, computed while writing.
 
@@ -269,7 +281,7 @@ def write_shard(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     """
     tmp = _tmp_name(path)
     try:
-        written = save_tensors(tmp, tensors, metadata)
+        written = save_tensors(tmp, tensors, metadata, kinds=kinds)
         _commit(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -355,8 +367,12 @@ class ShardFile:
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
+    def kind(self, name: str) -> str:
+        """The safetensors dtype of tensor ``name`` (``F32``, ``BF16``, ``F8_E4M3``, ...)."""
+        return str(self._entries[name]["dtype"])
+
     def dtype(self, name: str) -> np.dtype:
-        """The numpy dtype of tensor ``name``."""
+        """The numpy dtype of tensor ``name`` (the raw bits' for ``BF16`` and ``F8_E4M3``: :data:`RAW_BITS`)."""
         return np.dtype(_ST_DTYPES[self._entries[name]["dtype"]])
 
     def shape(self, name: str) -> tuple[int, ...]:

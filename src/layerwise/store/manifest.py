@@ -93,6 +93,9 @@ def _int(value: Any, least: int) -> bool:
     return type(value) is int and value >= least
 
 
+ACTIVATIONS = "layerwise-activations"  # a token-activation store's manifest (layerwise.store.activations)
+
+
 def check_manifest(m: Any, mpath: Path) -> None:
     """Check a parsed manifest (see :func:`read_manifest`); ``mpath`` names it in the errors."""
 
@@ -101,6 +104,10 @@ def check_manifest(m: Any, mpath: Path) -> None:
 
     if not isinstance(m, dict):
         raise bad("the manifest", f"holds {json.dumps(m)[:40]} instead of a JSON object")
+    if m.get("format") == ACTIVATIONS:
+        raise StoreError(f"{str(mpath.parent)!r} is a token-activation store (layerwise extract --context-size), not a "
+                         f"feature store: open it with lw.open_activations({str(mpath.parent)!r}) and read it with its "
+                         f"token_loader(layer, batch_size)")
     if m.get("format") != FORMAT:
         raise StoreError(f"{str(mpath)!r} is not a layerwise store manifest (its format is {m.get('format')!r}, not "
                          f"{FORMAT!r}); layerwise reads and replaces only its own stores: choose another directory")

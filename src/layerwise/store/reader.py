@@ -156,6 +156,46 @@ class FeatureStore:
     def _all_shards(self) -> Iterator[ShardFile]:
         return (self._shard(s) for s in range(len(self._entries)))
 
+    def token_loader(self, layer: int | None = None, batch_size: int = 4096, *, shuffle: bool = True, seed: int = 0,
+                     start: int = 0, epoch: int = 0, dtype: str = "float32", drop_last: bool = False) -> Any:
+        """A token-level store's rows (its special tokens' included) as torch batches ``[batch, W]``: a global
+        token-level shuffle across every shard, deterministic for ``seed``, resumable from batch ``start``, read by memory map
+        (:class:`~layerwise.store.token_loader.TokenLoader`; the token activations of ``extract --context-size``
+        are read the same way: :meth:`~layerwise.store.activations.ActivationStore.token_loader`).
+
+        Args:
+            layer: for a ``combine="stack"`` store, the model layer to read (one of ``spec.layer_indices``); else
+                ``None`` (the stored feature).
+            batch_size, shuffle, seed, start, epoch, drop_last: as in :class:`TokenLoader`.
+            dtype: ``float32`` or ``stored``.
+
+        Raises:
+            StoreError: not a token-level store, a layer the store does not hold, an integer or binary store.
+        """
+        from .token_loader import RowSource, TokenLoader
+
+        if self.level != "token":
+            raise StoreError(f"token_loader reads token-level stores; this one is {self.level!r} level (extract with "
+                             f"--level token, or --context-size N for contexts as SAE trainers cut them)")
+        if self.spec.output_dtype not in ("float32", "float16"):
+            raise StoreError(f"token_loader reads float32 and float16 stores, not {self.spec.output_dtype!r}")
+        stored = tuple(self.spec.layer_indices)
+        if self.spec.combine == "stack":
+            if layer not in stored:
+                raise StoreError(f"layer {layer!r} is not in this store: give one of {list(stored)} (a stack)")
+            pick = stored.index(layer)
+        elif layer is not None and not (len(stored) == 1 and layer == stored[0]):
+            raise StoreError(f"this store holds one feature ({self.spec.combine} of layers {list(stored)}): give "
+                             f"layer=None")
+        sources = []
+        for shard in self._all_shards():
+            values = shard.array("features")
+            if self.spec.combine == "stack":
+                values = values.reshape(len(values), len(stored), -1)[:, pick]
+            sources.append(RowSource(values, None, shard.array("token_ids")))
+        return TokenLoader(sources, self.spec.output_dtype, batch_size, shuffle=shuffle, seed=seed, epoch=epoch,
+                           start=start, out_dtype=dtype, drop_last=drop_last)
+
     def verify(self, raise_on_damage: bool = False) -> VerifyReport:
         """Check every listed shard's sha256 and inner consistency (see :func:`layerwise.store.verify_store`).
 
