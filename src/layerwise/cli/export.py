@@ -47,7 +47,8 @@ def export(
         if not quiet:
             err_console.print(f"wrote {out}: SAELens reads it with use_cached_activations=True, "
                               f"cached_activations_path='{out}', hook_name='{said['hook_name']}', "
-                              f"context_size={said['context_size']}, d_in={said['d_in']}", highlight=False, soft_wrap=True)
+                              f"context_size={said['context_size']}, d_in={said['d_in']}",
+                              highlight=False, soft_wrap=True)
         return
     with user_errors():
         out = run_export(store, output or store.rstrip("/") + DEFAULT_SUFFIX.get(to, ""), to=to, overwrite=overwrite)

@@ -160,8 +160,8 @@ class FeatureStore:
                      start: int = 0, epoch: int = 0, dtype: str = "float32", drop_last: bool = False) -> Any:
         """A token-level store's rows (its special tokens' included) as torch batches ``[batch, W]``: a global
         token-level shuffle across every shard, deterministic for ``seed``, resumable from batch ``start``, read by
-        memory map (:class:`~layerwise.store.token_loader.TokenLoader`; the token activations of ``extract --context-size``
-        are read the same way: :meth:`~layerwise.store.activations.ActivationStore.token_loader`).
+        memory map (:class:`~layerwise.store.token_loader.TokenLoader`; the token activations of
+        ``extract --context-size`` are read the same way: :meth:`~layerwise.store.activations.ActivationStore.token_loader`).
 
         Args:
             layer: for a ``combine="stack"`` store, the model layer to read (one of ``spec.layer_indices``); else
