@@ -161,7 +161,8 @@ class FeatureStore:
         """A token-level store's rows (its special tokens' included) as torch batches ``[batch, W]``: a global
         token-level shuffle across every shard, deterministic for ``seed``, resumable from batch ``start``, read by
         memory map (:class:`~layerwise.store.token_loader.TokenLoader`; the token activations of
-        ``extract --context-size`` are read the same way: :meth:`~layerwise.store.activations.ActivationStore.token_loader`).
+        ``extract --context-size`` are read the same way:
+        :meth:`~layerwise.store.activations.ActivationStore.token_loader`).
 
         Args:
             layer: for a ``combine="stack"`` store, the model layer to read (one of ``spec.layer_indices``); else
