@@ -151,10 +151,12 @@ class ContextPacker:
     def feed(self, ids: Sequence[int], line: int) -> list[tuple[np.ndarray, int]]:
         """Add one record's tokens (``line``: where it came from); returns the contexts it completes, each
         ``(ids [context_size] int32, the line of its first stream token)``."""
+        if not len(ids):  # a record without tokens adds nothing, not even a separator
+            return []
         stream = list(ids)
         if self._started and self.separator_id is not None:
             stream.insert(0, self.separator_id)
-        self._started = self._started or bool(ids)
+        self._started = True
         if self._skip:
             cut = min(self._skip, len(stream))
             self._skip -= cut

@@ -33,6 +33,7 @@ recomputed), a rerun with other options is refused naming them, unless ``overwri
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import uuid
@@ -430,7 +431,7 @@ class ActivationStore:
         however many workers (:class:`~layerwise.store.token_dataset.TokenDataset`)."""
         from .token_dataset import TokenDataset
 
-        return TokenDataset(str(self.path), layer, batch_size, **options)
+        return TokenDataset(functools.partial(_loader, str(self.path)), layer, batch_size, **options)
 
     def verify(self) -> list[str]:
         """Every listed shard's sha256 against the manifest; the problems found (empty: intact)."""
@@ -442,6 +443,11 @@ class ActivationStore:
             elif file_sha256(p) != e["sha256"]:
                 problems.append(f"{e['file']} does not match its sha256 (its bytes changed)")
         return problems
+
+
+def _loader(path: str, layer: int, batch_size: int, **options: Any) -> Any:
+    """The token loader of the store at ``path`` (what each DataLoader worker opens for itself)."""
+    return ActivationStore(path).token_loader(layer, batch_size, **options)
 
 
 def open_activations(path: str | os.PathLike) -> ActivationStore:

@@ -54,7 +54,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..encoding.vocab import VALUE_DTYPES
-from ..errors import StoreCorruptError
+from ..errors import StoreCorruptError, StoreError
 from .lock import pid_alive
 
 FORMAT = "layerwise-store"
@@ -196,7 +196,7 @@ def save_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str,
     for name, a in arrays.items():
         kind = kinds.get(name) or _ST_NAMES[a.dtype.name]
         if np.dtype(_ST_DTYPES[kind]) != a.dtype:
-            raise ValueError(f"tensor {name!r} is {a.dtype.name}; {kind} is written from {np.dtype(_ST_DTYPES[kind])}")
+            raise StoreError(f"tensor {name!r} is {a.dtype.name}; {kind} is written from {np.dtype(_ST_DTYPES[kind])}")
         header[name] = {"dtype": kind, "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
         at += a.nbytes
     data: list[memoryview] = [memoryview(a.reshape(-1).view(np.uint8)) for a in arrays.values()]  # type: ignore[arg-type]

@@ -15,24 +15,27 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 
 class TokenDataset(IterableDataset):
-    """Batches ``[<= batch_size, W]`` of one layer of the token-activation store at ``path``.
+    """Batches ``[<= batch_size, W]`` of one layer of a token-activation store.
 
     Args:
-        path: the store. layer: a stored layer. batch_size: rows per batch.
+        make_loader: ``make_loader(layer, batch_size, epoch=, **options)`` gives the
+            :class:`~layerwise.store.token_loader.TokenLoader` (picklable: it opens the store in each worker).
+        layer: a stored layer. batch_size: rows per batch.
         options: :meth:`~layerwise.store.activations.ActivationStore.token_loader`'s keywords (``shuffle``, ``seed``,
             ``epoch``, ``start``, ``dtype``, ``skip_special``, ``drop_last``).
     """
 
-    def __init__(self, path: str, layer: int = -1, batch_size: int = 4096, **options: Any):
+    def __init__(self, make_loader: Callable[..., Any], layer: int = -1, batch_size: int = 4096, **options: Any):
         super().__init__()
-        self.path, self.layer, self.batch_size, self.options = path, layer, batch_size, dict(options)
+        self.make_loader = make_loader
+        self.layer, self.batch_size, self.options = layer, batch_size, dict(options)
         self.epoch = int(self.options.pop("epoch", 0))
         self.loader(1, 0)  # the arguments checked here, not in a worker
 
@@ -42,9 +45,7 @@ class TokenDataset(IterableDataset):
 
     def loader(self, stride: int, offset: int) -> Any:
         """The :class:`~layerwise.store.token_loader.TokenLoader` of one of ``stride`` readers."""
-        from .activations import ActivationStore
-
-        loader = ActivationStore(self.path).token_loader(self.layer, self.batch_size, epoch=self.epoch, **self.options)
+        loader = self.make_loader(self.layer, self.batch_size, epoch=self.epoch, **self.options)
         loader.stride, loader.offset = stride, offset
         return loader
 

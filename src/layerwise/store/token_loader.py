@@ -97,7 +97,7 @@ def decode(values: np.ndarray, scale: np.ndarray | None, dtype: str) -> np.ndarr
         import torch
 
         bits = torch.from_numpy(np.array(values))  # a writable copy (the store's maps are read-only)
-        out = bits.view(torch.float8_e4m3fn).float() * torch.from_numpy(np.asarray(scale, np.float32))[:, None]
+        out = bits.view(torch.float8_e4m3fn).float() * torch.from_numpy(np.array(scale, np.float32))[:, None]
         return out.numpy()
     return np.asarray(values, dtype=np.float32)
 
