@@ -29,6 +29,11 @@ interpreter, imports, load and the first encode), encode time and records/s. A c
 to leave room for the interpreter, activations and results. ``--list`` shows the runs; ``--only`` takes names or
 globs (``'8b-*'``); ``--quick`` is ``--only 1b-layer2``.
 
+Token activations (issue 56): ``8b-sae`` writes layers 1-3 of the 8B for 1,000 contexts of 16 tokens (bfloat16,
+``max_memory="1.5GB"``) under a 4 GB limit with ``lw.extract_activations``; ``8b-sae-ray`` the same with the compute
+on one Ray worker, Ray and the driver inside the same limit; the check compares the two stores (the same contexts; the
+values' largest difference and the share of equal bfloat16 values). Their "records" are contexts.
+
 Checks: the 8B's streamed all-states vectors (``8b-all-maxmem``) against an in-memory run of layers 0..4
 (``8b-check``), and the 1.1B streamed run against the in-memory one, max abs difference <= 1e-5 (fp32); both runs of
 a pair must run in the same invocation.
@@ -106,6 +111,9 @@ class Run:
     chunk: int | None = None
     save: str | None = None
     what: str = ""
+    contexts: int | None = None  # token activations (issue 56): this many contexts of `context` tokens, bfloat16
+    context: int = 16
+    engine: str = "local"
 
 
 RUNS: tuple[Run, ...] = (
@@ -122,10 +130,16 @@ RUNS: tuple[Run, ...] = (
     Run("8b-all", "llama-8b", "all", 10, what="all 33 states, in memory"),
     Run("8b-all-maxmem", "llama-8b", "all", 4, max_memory="2GB", save="0:5", what="all 33 states, max_memory"),
     Run("8b-check", "llama-8b", "0:5", 10, save=":", what="layers 0..4 in memory (reference for 8b-all-maxmem)"),
+    Run("8b-sae", "llama-8b", "1,2,3", 4, max_memory="1.5GB", texts=3000, contexts=1000,
+        what="token activations of layers 1-3, 1,000 contexts of 16, bfloat16, max_memory"),
+    Run("8b-sae-ray", "llama-8b", "1,2,3", 4, max_memory="1.5GB", texts=3000, contexts=1000, engine="ray",
+        what="the same on Ray (one worker, the driver and Ray in the same limit)"),
 )
 
 # (streamed run, its in-memory reference): the streamed run's saved vectors, cut to the reference's layers, must match
 CHECKS: tuple[tuple[str, str], ...] = (("8b-all-maxmem", "8b-check"), ("1b-stream", "1b-stream-inmem"))
+# (token activations on Ray, the local run): the same contexts, and values within TOLERANCE
+STORE_CHECKS: tuple[tuple[str, str], ...] = (("8b-sae-ray", "8b-sae"),)
 
 
 def _ok(r: dict | None) -> bool:
@@ -141,6 +155,10 @@ TARGETS: tuple[tuple[str, str, Callable[[dict, dict], bool]], ...] = (
     ("1b-stream", "streaming >= 0.5x in-memory records/s (1,024-record chunks)",
      lambda r, runs: _ok(runs.get("1b-stream-inmem"))
      and r["records_per_s"] >= 0.5 * runs["1b-stream-inmem"]["records_per_s"]),
+    ("8b-sae", "3 layers of token activations for 1,000 contexts under a 4 GB limit (issue 56)",
+     lambda r, _: 0 < r["limit_gb"] <= 4 and r["records"] == 1000),
+    ("8b-sae-ray", "the same run on Ray under a 4 GB limit (issue 56)",
+     lambda r, _: 0 < r["limit_gb"] <= 4 and r["records"] == 1000),
 )
 
 
@@ -427,6 +445,9 @@ def child(spec: dict[str, Any]) -> None:
         options["max_memory"] = spec["max_memory"]
     texts = json.loads(Path(spec["texts_file"]).read_text(encoding="utf-8"))[: spec["texts"]]
     try:
+        if spec.get("contexts"):
+            activations(ex_options=options, texts=texts, spec=spec, emit=emit)
+            return
         measure(ex_options=options, texts=texts, spec=spec, emit=emit)
     except lw.LayerwiseError as e:  # layerwise's own refusal ("would not fit in the limit") is a result
         emit(status=f"refused: {type(e).__name__}: {e}")
@@ -463,6 +484,57 @@ def measure(ex_options: dict[str, Any], texts: list[str], spec: dict[str, Any], 
          vectors_shape=list(vecs.shape), total_s=time.time() - spawn, weights=weights)
 
 
+def activations(ex_options: dict[str, Any], texts: list[str], spec: dict[str, Any], emit: Callable[..., None]
+                ) -> None:
+    """In the child: token activations of ``spec["layers"]`` for ``spec["contexts"]`` contexts (issue 56), locally or
+    with the compute on one Ray worker; the store is kept for the check against the local run."""
+    import layerwise as lw
+
+    spawn = spec["spawn_time"]
+    corpus = Path(spec["save_path"]).with_suffix(".txt")
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    t0 = time.perf_counter()
+    ex = lw.Extractor(spec["model"], **ex_options)
+    emit(stage="loaded", load_s=time.perf_counter() - t0, extractor=repr(ex))
+    t0 = time.perf_counter()
+    layers = [int(k) for k in spec["layers"].split(",")]
+    store = Path(spec["save_path"]).with_suffix(".store")
+    summary = lw.extract_activations(corpus, store, layers=layers, context_size=spec["context"], dtype="bfloat16",
+                                     model=ex, max_contexts=spec["contexts"], engine=spec["engine"], num_workers=1,
+                                     cpus_per_worker=max(1, spec["threads"] or torch_threads()), progress=False)
+    encode_s = time.perf_counter() - t0
+    emit(status="ok" if summary.contexts == spec["contexts"] else f"only {summary.contexts} contexts",
+         encode_s=encode_s, records=summary.contexts, records_per_s=summary.contexts / encode_s,
+         tokens=summary.tokens, tokens_per_s=summary.tokens / encode_s, bytes=summary.bytes_written,
+         total_s=time.time() - spawn,
+         weights=ex.describe().get("weights"))
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def compare_stores(work: Path, other: str, reference: str) -> dict[str, Any] | None:
+    """Two token-activation runs' stores: the same contexts, and the largest difference of their values."""
+    import numpy as np
+
+    from layerwise.store.activations import ActivationStore
+
+    a_path, b_path = work / f"{other}.store", work / f"{reference}.store"
+    if not ((a_path / "manifest.json").is_file() and (b_path / "manifest.json").is_file()):
+        return None
+    a, b = ActivationStore(a_path), ActivationStore(b_path)
+    same_ids = bool(np.array_equal(a.token_ids(), b.token_ids()))
+    diff = max(float(np.abs(a.to_numpy(k) - b.to_numpy(k)).max()) for k in b.layers)
+    equal = float(np.mean([np.mean(a.to_numpy(k) == b.to_numpy(k)) for k in b.layers]))
+    return {"streamed": other, "reference": reference, "shape": [b.num_tokens, len(b.layers), b.width],
+            "max_abs_diff": diff, "reference_max_abs": max(float(np.abs(b.to_numpy(k)).max()) for k in b.layers),
+            "tolerance": TOLERANCE, "same_contexts": same_ids, "equal_values": equal,
+            "met": same_ids and (diff <= TOLERANCE or equal >= 0.99), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
 def _wait(pid: int, timeout: float) -> tuple[int, Any, bool]:
     """Reap child ``pid`` with its own rusage (``wait4``: its peak RSS even when killed); SIGKILL it after
     ``timeout`` seconds. Returns (exit code, rusage, timed out)."""
@@ -485,7 +557,8 @@ def run_one(run: Run, model: Path, texts_file: Path, limit_gb: float, work: Path
     max_memory = run.max_memory and (args.max_memory or run.max_memory)
     spec = {"model": str(model), "layers": run.layers, "max_memory": max_memory, "texts": run.texts,
             "chunk": run.chunk, "save": run.save, "save_path": str(work / f"{run.name}.npy"),
-            "texts_file": str(texts_file), "threads": args.threads, "compute_dtype": args.compute_dtype}
+            "texts_file": str(texts_file), "threads": args.threads, "compute_dtype": args.compute_dtype,
+            "contexts": run.contexts, "context": run.context, "engine": run.engine}
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     record: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "what": run.what, "shape": run.shape,
                               "layers": run.layers, "max_memory": max_memory, "texts": run.texts,
@@ -674,6 +747,10 @@ def main(argv: list[str] | None = None) -> None:
             c = compare(work, streamed, reference)
             if c is not None:
                 checks[streamed] = results["checks"][streamed] = c
+        for other, reference in STORE_CHECKS:
+            c = compare_stores(work, other, reference)
+            if c is not None:
+                checks[other] = results["checks"][other] = c
     mechanisms = sorted({results["runs"][r.name]["limit_mechanism"] for r in runs})
     results.update({"benchmark": "big_model", "issue": 36, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
                     "limit_mechanism": ", ".join(mechanisms), "units": "GB = 2**30 bytes",

@@ -63,6 +63,32 @@ def test_readme_large_models_example_prints_what_it_says():
     assert run_printing(code, "README.md") == promised(code, until=":")
 
 
+def test_sae_how_to_python_blocks_run_and_print_what_they_say(tmp_path, monkeypatch):
+    """The Python blocks of the SAE how-to, in order in one namespace, in a folder beside a stand-in SST-2 train
+    file: the store written and read, the sparsify SAE trained with its loss falling, SAELens's config built."""
+    pytest.importorskip("sparsify")
+    pytest.importorskip("sae_lens")
+    page = ROOT / "docs" / "how-to" / "sae-activations.md"
+    shared = tmp_path / "shared" / "data" / "sst2"
+    shared.mkdir(parents=True)
+    rows = [f"{['a dull mess', 'a moving and warm film', 'boring and slow', 'a joy to watch'][i % 4]} , take {i}"
+            f"\t{i % 2}" for i in range(160)]
+    (shared / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    namespace: dict = {"__name__": "doc_example"}
+    printed, want = [], []
+    for n, code in enumerate(blocks(page.read_text(encoding="utf-8"), "python")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, f"{page.name} block {n + 1}", "exec"), namespace)
+        printed += [line for line in out.getvalue().strip().split("\n") if line]
+        want += promised(code)
+    assert printed == want
+    assert namespace["cfg"].hook_name == "blocks.5.hook_resid_post"
+
+
 def test_readme_command_line_block_runs_as_written(tmp_path):
     (script,) = blocks(section(README, "In Python"), "bash")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

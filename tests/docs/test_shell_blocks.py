@@ -92,6 +92,10 @@ PLANS = {
     "docs/how-to/ray.md#1": Plan(),
     "docs/how-to/ray.md#3": Plan(needs=("ray",), drop={
         "$ layerwise extract 'corpus/*.jsonl'": "joins a running cluster (--address auto) with a GPU a worker"}),
+    "docs/how-to/sae-activations.md#1": Plan(edits=[  # GPT-2 is a tiny random GPT-2 here (2 layers, a 64-token window)
+        ("--model gpt2", f"--model {TINY_GPT2}"), ("--context-size 128", "--context-size 16"),
+        ("--layers 2,4,6", "--layers 1,2"), ("--layer 6", "--layer 2"), ("sst2/train.tsv", "sst2/dev.tsv")],
+        needs=("datasets",)),
     "docs/how-to/serving.md#1": Plan(),
     "docs/how-to/serving.md#2": Plan(),
     "docs/how-to/tf-keras.md#2": Plan(needs=("tensorflow", "keras")),

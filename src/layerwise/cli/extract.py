@@ -171,13 +171,15 @@ def extract(
         given = {"--combine": combine != "concat", "--weights": weights is not None,
                  "--pool": pool is not None, "--subword": subword is not None, "--truncate": truncate,
                  "--dimensions": dimensions is not None, "--calibration": calibration is not None,
-                 "--keep": bool(keep), "--num-shards": num_shards != 1, "--engine": engine != "local",
+                 "--keep": bool(keep), "--num-shards": num_shards != 1,
                  "--shard-records": shard_records is not None, "--max-records": max_records is not None,
                  "--prompt": bool(prompt), "--add-eos": add_eos,
                  "--skip-special (the loader leaves special tokens out: token_loader(skip_special=))": skip_special}
         with user_errors():
             activations(input, output, layers, site, context_size, output_dtype, fmt=fmt, text_field=text_field,
-                        header=not no_header, batch_tokens=batch_tokens,
+                        header=not no_header, batch_tokens=batch_tokens, engine=engine,
+                        workers=parse_workers(num_workers), cpus_per_worker=cpus_per_worker,
+                        gpus_per_worker=gpus_per_worker, address=address,
                         max_contexts=max_contexts, strict=strict, overwrite=overwrite, quiet=quiet,
                         model_options=model_options, refused=[k for k, v in given.items() if v])
         return
@@ -223,7 +225,8 @@ def extract(
 
 
 def activations(input: str, output: str, layers: str, site: str, context_size: int, dtype: str, *, fmt: str | None,
-                text_field: str | None, header: bool, batch_tokens: int | None,
+                text_field: str | None, header: bool, batch_tokens: int | None, engine: str, workers: int | str,
+                cpus_per_worker: int, gpus_per_worker: float, address: str | None,
                 max_contexts: int | None, strict: bool, overwrite: bool, quiet: bool, model_options: ModelOptions,
                 refused: list[str]) -> None:
     """``extract --level token --context-size N``: a token-activation store
@@ -238,6 +241,8 @@ def activations(input: str, output: str, layers: str, site: str, context_size: i
                              f"layer its own array): {', '.join(refused)} do{'es' if len(refused) == 1 else ''} not "
                              f"apply; leave {'it' if len(refused) == 1 else 'them'} out")
     check_dtype(dtype)
+    if workers == "auto":
+        workers = 2  # the compute stage's actors (reading, packing and writing stay in this process)
     reading = ReadOptions(format=fmt, text_field=text_field, header=header)
     detect_format(input, fmt)
     ex = extractor(model_options)
@@ -245,7 +250,9 @@ def activations(input: str, output: str, layers: str, site: str, context_size: i
         summary = extract_activations(input, output, parse_layers(layers), site=site, context_size=context_size,
                                       dtype=dtype, model=ex, reading=reading, batch_tokens=batch_tokens,
                                       max_contexts=max_contexts, overwrite=overwrite, strict=strict,
-                                      progress=False if quiet else None)
+                                      progress=False if quiet else None, engine=engine, num_workers=int(workers),
+                                      cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
+                                      address=address)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: the finished shards of {output} are safe; rerun the same command to resume "
                           f"after them", highlight=False, soft_wrap=True)

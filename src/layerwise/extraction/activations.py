@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -50,14 +51,13 @@ from ..notices import notice
 from ..progress import progress_bar
 from ..store.activations import ActivationWriter, is_activation_store
 from ..store.layout import MANIFEST, read_json
+from .activation_compute import TORCH_DTYPES, Converted, LocalCompute, RayCompute
 from .runtime import pinned, recorded_runtime, store_runtime
 
 SHARD_BYTES = 256 << 20  # target shard size on disk; two shard buffers are the run's memory for states
 TOKENIZE_CHUNK = 256  # records tokenised at a time
-FLOAT8_MAX = 448.0  # the largest finite e4m3 value
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                "float8": torch.float8_e4m3fn}
 _END = object()
+ENGINES = ("local", "ray")
 
 
 @dataclass
@@ -152,22 +152,15 @@ class _Fidelity:
         return out
 
 
-def _convert(states: torch.Tensor, layers: tuple[int, ...], shard: _Shard, at: int, dtype: str,
-             fidelity: _Fidelity) -> None:
-    """Each layer of ``states [K, b, N, W]`` into rows ``at ..`` of ``shard``, converted on the states' device."""
-    rows = states.shape[1] * states.shape[2]
-    for i, k in enumerate(layers):
-        x = states[i].reshape(rows, -1)
-        target = shard.values[k][at : at + rows]
-        if dtype == "float8":
-            x = x.float()
-            scale = x.abs().amax(dim=-1).clamp_min(1e-12) / FLOAT8_MAX
-            q = (x / scale[:, None]).to(torch.float8_e4m3fn)
-            fidelity.add(k, torch.nn.functional.cosine_similarity(q.float() * scale[:, None], x, dim=-1))
-            target.copy_(q, non_blocking=True)
-            shard.scales[k][at : at + rows].copy_(scale, non_blocking=True)
-        else:
-            target.copy_(x.to(target.dtype), non_blocking=True)
+def _place(converted: list[Converted], layers: tuple[int, ...], shard: _Shard, at: int, fidelity: _Fidelity) -> None:
+    """A batch's converted layers into rows ``at ..`` of ``shard`` (pinned host memory on a GPU: without blocking)."""
+    for k, c in zip(layers, converted):
+        rows = c.values.shape[0]
+        shard.values[k][at : at + rows].copy_(c.values, non_blocking=True)
+        if c.scale is not None:
+            shard.scales[k][at : at + rows].copy_(c.scale, non_blocking=True)
+        if c.cosine is not None:
+            fidelity.add(k, c.cosine)
 
 
 def _producer(source: Any, reading: ReadOptions, tokenizer: Any, packer: ContextPacker, batch: int,
@@ -242,6 +235,11 @@ def extract_activations(
     overwrite: bool = False,
     strict: bool = False,
     progress: bool | None = None,
+    engine: str = "local",
+    num_workers: int = 2,
+    cpus_per_worker: int = 1,
+    gpus_per_worker: float = 0,
+    address: str | None = None,
 ) -> ActivationSummary:
     """Token activations of ``layers`` at ``site`` for a corpus, packed into contexts of ``context_size`` tokens,
     into the token-activation store ``output`` (see the module docstring). A rerun of the same call resumes.
@@ -264,6 +262,9 @@ def extract_activations(
         overwrite: replace a token-activation store made with other options.
         strict: stop at the first record that cannot be read (else it is logged in ``errors.jsonl`` and skipped).
         progress: a progress bar (``None``: on a terminal; a plain line every 30 s elsewhere).
+        engine: ``local`` (this process) or ``ray``: the compute stage on ``num_workers`` Ray actors (each loading
+            the model, with ``cpus_per_worker`` threads and ``gpus_per_worker`` GPUs) of the cluster at ``address``
+            (else one started for the run); reading, packing and writing stay here, so the store is the same.
 
     Returns:
         :class:`ActivationSummary`.
@@ -274,6 +275,8 @@ def extract_activations(
             run may write.
     """
     started = time.perf_counter()
+    if engine not in ENGINES:
+        raise ExtractError(f"unknown engine {engine!r}. Valid engines are: {', '.join(ENGINES)}")
     ex = Extractor.of(model)
     layer_ids = _check_layers(ex, layers, site)
     spec = ContextSpec(layers=layer_ids, site=site, context_size=context_size, dtype=dtype, bos=bos,
@@ -313,8 +316,15 @@ def extract_activations(
             summary.total_contexts = writer.done_contexts
             return summary
         summary.resumed_from = writer.done_contexts
-        with pinned(ex, runtime):
-            _run(ex, spec, source, reading, writer, summary, bos_id=bos_id, separator_id=separator_id,
+        with contextlib.ExitStack() as stack:
+            if engine == "ray":
+                compute: Any = stack.enter_context(RayCompute(
+                    ex.options, runtime, spec, num_workers=num_workers, cpus_per_worker=cpus_per_worker,
+                    gpus_per_worker=gpus_per_worker, address=address))
+            else:
+                stack.enter_context(pinned(ex, runtime))
+                compute = LocalCompute(ex, layer_ids, site, dtype)
+            _run(ex, spec, source, reading, writer, summary, compute, bos_id=bos_id, separator_id=separator_id,
                  batch_tokens=batch_tokens, shard_bytes=shard_bytes, max_contexts=max_contexts, strict=strict,
                  progress=progress)
     finally:
@@ -324,14 +334,14 @@ def extract_activations(
 
 
 def _run(ex: Extractor, spec: ContextSpec, source: Any, reading: ReadOptions, writer: ActivationWriter,
-         summary: ActivationSummary, *, bos_id: int | None, separator_id: int | None, batch_tokens: int | None,
-         shard_bytes: int, max_contexts: int | None, strict: bool, progress: bool | None) -> None:
+         summary: ActivationSummary, compute: Any, *, bos_id: int | None, separator_id: int | None,
+         batch_tokens: int | None, shard_bytes: int, max_contexts: int | None, strict: bool,
+         progress: bool | None) -> None:
     """The three stages (module docstring) from the store's resume point to the end of the input."""
     layers, size = spec.layers, spec.context_size
     width = int(writer.header["width"])
     budget = check_budget(ex.batch_tokens if batch_tokens is None else batch_tokens)
-    plan = ex.backend.plan(layers, spec.site)
-    cap = plan.batch_tokens_cap(layers, spec.site)
+    cap = compute.batch_tokens_cap()
     if cap is not None:
         budget = min(budget, cap)
     batch = max(1, budget // size)
@@ -339,8 +349,7 @@ def _run(ex: Extractor, spec: ContextSpec, source: Any, reading: ReadOptions, wr
     done = writer.done_contexts
     packer = ContextPacker(size, bos_id, separator_id, skip=writer.consumed)
     limit = None if max_contexts is None else max(0, max_contexts - done)
-    device = ex.backend.device
-    pin = getattr(device, "type", str(device)) == "cuda"
+    pin = compute.pin
     shards = [_Shard(per_shard, size, layers, width, spec.dtype, pin) for _ in range(2)]
     fidelity = _Fidelity()
     recorded_fidelity = dict(writer.manifest.get("fidelity") or {})  # a resumed store's, merged with this run's
@@ -387,7 +396,7 @@ def _run(ex: Extractor, spec: ContextSpec, source: Any, reading: ReadOptions, wr
     shard = shards[current]
     shard.filled = 0
     in_flight: list[tuple[_Batch, Any]] = []
-    ahead = max(1, plan.ahead(layers, spec.site))
+    ahead = compute.ahead
     bar = progress_bar(progress, total=None, initial=done * size, desc="activations", unit="tok")
 
     def hand_over() -> None:
@@ -406,11 +415,11 @@ def _run(ex: Extractor, spec: ContextSpec, source: Any, reading: ReadOptions, wr
 
     def finish_one() -> None:
         b, wait = in_flight.pop(0)
-        states = wait()
+        converted = wait()
         n = len(b.ids)
         if shard.filled == 0:
             shard.first_line = b.first_line
-        _convert(states, layers, shard, shard.filled * size, spec.dtype, fidelity)
+        _place(converted, layers, shard, shard.filled * size, fidelity)
         shard.ids[shard.filled : shard.filled + n] = b.ids
         shard.filled += n
         shard.last_line = b.last_line
@@ -432,8 +441,7 @@ def _run(ex: Extractor, spec: ContextSpec, source: Any, reading: ReadOptions, wr
                                    f"record; without --strict it is logged and skipped)")
             if failure:
                 raise failure[0]
-            ids = torch.from_numpy(item.ids.astype(np.int64))
-            in_flight.append((item, plan.start(ids, torch.ones_like(ids), layers, spec.site)))
+            in_flight.append((item, compute.start(item.ids)))
             if len(in_flight) >= ahead:
                 finish_one()
         while in_flight:
