@@ -76,6 +76,9 @@ class Plan:
 
 TINY_BERT, TINY_LLAMA, TINY_GPT2 = "@TINY_BERT@", "@TINY_LLAMA@", "@TINY_GPT2@"
 PLANS = {
+    "README.md#5": Plan(edits=[  # GPT-2 is a tiny random GPT-2 here (2 layers, a 64-token window)
+        ("--model gpt2", f"--model {TINY_GPT2}"), ("--context-size 128", "--context-size 16"),
+        ("--layers 2,4,6", "--layers 1,2"), ("--layer 6", "--layer 2")], needs=("datasets",)),
     "docs/getting-started.md#2": Plan(),
     "docs/how-to/choose-a-layer.md#1": Plan(edits=[  # the paper's scale (5 restarts of a 768-wide BiLSTM): hours here
         ("path/to/bert-base-cased", TINY_BERT), ("--restarts 5", "--restarts 1"), ("--hidden 768", "--hidden 16 "
