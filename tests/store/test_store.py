@@ -396,13 +396,13 @@ def _disk_full_at(monkeypatch, n):
 
     real, calls = layout.save_tensors, {"n": 0}
 
-    def save(tmp, tensors, metadata):
+    def save(tmp, tensors, metadata, **options):
         calls["n"] += 1
         if calls["n"] == n:
             with open(tmp, "wb") as fh:
                 fh.write(b"\0" * 100)  # a partial file, as a full disk leaves it
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(tmp, tensors, metadata)
+        return real(tmp, tensors, metadata, **options)
 
     monkeypatch.setattr(layout, "save_tensors", save)
 
