@@ -23,7 +23,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
@@ -70,7 +70,6 @@ class ContextSpec:
     dtype: str = "float32"
     bos: bool = True
     skip_special: bool = True
-    extras: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.layers or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in self.layers):
@@ -88,7 +87,6 @@ class ContextSpec:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (the store's manifest ``spec``)."""
         out = asdict(self)
-        out.pop("extras")
         out["layers"] = list(self.layers)
         return out
 

@@ -71,6 +71,7 @@ class LocalCompute:
         self.pin = getattr(device, "type", str(device)) == "cuda"  # shard buffers in pinned host memory
 
     def batch_tokens_cap(self) -> int | None:
+        """The most tokens a batch may hold (a model streamed block by block: what ``max_memory`` leaves)."""
         return self.plan.batch_tokens_cap(self.layers, self.site)
 
     def start(self, ids: np.ndarray) -> Callable[[], list[Converted]]:
@@ -78,9 +79,6 @@ class LocalCompute:
         t = torch.from_numpy(ids.astype(np.int64))
         wait = self.plan.start(t, torch.ones_like(t), self.layers, self.site)
         return lambda: convert(wait(), self.dtype)
-
-    def close(self) -> None:
-        pass
 
 
 
@@ -135,6 +133,7 @@ class RayCompute:
             self._cluster.__exit__(*exc)
 
     def batch_tokens_cap(self) -> int | None:
+        """No cap from here: each actor's runtime runs the batches it is given."""
         return None
 
     def start(self, ids: np.ndarray) -> Callable[[], list[Converted]]:

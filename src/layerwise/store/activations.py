@@ -317,14 +317,17 @@ class ActivationStore:
     # ---- facts -------------------------------------------------------------------------------------------
     @property
     def complete(self) -> bool:
+        """Whether the run that wrote it finished (``status == "complete"``)."""
         return self.manifest.get("status") == "complete"
 
     @property
     def num_contexts(self) -> int:
+        """Contexts stored (``C`` over every shard)."""
         return sum(int(e["contexts"]) for e in self.entries)
 
     @property
     def num_tokens(self) -> int:
+        """Token rows stored per layer: ``num_contexts * context_size``."""
         return self.num_contexts * self.context_size
 
     @property
@@ -398,6 +401,7 @@ class ActivationStore:
         return np.concatenate([decode(values, scale, self.dtype) for values, scale in arrays])
 
     def iter_shards(self) -> Iterator[int]:
+        """The listed shards' indexes, in store order."""
         return iter(range(len(self.entries)))
 
     # ---- reading for training ----------------------------------------------------------------------------

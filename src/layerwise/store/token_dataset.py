@@ -50,6 +50,7 @@ class TokenDataset(IterableDataset):
         return loader
 
     def __len__(self) -> int:
+        """Batches in an epoch, all workers together."""
         return int(self.loader(1, 0).num_batches)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
