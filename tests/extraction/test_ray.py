@@ -402,7 +402,7 @@ def test_every_model_option_reaches_the_ray_workers(cluster, option, arch_dirs, 
 
 def test_token_activations_on_ray_are_the_local_store(cluster, arch_dirs, tmp_path):
     """extract --context-size on Ray: the compute on two actors, the same contexts, shards and layout as the local run,
-    the values within 1e-5 (float32) and the same bfloat16 bits on nearly every value."""
+    the values within 1e-5."""
     from layerwise.store.activations import ActivationStore
 
     from tiny import CORPUS
@@ -410,18 +410,13 @@ def test_token_activations_on_ray_are_the_local_store(cluster, arch_dirs, tmp_pa
     src = tmp_path / "corpus.txt"
     src.write_text("\n".join(f"{CORPUS[i % len(CORPUS)]} number {i}" for i in range(200)) + "\n", encoding="utf-8")
     model = lw.ModelOptions(str(arch_dirs["llama"]), device="cpu", backend="torch")
-    for dtype in ("float32", "bfloat16"):
-        kw = dict(layers=[1, 2], context_size=16, dtype=dtype, model=model, batch_tokens=128, shard_bytes=20_000)
-        lw.extract_activations(src, tmp_path / f"local-{dtype}", **kw)
-        on_ray = lw.extract_activations(src, tmp_path / f"ray-{dtype}", engine="ray", num_workers=2, **kw)
-        assert on_ray.status == "complete"
-        a, b = ActivationStore(tmp_path / f"local-{dtype}"), ActivationStore(tmp_path / f"ray-{dtype}")
-        assert [e["contexts"] for e in a.entries] == [e["contexts"] for e in b.entries] and len(a.entries) > 1
-        assert np.array_equal(a.token_ids(), b.token_ids())
-        assert a.manifest["runtime"]["name"] == b.manifest["runtime"]["name"] == "torch"
-        for k in (1, 2):
-            x, y = a.to_numpy(k), b.to_numpy(k)
-            if dtype == "float32":
-                assert np.abs(x - y).max() <= 1e-5
-            else:
-                assert np.mean(x == y) >= 0.99
+    kw = dict(layers=[1, 2], context_size=16, model=model, batch_tokens=128, shard_bytes=20_000)
+    lw.extract_activations(src, tmp_path / "local", **kw)
+    on_ray = lw.extract_activations(src, tmp_path / "ray", engine="ray", num_workers=2, **kw)
+    assert on_ray.status == "complete"
+    a, b = ActivationStore(tmp_path / "local"), ActivationStore(tmp_path / "ray")
+    assert [e["contexts"] for e in a.entries] == [e["contexts"] for e in b.entries] and len(a.entries) > 1
+    assert np.array_equal(a.token_ids(), b.token_ids())
+    assert a.manifest["runtime"]["name"] == b.manifest["runtime"]["name"] == "torch"
+    for k in (1, 2):
+        assert np.abs(a.to_numpy(k) - b.to_numpy(k)).max() <= 1e-5

@@ -26,6 +26,7 @@ from .cluster import RayCluster
 from .ray import require_ray
 from .runtime import pinned
 
+MAX_AHEAD = 256  # batches in flight at most (their token ids wait in memory)
 FLOAT8_MAX = 448.0  # the largest finite e4m3 value
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float8": torch.float8_e4m3fn}
@@ -66,7 +67,9 @@ class LocalCompute:
     def __init__(self, ex: Extractor, layers: tuple[int, ...], site: str, dtype: str):
         self.plan = ex.backend.plan(layers, site)
         self.layers, self.site, self.dtype = layers, site, dtype
-        self.ahead = max(1, self.plan.ahead(layers, site))
+        # a streamed model starts its batches before it waits for the first (the backend groups them into chunks);
+        # the run's own bound keeps the contexts waiting in memory bounded whatever the corpus
+        self.ahead = max(1, min(self.plan.ahead(layers, site), MAX_AHEAD))
         device = ex.backend.device
         self.pin = getattr(device, "type", str(device)) == "cuda"  # shard buffers in pinned host memory
 
