@@ -30,9 +30,10 @@ to leave room for the interpreter, activations and results. ``--list`` shows the
 globs (``'8b-*'``); ``--quick`` is ``--only 1b-layer2``.
 
 Token activations (issue 56): ``8b-sae`` writes layers 1-3 of the 8B for 1,000 contexts of 16 tokens (bfloat16;
-the model loaded by depth: the trunk and blocks 0..2 of 32) under a 4 GB limit with ``lw.extract_activations``; ``8b-sae-ray`` the same with the compute
-on one Ray worker, Ray and the driver inside the same limit; the check compares the two stores (the same contexts; the
-values' largest difference and the share of equal bfloat16 values). Their "records" are contexts.
+the model loaded by depth: the trunk and blocks 0..2 of 32) under a 4 GB limit with ``lw.extract_activations``;
+``8b-sae-ray`` the same with the compute on one Ray worker (the driver, Ray's processes and the worker in one 8 GB
+limit); the check compares the two stores (the same contexts; the values' largest difference and the share of equal
+bfloat16 values). Their "records" are contexts.
 
 Checks: the 8B's streamed all-states vectors (``8b-all-maxmem``) against an in-memory run of layers 0..4
 (``8b-check``), and the 1.1B streamed run against the in-memory one, max abs difference <= 1e-5 (fp32); both runs of

@@ -212,8 +212,12 @@ def test_the_command_line_writes_inspects_verifies_and_exports(arch_dirs, corpus
 def test_sae_lens_trains_from_an_exported_store_with_falling_loss(arch_dirs, corpus, tmp_path):
     pytest.importorskip("sae_lens")
     import datasets
-    from sae_lens import (LanguageModelSAERunnerConfig, LanguageModelSAETrainingRunner, LoggingConfig,
-                          StandardTrainingSAEConfig)
+    from sae_lens import (
+        LanguageModelSAERunnerConfig,
+        LanguageModelSAETrainingRunner,
+        LoggingConfig,
+        StandardTrainingSAEConfig,
+    )
     from sae_lens.training import sae_trainer
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
