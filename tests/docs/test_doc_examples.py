@@ -7,6 +7,7 @@ page's output precisions and windows examples. (The any-module example and the a
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -63,11 +64,13 @@ def test_readme_large_models_example_prints_what_it_says():
     assert run_printing(code, "README.md") == promised(code, until=":")
 
 
-def test_sae_how_to_python_blocks_run_and_print_what_they_say(tmp_path, monkeypatch):
-    """The Python blocks of the SAE how-to, in order in one namespace, in a folder beside a stand-in SST-2 train
-    file: the store written and read, the sparsify SAE trained with its loss falling, SAELens's config built."""
-    pytest.importorskip("sparsify")
-    pytest.importorskip("sae_lens")
+def test_sae_how_to_python_blocks_run_and_print_what_they_say(tmp_path):
+    """The Python blocks of the SAE how-to, in order as one script, in a folder beside a stand-in SST-2 train file: the
+    store written and read, the sparsify SAE trained with its loss falling, SAELens's config built (in a process of
+    its own: importing SAELens sets the transformers logger's level for the whole process)."""
+    for extra in ("sparsify", "sae_lens"):  # (not imported here: see the docstring)
+        if importlib.util.find_spec(extra) is None:
+            pytest.skip(f"{extra} is not installed (pip install 'layerwise[sae]')")
     page = ROOT / "docs" / "how-to" / "sae-activations.md"
     shared = tmp_path / "shared" / "data" / "sst2"
     shared.mkdir(parents=True)
@@ -76,17 +79,14 @@ def test_sae_how_to_python_blocks_run_and_print_what_they_say(tmp_path, monkeypa
     (shared / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
     work = tmp_path / "work"
     work.mkdir()
-    monkeypatch.chdir(work)
-    namespace: dict = {"__name__": "doc_example"}
-    printed, want = [], []
-    for n, code in enumerate(blocks(page.read_text(encoding="utf-8"), "python")):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(code, f"{page.name} block {n + 1}", "exec"), namespace)
-        printed += [line for line in out.getvalue().strip().split("\n") if line]
-        want += promised(code)
-    assert printed == want
-    assert namespace["cfg"].hook_name == "blocks.5.hook_resid_post"
+    code = blocks(page.read_text(encoding="utf-8"), "python")
+    script = "\n".join(code) + "\nprint(cfg.hook_name)\n"
+    run = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    want = [line for c in code for line in promised(c)] + ["blocks.5.hook_resid_post"]
+    said = [line for line in run.stdout.strip().split("\n") if not line.startswith("Triton not installed")]
+    assert said == want  # (sparsify says on stdout, when imported, that it runs without Triton here)
 
 
 def test_readme_command_line_block_runs_as_written(tmp_path):
