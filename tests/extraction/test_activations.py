@@ -167,6 +167,7 @@ def test_a_model_larger_than_memory_runs_block_by_block_to_the_same_values(arch_
 
 
 def test_a_dataloader_with_two_workers_gives_every_row_once(arch_dirs, corpus, tmp_path):
+    """Two workers started by spawn (each unpickles the dataset and opens the store itself), every row once."""
     ex = lw.Extractor(str(arch_dirs["gpt2"]), device="cpu", backend="torch")
     lw.extract_activations(corpus, tmp_path / "a", layers=[2], context_size=8, model=ex)
     acts = lw.open_activations(tmp_path / "a")
@@ -174,12 +175,12 @@ def test_a_dataloader_with_two_workers_gives_every_row_once(arch_dirs, corpus, t
     stored = acts.to_numpy(2)
     stored = stored[~np.isin(acts.token_ids().reshape(-1), acts.special_ids)]
     ds = acts.token_dataset(layer=2, batch_size=32, seed=5)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     rows = torch.cat(list(loader)).numpy()
     assert rows.shape == stored.shape
     key = lambda a: np.lexsort(a.T[::-1])  # noqa: E731 - rows sorted by their values
     assert np.array_equal(rows[key(rows)], stored[key(stored)])
-    again = torch.cat(list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))).numpy()
+    again = torch.cat(list(loader)).numpy()
     assert np.array_equal(rows, again)
     single = torch.cat(list(acts.token_loader(layer=2, batch_size=32, seed=5))).numpy()
     assert np.array_equal(rows, single)

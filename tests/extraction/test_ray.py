@@ -400,20 +400,30 @@ def test_every_model_option_reaches_the_ray_workers(cluster, option, arch_dirs, 
         assert np.abs(got - base).max() > 1e-4  # the option took effect
 
 
-def test_token_activations_on_ray_are_the_local_store(cluster, arch_dirs, tmp_path):
-    """extract --context-size on Ray: the compute on two actors, the same contexts, shards and layout as the local run,
-    the values within 1e-5."""
+RAY_ACTIVATIONS = """
+import sys
+import layerwise as lw
+
+src, out, model = sys.argv[1], sys.argv[2], sys.argv[3]
+kw = dict(layers=[1, 2], context_size=16, batch_tokens=128, shard_bytes=20_000,
+          model=lw.ModelOptions(model, device="cpu", backend="torch"))
+lw.extract_activations(src, out + "/local", **kw)
+print(lw.extract_activations(src, out + "/ray", engine="ray", num_workers=2, **kw).status)
+"""
+
+
+def test_token_activations_on_ray_are_the_local_store(arch_dirs, tmp_path):
+    """extract --context-size on Ray (a process of its own, starting its own cluster, as a user's run does): the
+    compute on two actors, the same contexts, shards and layout as the local run, the values within 1e-5."""
     from layerwise.store.activations import ActivationStore
 
     from tiny import CORPUS
 
     src = tmp_path / "corpus.txt"
     src.write_text("\n".join(f"{CORPUS[i % len(CORPUS)]} number {i}" for i in range(200)) + "\n", encoding="utf-8")
-    model = lw.ModelOptions(str(arch_dirs["llama"]), device="cpu", backend="torch")
-    kw = dict(layers=[1, 2], context_size=16, model=model, batch_tokens=128, shard_bytes=20_000)
-    lw.extract_activations(src, tmp_path / "local", **kw)
-    on_ray = lw.extract_activations(src, tmp_path / "ray", engine="ray", num_workers=2, **kw)
-    assert on_ray.status == "complete"
+    run = subprocess.run([sys.executable, "-c", RAY_ACTIVATIONS, str(src), str(tmp_path), str(arch_dirs["llama"])],
+                         capture_output=True, text=True, timeout=600, env=ENV)
+    assert run.returncode == 0 and run.stdout.strip().endswith("complete"), run.stderr[-3000:]
     a, b = ActivationStore(tmp_path / "local"), ActivationStore(tmp_path / "ray")
     assert [e["contexts"] for e in a.entries] == [e["contexts"] for e in b.entries] and len(a.entries) > 1
     assert np.array_equal(a.token_ids(), b.token_ids())

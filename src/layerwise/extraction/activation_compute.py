@@ -143,7 +143,14 @@ class RayCompute:
         """Send ``ids [b, N]`` to the next actor; the returned function waits for its converted layers."""
         ref = self.actors[self._next % len(self.actors)].run.remote(ids)
         self._next += 1
-        return lambda: self.ray.get(ref)
+        return lambda: _owned(self.ray.get(ref))
+
+
+def _owned(converted: list[Converted]) -> list[Converted]:
+    """What an actor sent, in memory of this process's own (nothing left pointing into Ray's object store, which
+    ``ray.shutdown()`` unmaps)."""
+    return [Converted(c.values.clone(), None if c.scale is None else c.scale.clone(),
+                      None if c.cosine is None else c.cosine.clone()) for c in converted]
 
 
 __all__ = ["Converted", "ContextWorker", "LocalCompute", "RayCompute", "TORCH_DTYPES", "convert"]
