@@ -43,14 +43,14 @@ from typing import Any, Iterator, Literal
 import numpy as np
 
 from ..encoding.contexts import ContextSpec
-from ..errors import StoreCorruptError, StoreError, StoreFullError
+from ..errors import StoreCorruptError, StoreError
 from ..provenance import differences, now, stamp
 from .layout import (
     ERRORS,
     MANIFEST,
     ShardFile,
     file_sha256,
-    is_disk_full,
+    guard_full,
     list_shards,
     read_json,
     remove_temporaries,
@@ -263,15 +263,8 @@ class ActivationWriter:
         self._guard(lambda: write_json(self.path / MANIFEST, m), MANIFEST)
 
     def _guard(self, write: Any, what: str) -> Any:
-        try:
-            return write()
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise StoreFullError(
-                f"no space left on the device while writing {what} of store {str(self.path)!r}: "
-                f"{self.done_contexts} contexts in {len(self.shards)} finished shards are safe. Free some space and "
-                f"rerun the same command: it resumes after the last finished shard") from exc
+        safe = f"{self.done_contexts} contexts in {len(self.shards)} finished shards"
+        return guard_full(write, what, self.path, safe)
 
 
 class ActivationStore:

@@ -54,7 +54,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..encoding.vocab import VALUE_DTYPES
-from ..errors import StoreCorruptError, StoreError
+from ..errors import StoreCorruptError, StoreError, StoreFullError
 from .lock import pid_alive
 
 FORMAT = "layerwise-store"
@@ -83,6 +83,19 @@ RESTORE = "rerun the extract command to recompute it (a resume repairs the store
 def is_disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` is "no space left on device" (or over a disk quota)."""
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def guard_full(write: Any, what: str, store: Path, safe: str) -> Any:
+    """Run ``write``; a full disk becomes one :class:`StoreFullError` naming the store, the file (``what``), what is
+    safe (``safe``: "N records in M finished shards") and the fix."""
+    try:
+        return write()
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        raise StoreFullError(
+            f"no space left on the device while writing {what} of store {str(store)!r}: {safe} are safe. Free some "
+            f"space and rerun the same command: it resumes after the last finished shard") from exc
 
 
 def shard_name(index: int) -> str:

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..encoding.spec import EncodeSpec
-from ..errors import LayerwiseError, StoreCorruptError, StoreError, StoreFullError
+from ..errors import LayerwiseError, StoreCorruptError, StoreError
 from ..provenance import differences, now, stamp
 from .integrity import Expected, check_resume_mode, first_damaged, hash_problem, shard_problems, unlisted_next
 from .layout import (
@@ -49,7 +49,7 @@ from .layout import (
     MANIFEST,
     TEMP_RE,
     atomic_write_bytes,
-    is_disk_full,
+    guard_full,
     list_shards,
     remove_temporaries,
     shard_index,
@@ -384,14 +384,6 @@ class StoreWriter:
         self._guard(lambda: write_json(self.path / MANIFEST, m), MANIFEST)
 
     def _guard(self, write: Any, what: str) -> Any:
-        """Run ``write``; a full disk becomes one :class:`StoreFullError` naming the store, the file and the fix."""
-        try:
-            return write()
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            raise StoreFullError(
-                f"no space left on the device while writing {what} of store {str(self.path)!r}: "
-                f"{self.done_records} records in {len(self.shards)} finished shards are safe. Free some space and "
-                f"rerun the same command: it resumes after the last finished shard"
-            ) from exc
+        """Run ``write``; a full disk becomes one :class:`StoreFullError` (:func:`layout.guard_full`)."""
+        safe = f"{self.done_records} records in {len(self.shards)} finished shards"
+        return guard_full(write, what, self.path, safe)
