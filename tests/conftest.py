@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
 
+import session_tmp
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up notices (the tests' own processes)
-# exported ONNX graphs (backend "auto"/"onnx") go to a fresh cache per test session, shared with the subprocesses
-os.environ.setdefault("LAYERWISE_CACHE", tempfile.mkdtemp(prefix="layerwise-test-cache-"))
+# exported ONNX graphs (backend "auto"/"onnx") go to a fresh cache per test session, shared with the subprocesses,
+# in the session's own folder (removed at its end, or by the next session if this one is killed)
+os.environ.setdefault("LAYERWISE_CACHE", str(session_tmp.ROOT / "cache"))
 # "auto" takes ONNX Runtime wherever it is exact, without timing it against PyTorch, so the tests check that path
 # on every machine (test_auto.py checks the timed choice with LAYERWISE_AUTO_RUNTIME=fastest)
 os.environ.setdefault("LAYERWISE_AUTO_RUNTIME", "onnx")
@@ -164,3 +166,4 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     import prebuilt
 
     prebuilt.clean()
+    session_tmp.clean()

@@ -6,21 +6,22 @@ returned or raised, as if it had built it itself."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+import session_tmp
+
 _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layerwise-prebuild")
 _BUILDS: dict[str, Future] = {}
-_ROOT = Path(tempfile.mkdtemp(prefix="layerwise-prebuilt-"))
+_ROOT = session_tmp.ROOT / "prebuilt"
 
 
 def start(name: str, build: Callable[[Path], Any]) -> None:
     """Queue ``build(directory)`` (a new directory of its own) under ``name``, once."""
     if name not in _BUILDS:
         directory = _ROOT / name
-        directory.mkdir()
+        directory.mkdir(parents=True)
         _BUILDS[name] = _POOL.submit(build, directory)
 
 

@@ -31,12 +31,13 @@ def test_every_notebook_is_listed():
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_notebook_runs(path, monkeypatch):
+def test_notebook_runs(path, monkeypatch, tmp_path):
     book = nbformat.read(path, as_version=4)
     needs_data = any("shared_data()" in c.source for c in book.cells)
     if needs_data and not SHARED.is_dir() and not os.environ.get("LAYERWISE_DATA"):
         pytest.skip(f"{path.name} reads SST-2 / UD English-EWT from {SHARED}, which is absent")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebook's temporary folders: pytest's, removed in turn
     started = time.monotonic()
     nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}}).execute()
