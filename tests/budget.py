@@ -130,6 +130,10 @@ SLOW = {
         "every shell block of the README and the guides, as written: about 40 commands, each a Python process",
     "tests/docs/test_examples.py::test_notebook_runs": _NOTEBOOK,
     "tests/docs/test_doc_examples.py::test_readme_command_line_block_runs_as_written": _CLI,
+    "tests/docs/test_doc_examples.py::test_sae_how_to_python_blocks_run_and_print_what_they_say":
+        "trains a sparsify SAE, in the [sae] environment built beside the suite's (tests/sae_env.py), waited for",
+    "tests/extraction/test_activations.py::test_sae_lens_trains_from_an_exported_store_with_falling_loss":
+        "trains an SAE with SAELens, in the [sae] environment built beside the suite's (tests/sae_env.py), waited for",
     "tests/docs/test_doc_examples.py::test_openai_and_tei_client_examples_run_as_written": _SERVER,
     "tests/docs/test_doc_examples.py::test_readme_export_block_runs_and_its_serve_line_serves_the_export":
         "exports the default model, then serves it",

@@ -144,7 +144,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the pip-built environments of the collected tests that will run (Infinity's, the demo's) in the
+    """Start the pip-built environments of the collected tests that will run (SAELens's, Infinity's, the demo's) in the
     background (:mod:`prebuilt`): their minutes overlap the rest of the suite. Nothing is started for
     ``--collect-only`` (no test runs, and the session would wait for the builds)."""
     import shutil
@@ -155,6 +155,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
 
     modules = {item.module.__name__: item.module for item in session.items if hasattr(item, "module")}
+    if {"test_activations", "test_doc_examples"} & set(modules):
+        import sae_env
+
+        sae_env.start()  # SAELens and sparsify's environment (first: its tests come first)
     if "test_export_servers" in modules and (os.environ.get("LAYERWISE_CI") or
                                              os.environ.get("LAYERWISE_SIDE_SERVERS")):
         prebuilt.start("infinity", modules["test_export_servers"].infinity_environment)

@@ -7,7 +7,6 @@ page's output precisions and windows examples. (The any-module example and the a
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -18,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import sae_env
 
 from tiny import cli_server
 
@@ -68,9 +69,7 @@ def test_sae_how_to_python_blocks_run_and_print_what_they_say(tmp_path):
     """The Python blocks of the SAE how-to, in order as one script, in a folder beside a stand-in SST-2 train file: the
     store written and read, the sparsify SAE trained with its loss falling, SAELens's config built (in a process of
     its own: importing SAELens sets the transformers logger's level for the whole process)."""
-    for extra in ("sparsify", "sae_lens"):  # (not imported here: see the docstring)
-        if importlib.util.find_spec(extra) is None:
-            pytest.skip(f"{extra} is not installed (pip install 'layerwise[sae]')")
+    trainer = sae_env.python()  # (sparsify and SAELens are not imported here: see the docstring)
     page = ROOT / "docs" / "how-to" / "sae-activations.md"
     shared = tmp_path / "shared" / "data" / "sst2"
     shared.mkdir(parents=True)
@@ -81,7 +80,7 @@ def test_sae_how_to_python_blocks_run_and_print_what_they_say(tmp_path):
     work.mkdir()
     code = blocks(page.read_text(encoding="utf-8"), "python")
     script = "\n".join(code) + "\nprint(cfg.hook_name)\n"
-    run = subprocess.run([sys.executable, "-c", script], cwd=work, capture_output=True, text=True, timeout=600,
+    run = subprocess.run([trainer, "-c", script], cwd=work, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
     assert run.returncode == 0, run.stderr[-3000:]
     want = [line for c in code for line in promised(c)] + ["blocks.5.hook_resid_post"]

@@ -5,12 +5,10 @@ two workers, SAELens) take it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import layerwise as lw
+import sae_env
 from layerwise.errors import ExtractError, SpecError, StoreError
 from layerwise.store.activations import ActivationStore
 
@@ -251,8 +250,7 @@ print("LOSSES " + json.dumps(losses))
 def test_sae_lens_trains_from_an_exported_store_with_falling_loss(arch_dirs, corpus, tmp_path):
     """SAELens's own trainer, unchanged, reads an export (in a process of its own: importing SAELens sets the
     transformers logger's level for the whole process)."""
-    if importlib.util.find_spec("sae_lens") is None:  # (not imported here: see the docstring)
-        pytest.skip("SAELens is not installed (pip install 'layerwise[sae]')")
+    trainer = sae_env.python()  # (SAELens is not imported here: see the docstring)
     import datasets
 
     ex = lw.Extractor(str(arch_dirs["gpt2"]), device="cpu", backend="torch")
@@ -264,7 +262,7 @@ def test_sae_lens_trains_from_an_exported_store_with_falling_loss(arch_dirs, cor
     ds = datasets.load_from_disk(str(out))
     assert np.allclose(np.asarray(ds[0]["blocks.1.hook_resid_post"]), acts.to_numpy(2)[:16])
     np.save(tmp_path / "ids.npy", acts.token_ids())
-    run = subprocess.run([sys.executable, "-c", SAE_LENS_TRAINING, str(out), str(ex.hidden_size),
+    run = subprocess.run([trainer, "-c", SAE_LENS_TRAINING, str(out), str(ex.hidden_size),
                           str(len(ex.tokenizer)), str(tmp_path / "ids.npy")], capture_output=True, text=True,
                          timeout=600, env={**os.environ, "WANDB_MODE": "disabled"})
     assert run.returncode == 0, run.stderr[-3000:]

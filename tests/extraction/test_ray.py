@@ -27,6 +27,7 @@ from test_sharding import _same, corpus
 import layerwise as lw
 from layerwise.extraction.pool import local_resources, size_pool
 from layerwise.extraction.ray import part_path
+from layerwise.extraction.signals import SignalState
 from layerwise.store import export, merge_stores, open_store
 
 from tiny import extract, wait_until
@@ -35,10 +36,20 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(request):
+    """Ray in this process; its signal handling put back at the end, with faulthandler writing where pytest's did
+    (``ray.shutdown`` leaves Ray's behind: :mod:`layerwise.extraction.signals`)."""
+    try:
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+        fault_fd = request.config.stash.get(fault_handler_stderr_fd_key, None)
+    except ImportError:
+        fault_fd = None
+    state = SignalState.save(fault_fd)
     ray.init(include_dashboard=False, log_to_driver=False)  # Ray's defaults: this machine's CPUs
     yield ray.cluster_resources()
     ray.shutdown()
+    state.restore()
 
 
 @pytest.fixture(scope="module")

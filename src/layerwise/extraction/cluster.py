@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from .guard import MARKER_VARIABLE
+from .signals import SignalState
 
 
 class Guard:
@@ -100,6 +101,7 @@ class RayCluster:
         self.ray, self.address = ray, address
         self.owned = address is None and not ray.is_initialized()
         self.guard: Guard | None = None
+        self.signals: SignalState | None = None
 
     def __enter__(self) -> "RayCluster":
         if not self.owned:
@@ -109,10 +111,12 @@ class RayCluster:
         self.guard = Guard().start()
         saved = {k: os.environ.get(k) for k in self.guard.environment()}
         os.environ.update(self.guard.environment())  # inherited by every process of the cluster, and only them
+        self.signals = SignalState.save()  # Ray's shutdown leaves its signal handling behind: put back at the exit
         try:
             self.ray.init(include_dashboard=False, log_to_driver=False)
         except BaseException:
             self.guard.close()
+            self.signals.restore()
             raise
         finally:
             for key, value in saved.items():
@@ -129,6 +133,8 @@ class RayCluster:
         try:
             self.ray.shutdown()
         finally:
+            if self.signals is not None:
+                self.signals.restore()
             if self.guard is not None:
                 self.guard.close()
 
