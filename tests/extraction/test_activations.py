@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -165,24 +166,42 @@ def test_a_model_larger_than_memory_runs_block_by_block_to_the_same_values(arch_
     assert streamed.loaded.blocks.resident == 1, "streaming loaded blocks for good"
 
 
+DATALOADER = """
+import sys
+import numpy as np, torch
+import layerwise as lw
+
+store = sys.argv[1]
+acts = lw.open_activations(store)
+# each row tagged by its own values: the set of rows read is the set stored
+stored = acts.to_numpy(2)
+stored = stored[~np.isin(acts.token_ids().reshape(-1), acts.special_ids)]
+ds = acts.token_dataset(layer=2, batch_size=32, seed=5)
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+rows = torch.cat(list(loader)).numpy()
+assert rows.shape == stored.shape, (rows.shape, stored.shape)
+key = lambda a: np.lexsort(a.T[::-1])
+assert np.array_equal(rows[key(rows)], stored[key(stored)])
+again = torch.cat(list(loader)).numpy()
+assert np.array_equal(rows, again)
+single = torch.cat(list(acts.token_loader(layer=2, batch_size=32, seed=5))).numpy()
+assert np.array_equal(rows, single)
+print("ROWS", len(rows))
+"""
+
+
 def test_a_dataloader_with_two_workers_gives_every_row_once(arch_dirs, corpus, tmp_path):
-    """Two workers started by spawn (each unpickles the dataset and opens the store itself), every row once."""
+    """Two workers started by spawn (each unpickles the dataset and opens the store itself), every row once; the
+    same rows, in the same order, as the single loader. In a process of its own: a DataLoader with workers installs
+    torch's SIGCHLD handler for good, and in this session's process that handler made every later child's exit a
+    signal delivered on the main thread (the suite died of a segmentation fault at such an exit, in CI runs of
+    2026-11-28/29, until this test ran elsewhere)."""
     ex = lw.Extractor(str(arch_dirs["gpt2"]), device="cpu", backend="torch")
     lw.extract_activations(corpus, tmp_path / "a", layers=[2], context_size=8, model=ex)
-    acts = lw.open_activations(tmp_path / "a")
-    # each row tagged by its own values: the set of rows read is the set stored
-    stored = acts.to_numpy(2)
-    stored = stored[~np.isin(acts.token_ids().reshape(-1), acts.special_ids)]
-    ds = acts.token_dataset(layer=2, batch_size=32, seed=5)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
-    rows = torch.cat(list(loader)).numpy()
-    assert rows.shape == stored.shape
-    key = lambda a: np.lexsort(a.T[::-1])  # noqa: E731 - rows sorted by their values
-    assert np.array_equal(rows[key(rows)], stored[key(stored)])
-    again = torch.cat(list(loader)).numpy()
-    assert np.array_equal(rows, again)
-    single = torch.cat(list(acts.token_loader(layer=2, batch_size=32, seed=5))).numpy()
-    assert np.array_equal(rows, single)
+    run = subprocess.run([sys.executable, "-c", DATALOADER, str(tmp_path / "a")], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.split("ROWS ", 1)[1]) > 0
 
 
 def test_the_command_line_writes_inspects_verifies_and_exports(arch_dirs, corpus, tmp_path):
