@@ -54,12 +54,12 @@ class SignalState:
         stack: the alternate signal stack (``stack_t``), or None where it could not be read.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, main: bool = False, fault_file: Union[TextIO, int, None] = None) -> None:
         self.handlers: dict[int, Any] = {}
         self.faulthandler = False
         self.stack: _Stack | None = None
-        self._main = False
-        self._file: Union[TextIO, int, None] = None
+        self._main = main
+        self._file = fault_file
 
     @classmethod
     def save(cls, fault_file: Union[TextIO, int, None] = None) -> "SignalState":
@@ -67,13 +67,12 @@ class SignalState:
         default ``sys.__stderr__``)."""
         import threading
 
-        state = cls()
-        state._main = threading.current_thread() is threading.main_thread()
-        if not state._main:
+        main = threading.current_thread() is threading.main_thread()
+        state = cls(main, fault_file)
+        if not main:
             return state
         state.handlers = {s: signal.getsignal(s) for s in _SIGNALS}
         state.faulthandler = faulthandler.is_enabled()
-        state._file = fault_file
         libc = _libc()
         if libc is not None:
             old = _Stack()
