@@ -11,17 +11,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from layerwise.model.backends.filelock import pid_alive
+
 PREFIX = "layerwise-tests-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def sweep(parent: Path | None = None) -> list[Path]:
@@ -29,7 +21,7 @@ def sweep(parent: Path | None = None) -> list[Path]:
     removed = []
     for folder in Path(parent or tempfile.gettempdir()).glob(PREFIX + "*"):
         pid = folder.name[len(PREFIX):].split("-")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
